@@ -1,0 +1,124 @@
+"""Low-rank noise (EGGROLL, arXiv 2511.16652): direction d's noise is ``z_d = A_d B_d^T / sqrt(r)``.
+
+A_d (out x r) and B_d (in x r) are unit Gaussians; dividing by sqrt(r) gives every entry of z_d unit
+variance, and E[z_d z_d^T] = I entrywise, so the estimator is unbiased. The forward never builds a
+per-direction weight: it applies ``(x B_d) A_d^T``, two thin batched matmuls.
+
+Convolution factorisation: the kernel (out, C/g, kh, kw) is treated as a matrix of out rows by
+(C/g * kh * kw) columns, per channel group. B_d is r full-size filters (r, C/g, kh, kw) per group and
+A_d mixes those r feature maps into the out channels (a per-direction 1x1 convolution). The forward is a
+grouped convolution with D * groups * r filters followed by a batched (r -> out) mix.
+
+Noise memory per layer: D * r * (out + in * kh * kw) values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import PerturbedConv2dBase, PerturbedLinearBase
+
+
+def lowrank_linear_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (R, D, in), a (D, out, r), b (D, in, r), scale (R,) -> scale_r (x_{r,d} b_d) a_d^T, (R, D, out)."""
+    if x.shape[0] == 1:  # one repeat: (D, 1, in) @ (D, in, r) avoids a transpose copy of x
+        t = torch.bmm(x[0].unsqueeze(1), b).mul_(scale[0])  # (D, 1, r)
+        return torch.bmm(t, a.transpose(1, 2)).transpose(0, 1)
+    t = torch.einsum("rdi,dik->rdk", x, b).mul_(scale.view(-1, 1, 1))
+    return torch.einsum("rdk,dok->rdo", t, a)
+
+
+class LowRankLinear(PerturbedLinearBase, nn.Linear):
+    """nn.Linear with per-direction rank-r noise A_d B_d^T / sqrt(r), applied as (x B_d) A_d^T.
+
+    Args:
+        in_features, out_features, bias, device, dtype: as for :class:`torch.nn.Linear`.
+        directions: population size D.
+        rank: r, the rank of each direction's noise (default 1).
+
+    Shape:
+        population input (R * D, ..., in) -> (R * D, ..., out); row n uses direction n % D.
+    """
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, directions=None, rank=1):
+        nn.Linear.__init__(self, in_features, out_features, bias, device, dtype)
+        self._init_perturbation(directions)
+        self.rank = _check_rank(rank)
+
+    def _draw_directions(self, gen, n):
+        a = self._randn(n, self.out_features, self.rank, gen=gen).div_(math.sqrt(self.rank))
+        b = self._randn(n, self.in_features, self.rank, gen=gen)
+        return {"a": a, "b": b}
+
+    def _add_weight_perturbation(self, x, y, scale):
+        y.add_(lowrank_linear_delta(x, self._noise["a"], self._noise["b"], scale))
+
+    def _weight_grad(self, coef):
+        a, b = self._noise["a"], self._noise["b"]
+        d, out, r = a.shape
+        left = (a * coef.view(d, 1, 1)).permute(1, 0, 2).reshape(out, d * r)
+        return left @ b.permute(0, 2, 1).reshape(d * r, self.in_features)
+
+    def _dense_weight_noise(self):
+        return self._noise["a"] @ self._noise["b"].transpose(1, 2)
+
+    def _options_repr(self) -> str:
+        return f", rank={self.rank}"
+
+
+class LowRankConv2d(PerturbedConv2dBase, nn.Conv2d):
+    """nn.Conv2d with per-direction rank-r noise, applied as a grouped convolution and a 1x1 mix.
+
+    See the module docstring for the factorisation.
+
+    Args:
+        as for :class:`torch.nn.Conv2d`, plus ``directions`` and ``rank`` (default 1).
+
+    Shape:
+        population input (R * D, C_in, H, W) -> (R * D, C_out, H_out, W_out).
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, padding_mode="zeros", device=None, dtype=None, *, directions=None, rank=1):
+        nn.Conv2d.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                           bias, padding_mode, device, dtype)
+        self._init_perturbation(directions)
+        self.rank = _check_rank(rank)
+
+    def _draw_directions(self, gen, n):
+        g, r = self.groups, self.rank
+        a = self._randn(n, g, self.out_channels // g, r, gen=gen).div_(math.sqrt(r))
+        b = self._randn(n, g, r, *self.weight.shape[1:], gen=gen)
+        return {"a": a, "b": b}
+
+    def _add_weight_perturbation(self, x, y, scale):
+        a, b = self._noise["a"], self._noise["b"]
+        r_, d = x.shape[:2]
+        filters = b.reshape(d * self.groups * self.rank, *b.shape[3:])
+        t = self._conv(x.reshape(r_, d * self.in_channels, *x.shape[3:]), filters, groups=d * self.groups)
+        t = t.view(r_, d, self.groups, self.rank, -1).mul_(scale.view(-1, 1, 1, 1, 1))
+        h = torch.einsum("rdgkp,dgok->rdgop", t, a)
+        y.add_(h.reshape(y.shape))
+
+    def _weight_grad(self, coef):
+        a, b = self._noise["a"], self._noise["b"]
+        d = coef.shape[0]
+        g = torch.einsum("dgok,dgkf->gof", a * coef.view(d, 1, 1, 1), b.flatten(3))
+        return g.reshape(self.weight.shape)
+
+    def _dense_weight_noise(self):
+        a, b = self._noise["a"], self._noise["b"]
+        d = a.shape[0]
+        return torch.einsum("dgok,dgkf->dgof", a, b.flatten(3)).reshape(d, *self.weight.shape)
+
+    def _options_repr(self) -> str:
+        return f", rank={self.rank}"
+
+
+def _check_rank(rank) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"rank must be a positive int; got {rank!r}")
+    return rank

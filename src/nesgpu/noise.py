@@ -1,0 +1,104 @@
+"""Seeded, on-device noise streams.
+
+Direction ``d``'s noise is a function of ``(seed, step, layer, d)`` only. Directions are grouped into
+fixed blocks of :data:`BLOCK` directions; each block has its own generator seed, derived from
+``(seed, step, layer, block)``. A caller that needs directions ``[start, stop)`` draws the blocks that
+cover the range and slices them, so the noise of a direction does not depend on how many directions
+are evaluated at once (chunking) or by whom (distributed ranks).
+
+Every draw uses an explicit ``torch.Generator`` on the target device; the global RNG is never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+BLOCK = 32
+"""Directions per generator block. Part of the noise definition: changing it changes every draw."""
+
+SHARED = -1
+"""Block index of noise that all directions share (permuted and flip-out kinds)."""
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def derive_seed(*keys: int) -> int:
+    """Mix integer keys into one 63-bit generator seed (a splitmix64 chain, stable across versions)."""
+    h = 0x2545F4914F6CDD1D
+    for k in keys:
+        h = _splitmix64(h ^ (int(k) & _MASK64))
+    return h >> 1
+
+
+class NoiseSource:
+    """Generator factory for one layer: hands out seeded generators for ``(step, block)``.
+
+    Args:
+        seed: run seed.
+        layer: stable integer key of the layer.
+        device: where the generator (and so the noise) lives.
+    """
+
+    def __init__(self, seed: int, layer: int, device: torch.device):
+        self.seed = int(seed)
+        self.layer = int(layer)
+        self.generator = torch.Generator(device=device)
+
+    def generator_for(self, step: int, block: int) -> torch.Generator:
+        return self.generator.manual_seed(derive_seed(self.seed, step, self.layer, block))
+
+    def shared(self, step: int) -> torch.Generator:
+        """Generator for the noise every direction shares at ``step``."""
+        return self.generator_for(step, SHARED)
+
+    def per_direction(
+        self, step: int, start: int, stop: int, draw: Callable[[torch.Generator, int], dict[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        """Draw per-direction tensors for directions ``[start, stop)``.
+
+        ``draw(generator, n)`` returns a dict of tensors whose first dimension is ``n`` (one block of
+        directions) and must consume the generator the same way every time. Blocks are always drawn
+        whole, then sliced, so direction ``d`` gets the same values whatever the range.
+        """
+        if not 0 <= start < stop:
+            raise ValueError(f"direction range must satisfy 0 <= start < stop; got [{start}, {stop})")
+        first, last = start // BLOCK, (stop - 1) // BLOCK
+        blocks = [draw(self.generator_for(step, b), BLOCK) for b in range(first, last + 1)]
+        lo = start - first * BLOCK
+        out = {}
+        for key in blocks[0]:
+            whole = torch.cat([blk[key] for blk in blocks], 0) if len(blocks) > 1 else blocks[0][key]
+            piece = whole[lo : lo + stop - start]
+            # A partial block is copied so the unused directions of the block are freed.
+            out[key] = piece.clone() if piece.shape[0] != whole.shape[0] else piece
+        return out
+
+
+def random_subsets(
+    n: int, groups: int, k: int, rows: int, generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """``rows`` independent random index sets: in each of ``groups`` groups of ``n // groups`` indices,
+    pick ``k`` distinct ones in random order. Returns int64 of shape (rows, groups * k).
+
+    With ``k == n // groups`` each row is a random permutation that stays inside its group.
+    """
+    size = n // groups
+    keys = torch.rand(rows, groups, size, generator=generator, device=device)
+    idx = keys.argsort(dim=-1)[..., :k]
+    offsets = torch.arange(groups, device=device).mul_(size).view(1, groups, 1)
+    return (idx + offsets).reshape(rows, groups * k)
+
+
+def random_signs(rows: int, n: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``rows`` x ``n`` independent +-1 entries."""
+    bits = torch.randint(0, 2, (rows, n), generator=generator, device=device, dtype=torch.int8)
+    return bits.to(dtype).mul_(2).sub_(1)

@@ -1,0 +1,69 @@
+import pytest
+import torch
+from torch import nn
+
+import nesgpu
+
+# (layer class, options): every perturbation kind and its option space, for Linear ...
+LINEAR_CASES = [
+    (nesgpu.PerturbedLinear, {}),
+    (nesgpu.SparsePerturbedLinear, {}),
+    (nesgpu.SparsePerturbedLinear, {"k": 1}),
+    (nesgpu.SparsePerturbedLinear, {"k": 0.5}),
+    (nesgpu.PermutedLinear, {}),
+    (nesgpu.PermutedLinear, {"permutation": "in"}),
+    (nesgpu.PermutedLinear, {"permutation": "out"}),
+    (nesgpu.PermutedLinear, {"permutation": "both"}),
+    (nesgpu.PermutedLinear, {"in_sparsity": 0.5}),
+    (nesgpu.PermutedLinear, {"out_sparsity": 2}),
+    (nesgpu.PermutedLinear, {"permutation": "both", "in_sparsity": 3, "out_sparsity": 0.5}),
+    (nesgpu.FlipoutLinear, {}),
+    (nesgpu.FlipoutLinear, {"signs": "in"}),
+    (nesgpu.FlipoutLinear, {"signs": "out"}),
+    (nesgpu.LowRankLinear, {}),
+    (nesgpu.LowRankLinear, {"rank": 3}),
+]
+
+# ... and for Conv2d
+CONV_CASES = [
+    (nesgpu.PerturbedConv2d, {}),
+    (nesgpu.PermutedConv2d, {}),
+    (nesgpu.PermutedConv2d, {"permutation": "in"}),
+    (nesgpu.PermutedConv2d, {"permutation": "both"}),
+    (nesgpu.PermutedConv2d, {"out_sparsity": 0.5}),
+    (nesgpu.PermutedConv2d, {"in_sparsity": 0.5, "out_sparsity": 0.5}),
+    (nesgpu.FlipoutConv2d, {}),
+    (nesgpu.FlipoutConv2d, {"signs": "out"}),
+    (nesgpu.LowRankConv2d, {}),
+    (nesgpu.LowRankConv2d, {"rank": 2}),
+]
+
+# Conv2d geometries: (in, out, kernel, nn.Conv2d keyword arguments)
+CONV_GEOMETRIES = [
+    (4, 6, 3, {}),
+    (4, 6, 3, {"stride": 2, "padding": 1, "bias": False}),
+    (4, 6, (3, 2), {"dilation": 2, "padding": 2}),
+    (4, 8, 3, {"groups": 2, "padding": 1}),
+    (4, 6, 3, {"padding": 1, "padding_mode": "reflect"}),
+    (4, 4, 1, {"groups": 4, "padding_mode": "circular", "padding": 1}),
+]
+
+
+def case_id(case):
+    cls, options = case
+    return cls.__name__ + "".join(f"-{k}={v}" for k, v in options.items())
+
+
+def randomize_(module: nn.Module, seed: int = 1) -> nn.Module:
+    """Give every parameter non-trivial values (biases included) from a private generator."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _no_global_seed_dependence():
+    # Tests must not rely on the global RNG; fix it anyway so failures reproduce.
+    torch.manual_seed(1234)

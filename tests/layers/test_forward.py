@@ -1,0 +1,98 @@
+"""Each kind's batched population forward equals a plain per-direction F.linear / F.conv2d with
+theta + sigma * s_r * z_d, in float64."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import CONV_CASES, CONV_GEOMETRIES, LINEAR_CASES, case_id, randomize_
+
+import nesgpu
+
+SIGMA = 0.3
+
+
+def reference_rows(layer, x, z, repeats, directions, antithetic, apply):
+    """Per-row reference: row n = (r, d) through apply(x_n, theta + sigma s_r z_d)."""
+    rows = []
+    for n in range(repeats * directions):
+        r, d = divmod(n, directions)
+        s = -1.0 if antithetic and r >= repeats // 2 else 1.0
+        w = layer.weight + SIGMA * s * z["weight"][d]
+        b = None if layer.bias is None else layer.bias + SIGMA * s * z["bias"][d]
+        rows.append(apply(x[n : n + 1], w, b))
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=case_id)
+@pytest.mark.parametrize("antithetic", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_per_direction_reference(case, antithetic, bias):
+    cls, options = case
+    directions, repeats = 5, 4
+    layer = randomize_(cls(7, 6, bias=bias, dtype=torch.float64, **options))
+    pm = nesgpu.PerturbedModel(layer, directions, sigma=SIGMA, antithetic=antithetic, seed=3)
+    pm.set_noise()
+    x = torch.randn(repeats * directions, 7, dtype=torch.float64)
+    expected = reference_rows(layer, x, pm.dense_noise(), repeats, directions, antithetic, F.linear)
+    torch.testing.assert_close(pm(x), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=case_id)
+def test_linear_flattens_leading_dimensions(case):
+    cls, options = case
+    directions = 4
+    layer = randomize_(cls(7, 6, dtype=torch.float64, **options))
+    pm = nesgpu.PerturbedModel(layer, directions, sigma=SIGMA, antithetic=True)
+    pm.set_noise()
+    x = torch.randn(2 * directions, 3, 7, dtype=torch.float64)  # (R*D, T, in): rows of R*D*T
+    flat = pm(x.reshape(-1, 7))
+    # leading dims flattened: (R*D, 3, in) has R*D*3 rows, i.e. 6 repeats of D
+    torch.testing.assert_close(pm(x), flat.view(2 * directions, 3, 6), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=case_id)
+@pytest.mark.parametrize("geometry", CONV_GEOMETRIES, ids=lambda g: str(g[3]) or "plain")
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_conv_matches_per_direction_reference(case, geometry, antithetic):
+    cls, options = case
+    c_in, c_out, kernel, conv_args = geometry
+    directions, repeats = 3, 2
+    layer = randomize_(cls(c_in, c_out, kernel, dtype=torch.float64, **conv_args, **options))
+    pm = nesgpu.PerturbedModel(layer, directions, sigma=SIGMA, antithetic=antithetic, seed=5)
+    pm.set_noise()
+    x = torch.randn(repeats * directions, c_in, 7, 6, dtype=torch.float64)
+    expected = reference_rows(layer, x, pm.dense_noise(), repeats, directions, antithetic, layer._conv_forward)
+    torch.testing.assert_close(pm(x), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES + CONV_CASES, ids=case_id)
+def test_alone_layer_is_its_torch_parent(case):
+    cls, options = case
+    if issubclass(cls, torch.nn.Conv2d):
+        layer, parent, x = cls(3, 4, 3, **options), torch.nn.Conv2d(3, 4, 3), torch.randn(2, 3, 5, 5)
+    else:
+        layer, parent, x = cls(3, 4, **options), torch.nn.Linear(3, 4), torch.randn(2, 3)
+    parent.load_state_dict(layer.state_dict())
+    pm = nesgpu.PerturbedModel(layer, 2, sigma=1.0)
+    pm.set_noise()  # noise present, but a plain call ignores it
+    torch.testing.assert_close(layer(x), parent(x), rtol=0, atol=0)
+    assert set(layer.state_dict()) == set(parent.state_dict())  # no noise in checkpoints
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES + CONV_CASES, ids=case_id)
+def test_dense_noise_has_unit_variance(case):
+    # Shared-noise kinds correlate the directions of one step, so sample over many steps.
+    cls, options = case
+    steps, directions = 512, 4
+    layer = cls(8, 8, 3, **options) if issubclass(cls, torch.nn.Conv2d) else cls(16, 8, **options)
+    pm = nesgpu.PerturbedModel(layer, directions, seed=11)
+    samples = []
+    for _ in range(steps):
+        pm.set_noise()
+        samples.append(pm.dense_noise()["weight"])
+    z = torch.stack(samples)  # (steps, D, ...): steps are independent, directions within one may not be
+    # every entry has mean 0 and variance 1, within sampling error (z-scores over ~10^3 entries)
+    for stat, target in ((z, 0.0), (z.pow(2), 1.0)):
+        per_step = stat.mean(1)
+        score = (per_step.mean(0) - target) / (per_step.std(0) / steps**0.5)
+        assert score.abs().max() < 5.5

@@ -1,0 +1,225 @@
+"""PerturbedModel and convert: the wrapper's contract, the update formula, and bad input."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import CONV_CASES, LINEAR_CASES, case_id, randomize_
+from torch import nn
+
+import nesgpu
+
+
+def small_cnn():
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 5 * 5, 3))
+
+
+def make(case, directions, **kw):
+    cls, options = case
+    layer = cls(3, 4, 3, **options) if issubclass(cls, nn.Conv2d) else cls(6, 5, **options)
+    randomize_(layer.double())
+    return layer, nesgpu.PerturbedModel(layer, directions, **kw)
+
+
+# ----- update ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", LINEAR_CASES + CONV_CASES, ids=case_id)
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_update_equals_formula(case, antithetic):
+    directions, repeats, sigma = 6, 4, 0.25
+    layer, pm = make(case, directions, sigma=sigma, antithetic=antithetic)
+    pm.set_noise()
+    z = pm.dense_noise()
+    w = torch.randn(repeats, directions, dtype=torch.float64)
+    signs = torch.tensor([1.0, 1.0, -1.0, -1.0] if antithetic else [1.0] * 4, dtype=torch.float64)
+    w_d = (signs[:, None] * w).mean(0)
+    pm.update(w)
+    for name in z:
+        expected = torch.einsum("d,d...->...", w_d, z[name]) / (directions * sigma)
+        torch.testing.assert_close(getattr(layer, name).grad, expected, rtol=1e-12, atol=1e-12)
+    # a (D,) update adds onto the existing .grad
+    before = {name: getattr(layer, name).grad.clone() for name in z}
+    v = torch.randn(directions, dtype=torch.float64)
+    pm.update(v)
+    for name in z:
+        expected = before[name] + torch.einsum("d,d...->...", v, z[name]) / (directions * sigma)
+        torch.testing.assert_close(getattr(layer, name).grad, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES + CONV_CASES, ids=case_id)
+def test_chunked_updates_add_up_to_the_full_update(case):
+    directions = 70
+    layer, pm = make(case, directions, sigma=0.1)
+    w = torch.randn(2, directions, dtype=torch.float64)
+    pm.set_noise(step=3)
+    pm.update(w)
+    full = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad(set_to_none=True)
+    for lo, hi in [(0, 33), (33, 64), (64, 70)]:
+        pm.set_noise(step=3, directions=range(lo, hi))
+        pm.update(w[:, lo:hi])
+    for n, p in layer.named_parameters():
+        torch.testing.assert_close(p.grad, full[n], rtol=1e-12, atol=1e-12)
+
+
+def test_optimizer_step_descends_with_losses():
+    gen = torch.Generator().manual_seed(0)
+    target = torch.randn(3, 6, generator=gen)
+    net = nesgpu.convert(nn.Linear(6, 3, bias=False), "lowrank", rank=2)
+    pm = nesgpu.PerturbedModel(net, 256, sigma=0.05, antithetic=True)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    eye = torch.eye(6)
+    start = (net.weight - target).pow(2).sum().item()
+    for _ in range(100):
+        pm.set_noise()
+        # every member sees the 6 basis inputs: layout (sign, sample, direction, in), i.e. 12 repeats
+        x = eye.view(1, 6, 1, 6).expand(2, 6, 256, 6).reshape(-1, 6)
+        out = pm(x).view(2, 6, 256, 3)
+        losses = (out - target.t().view(1, 6, 1, 3)).pow(2).sum((1, 3))  # (2, 256): (R, D)
+        opt.zero_grad()
+        pm.update(losses)
+        opt.step()
+    assert (net.weight - target).pow(2).sum().item() < 0.05 * start
+
+
+# ----- the wrapper -------------------------------------------------------------------------------------
+def test_plain_model_stays_unperturbed_and_methods_run_perturbed():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+
+        def act(self, x):
+            return self.fc(x).argmax(-1)
+
+    net = nesgpu.convert(Net(), "flipout")
+    pm = nesgpu.PerturbedModel(net, 8, sigma=0.5)
+    pm.set_noise()
+    x = torch.randn(8, 4)
+    plain = F.linear(x, net.fc.weight, net.fc.bias)
+    torch.testing.assert_close(net(x), plain)
+    assert not torch.allclose(pm(x), plain)
+    z = pm.dense_noise()
+    expected = torch.stack([F.linear(x[d], net.fc.weight + 0.5 * z["fc.weight"][d],
+                                     net.fc.bias + 0.5 * z["fc.bias"][d]) for d in range(8)]).argmax(-1)
+    assert torch.equal(pm.act(x), expected)
+    torch.testing.assert_close(pm.fc(x), pm(x))  # submodules are callables too: they run perturbed
+    assert pm.training is net.training  # other attributes pass through
+    assert not pm(x).requires_grad  # the population runs without autograd
+
+
+def test_free_memory_drops_noise_and_forward_then_needs_set_noise():
+    net = nesgpu.convert(small_cnn(), "permuted")
+    pm = nesgpu.PerturbedModel(net, 4)
+    pm.set_noise()
+    pm(torch.randn(4, 2, 5, 5))
+    pm.free_memory()
+    assert all(layer._noise is None for layer in pm.layers.values())
+    with pytest.raises(ValueError, match="set_noise"):
+        pm(torch.randn(4, 2, 5, 5))
+    with pytest.raises(ValueError, match="set_noise"):
+        pm.update(torch.zeros(4))
+
+
+def test_convert_keeps_weights_and_options():
+    torch.manual_seed(0)
+    plain = small_cnn()
+    x = torch.randn(5, 2, 5, 5)
+    expected = plain(x)
+    net = nesgpu.convert(plain, "lowrank", directions=4, rank=2)
+    assert isinstance(net[0], nesgpu.LowRankConv2d) and isinstance(net[3], nesgpu.LowRankLinear)
+    assert net[0].rank == 2 and net[0].directions == 4 and net[0].padding == (1, 1)
+    torch.testing.assert_close(net(x), expected, rtol=0, atol=0)
+    assert "rank=2" in repr(net)
+    single = nesgpu.convert(nn.Linear(3, 2), "sparse", k=1)
+    assert isinstance(single, nesgpu.SparsePerturbedLinear) and single.k == 1
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sparse", "permuted", "flipout", "lowrank"])
+def test_noise_memory_matches_design(kind):
+    """Noise memory per layer (weights; biases add D * out): see DESIGN.md."""
+    d, out, inp = 64, 24, 40
+    layer = nesgpu.convert(nn.Linear(inp, out), kind, directions=d, **({"permutation": "in"} if kind == "permuted" else {}))
+    pm = nesgpu.PerturbedModel(layer, d, antithetic=True)
+    pm.set_noise()
+    sizes = {k: v.numel() for k, v in layer._noise.items()}
+    assert sizes.pop("bias") == d * out
+    expected = {
+        "gaussian": {"weight": d * out * inp},
+        "sparse": {"columns": d * 8, "values": d * out * 8},
+        "permuted": {"shared": out * inp, "in_index": d * inp},
+        "flipout": {"shared": out * inp, "in_signs": d * inp, "out_signs": d * out},
+        "lowrank": {"a": d * out, "b": d * inp},
+    }[kind]
+    assert sizes == expected
+
+
+# ----- bad input ---------------------------------------------------------------------------------------
+def test_rows_not_a_multiple_of_directions():
+    _, pm = make(LINEAR_CASES[0], 4)
+    pm.set_noise()
+    with pytest.raises(ValueError, match=r"input has 6 rows; expected a multiple of directions=4"):
+        pm(torch.randn(6, 6, dtype=torch.float64))
+    conv, pmc = make(CONV_CASES[0], 4)
+    pmc.set_noise()
+    with pytest.raises(ValueError, match=r"expected a multiple of directions=4"):
+        pmc(torch.randn(5, 3, 6, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"expected input of shape \(repeats \* directions, 3, H, W\)"):
+        pmc(torch.randn(4, 2, 6, 6, dtype=torch.float64))
+
+
+def test_odd_repeats_with_antithetic():
+    _, pm = make(LINEAR_CASES[0], 4, antithetic=True)
+    pm.set_noise()
+    with pytest.raises(ValueError, match=r"even number of repeats; input has 12 rows = 3 repeats x 4"):
+        pm(torch.randn(12, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"even number of repeats"):
+        pm.update(torch.zeros(3, 4))
+
+
+def test_forward_before_set_noise():
+    _, pm = make(LINEAR_CASES[0], 4)
+    with pytest.raises(ValueError, match="call set_noise"):
+        pm(torch.randn(4, 6, dtype=torch.float64))
+
+
+def test_weights_of_the_wrong_shape():
+    _, pm = make(LINEAR_CASES[0], 4)
+    pm.set_noise()
+    with pytest.raises(ValueError, match=r"weights must have shape \(4,\) or \(R, 4\); got \(5,\)"):
+        pm.update(torch.zeros(5))
+    with pytest.raises(ValueError, match=r"got \(2, 3\)"):
+        pm.update(torch.zeros(2, 3))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        pm.update([0.0] * 4)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="no perturbed layers"):
+        nesgpu.PerturbedModel(nn.Linear(2, 2), 4)
+    with pytest.raises(ValueError, match="sigma must be a positive number; got 0"):
+        nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 4, sigma=0)
+    with pytest.raises(ValueError, match="directions must be a positive int"):
+        nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 0)
+    with pytest.raises(ValueError, match="built for directions=3; expected 4"):
+        nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2, directions=3), 4)
+    with pytest.raises(ValueError, match="unknown kind 'lowrnk'"):
+        nesgpu.convert(nn.Linear(2, 2), "lowrnk")
+    with pytest.raises(ValueError, match="kind 'sparse' has no Conv2d layer"):
+        nesgpu.convert(small_cnn(), "sparse")
+    with pytest.raises(ValueError, match="permutation must be one of"):
+        nesgpu.PermutedLinear(4, 4, permutation="rows")
+    with pytest.raises(ValueError, match=r"in_sparsity as a fraction must be in \(0, 1\]; got 1.5"):
+        nesgpu.PermutedLinear(4, 4, in_sparsity=1.5)
+    with pytest.raises(ValueError, match=r"out_sparsity as a count must be in \[1, 4\]; got 9"):
+        nesgpu.PermutedLinear(4, 4, out_sparsity=9)
+    with pytest.raises(ValueError, match="rank must be a positive int; got 0"):
+        nesgpu.LowRankLinear(4, 4, rank=0)
+    with pytest.raises(ValueError, match="signs must be one of"):
+        nesgpu.FlipoutLinear(4, 4, signs="none")
+    with pytest.raises(TypeError, match="nn.Module"):
+        nesgpu.PerturbedModel(lambda x: x, 4)
+    pm = nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 4)
+    with pytest.raises(ValueError, match=r"within \[0, 4\)"):
+        pm.set_noise(directions=range(2, 6))
