@@ -72,14 +72,15 @@ class NoiseSource:
         if not 0 <= start < stop:
             raise ValueError(f"direction range must satisfy 0 <= start < stop; got [{start}, {stop})")
         first, last = start // BLOCK, (stop - 1) // BLOCK
-        blocks = [draw(self.generator_for(step, b), BLOCK) for b in range(first, last + 1)]
-        lo = start - first * BLOCK
-        out = {}
-        for key in blocks[0]:
-            whole = torch.cat([blk[key] for blk in blocks], 0) if len(blocks) > 1 else blocks[0][key]
-            piece = whole[lo : lo + stop - start]
-            # A partial block is copied so the unused directions of the block are freed.
-            out[key] = piece.clone() if piece.shape[0] != whole.shape[0] else piece
+        out: dict[str, torch.Tensor] = {}
+        for b in range(first, last + 1):
+            # the part of block b inside [start, stop), written into place: peak memory is the
+            # result plus one block
+            lo, hi = max(start, b * BLOCK), min(stop, (b + 1) * BLOCK)
+            for key, value in draw(self.generator_for(step, b), BLOCK).items():
+                if key not in out:
+                    out[key] = value.new_empty((stop - start, *value.shape[1:]))
+                out[key][lo - start : hi - start] = value[lo - b * BLOCK : hi - b * BLOCK]
         return out
 
 
@@ -92,8 +93,12 @@ def random_subsets(
     With ``k == n // groups`` each row is a random permutation that stays inside its group.
     """
     size = n // groups
+    if k == size and groups == 1 and device.type == "cpu":
+        # randperm is several times faster than sorting random keys on the CPU
+        return torch.stack([torch.randperm(n, generator=generator, device=device) for _ in range(rows)])
     keys = torch.rand(rows, groups, size, generator=generator, device=device)
-    idx = keys.argsort(dim=-1)[..., :k]
+    # a uniformly random k-subset: the k largest of IID keys (topk is O(size), a full sort is not)
+    idx = keys.argsort(dim=-1) if k == size else keys.topk(k, dim=-1, sorted=False).indices
     offsets = torch.arange(groups, device=device).mul_(size).view(1, groups, 1)
     return (idx + offsets).reshape(rows, groups * k)
 

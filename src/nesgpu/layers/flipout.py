@@ -50,14 +50,15 @@ class _FlipoutMixin(PerturbedLayer):
         noise, trailing = self._noise, (1,) * (x.dim() - 3)
         r, d = x.shape[:2]
         row_scale = scale.view(r, 1, 1, *trailing)
-        if "in_signs" in noise:
-            x = x * noise["in_signs"].view(1, d, -1, *trailing) * row_scale
+        if "in_signs" in noise:  # one pass over x: fold the repeat scale into the signs first
+            x = x * (noise["in_signs"].view(1, d, -1, *trailing) * row_scale)
         h = self._apply_shared(x, noise["shared"], self.geometry[2])
         if "in_signs" not in noise:
             h.mul_(row_scale)
         if "out_signs" in noise:
-            h.mul_(noise["out_signs"].view(1, d, -1, *trailing))
-        y.add_(h)
+            y.addcmul_(h, noise["out_signs"].view(1, d, -1, *trailing))
+        else:
+            y.add_(h)
 
     def _sign_products(self, coef: torch.Tensor | None) -> torch.Tensor:
         """(D, out, in_g) of b_d[o] * a_d[g(o), c] (times coef_d when given; then summed over D)."""

@@ -22,13 +22,25 @@ from torch import nn
 from .base import PerturbedConv2dBase, PerturbedLinearBase
 
 
-def lowrank_linear_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x (R, D, in), a (D, out, r), b (D, in, r), scale (R,) -> scale_r (x_{r,d} b_d) a_d^T, (R, D, out)."""
-    if x.shape[0] == 1:  # one repeat: (D, 1, in) @ (D, in, r) avoids a transpose copy of x
-        t = torch.bmm(x[0].unsqueeze(1), b).mul_(scale[0])  # (D, 1, r)
-        return torch.bmm(t, a.transpose(1, 2)).transpose(0, 1)
-    t = torch.einsum("rdi,dik->rdk", x, b).mul_(scale.view(-1, 1, 1))
-    return torch.einsum("rdk,dok->rdo", t, a)
+def add_lowrank_linear_(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                        scale: torch.Tensor) -> None:
+    """y (R, D, out) += scale_r (x_{r,d} b_d^T) a_d, with x (R, D, in), a (D, r, out), b (D, r, in).
+
+    Low ranks take r fused elementwise passes (x . b_dk, then y += t * a_dk): on the CPU these beat a
+    batched matmul whose D batches are matrix-vector products. High ranks use two batched matmuls.
+    """
+    rank = a.shape[1]
+    if rank <= _ELEMENTWISE_MAX_RANK:
+        row_scale = scale.view(-1, 1, 1)
+        for k in range(rank):
+            t = (x * b[:, k]).sum(-1, keepdim=True).mul_(row_scale)  # (R, D, 1)
+            y.addcmul_(t, a[:, k])
+        return
+    t = torch.einsum("rdi,dki->rdk", x, b).mul_(scale.view(-1, 1, 1))
+    y.add_(torch.einsum("rdk,dko->rdo", t, a))
+
+
+_ELEMENTWISE_MAX_RANK = 4
 
 
 class LowRankLinear(PerturbedLinearBase, nn.Linear):
@@ -48,22 +60,23 @@ class LowRankLinear(PerturbedLinearBase, nn.Linear):
         self._init_perturbation(directions)
         self.rank = _check_rank(rank)
 
+    # a (D, r, out) and b (D, r, in): each rank-one factor is a contiguous row
     def _draw_directions(self, gen, n):
-        a = self._randn(n, self.out_features, self.rank, gen=gen).div_(math.sqrt(self.rank))
-        b = self._randn(n, self.in_features, self.rank, gen=gen)
+        a = self._randn(n, self.rank, self.out_features, gen=gen).div_(math.sqrt(self.rank))
+        b = self._randn(n, self.rank, self.in_features, gen=gen)
         return {"a": a, "b": b}
 
     def _add_weight_perturbation(self, x, y, scale):
-        y.add_(lowrank_linear_delta(x, self._noise["a"], self._noise["b"], scale))
+        add_lowrank_linear_(y, x, self._noise["a"], self._noise["b"], scale)
 
     def _weight_grad(self, coef):
         a, b = self._noise["a"], self._noise["b"]
-        d, out, r = a.shape
-        left = (a * coef.view(d, 1, 1)).permute(1, 0, 2).reshape(out, d * r)
-        return left @ b.permute(0, 2, 1).reshape(d * r, self.in_features)
+        d, r, out = a.shape
+        # sum_d coef_d a_d^T b_d as one GEMM over the D * r rank-one factors
+        return (a * coef.view(d, 1, 1)).reshape(d * r, out).t() @ b.reshape(d * r, self.in_features)
 
     def _dense_weight_noise(self):
-        return self._noise["a"] @ self._noise["b"].transpose(1, 2)
+        return self._noise["a"].transpose(1, 2) @ self._noise["b"]
 
     def _options_repr(self) -> str:
         return f", rank={self.rank}"
@@ -100,8 +113,12 @@ class LowRankConv2d(PerturbedConv2dBase, nn.Conv2d):
         filters = b.reshape(d * self.groups * self.rank, *b.shape[3:])
         t = self._conv(x.reshape(r_, d * self.in_channels, *x.shape[3:]), filters, groups=d * self.groups)
         t = t.view(r_, d, self.groups, self.rank, -1).mul_(scale.view(-1, 1, 1, 1, 1))
-        h = torch.einsum("rdgkp,dgok->rdgop", t, a)
-        y.add_(h.reshape(y.shape))
+        y_groups = y.view(r_, d, self.groups, self.out_channels // self.groups, -1)
+        if self.rank <= _ELEMENTWISE_MAX_RANK:  # r fused passes over y, no temporary
+            for k in range(self.rank):
+                y_groups.addcmul_(t[:, :, :, k : k + 1], a[..., k].unsqueeze(-1))
+        else:
+            y_groups.add_(torch.einsum("rdgkp,dgok->rdgop", t, a))
 
     def _weight_grad(self, coef):
         a, b = self._noise["a"], self._noise["b"]

@@ -26,11 +26,30 @@ from .base import PerturbedConv2dBase, PerturbedLayer, PerturbedLinearBase, reso
 PERMUTATIONS = ("in", "out", "both", "auto")
 
 
-def expand_index(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Per-direction channel index (D, K) broadcast to gather/scatter along dim 2 of like (R, D, _, ...)."""
-    trailing = like.dim() - 3
-    view = index.view(1, *index.shape, *([1] * trailing))
-    return view.expand(like.shape[0], index.shape[0], index.shape[1], *like.shape[3:])
+def gather_channels(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (R, D, C, ...) -> (R, D, K, ...): row (r, d) keeps channels index[d] (index of shape (D, K))."""
+    r, d, k = x.shape[0], index.shape[0], index.shape[1]
+    if x.dim() == 3:
+        return x.gather(2, index.unsqueeze(0).expand(r, d, k))
+    # feature maps: copy whole contiguous (H, W) planes, much faster than an elementwise gather
+    rows = _plane_index(index, r, x.shape[2])
+    return x.reshape(-1, *x.shape[3:]).index_select(0, rows).view(r, d, k, *x.shape[3:])
+
+
+def scatter_add_channels_(y: torch.Tensor, index: torch.Tensor, h: torch.Tensor) -> None:
+    """y (R, D, C, ...) += h (R, D, K, ...) placed at channels index[d] (index of shape (D, K))."""
+    r, d, k = h.shape[0], index.shape[0], index.shape[1]
+    if y.dim() == 3:
+        y.scatter_add_(2, index.unsqueeze(0).expand(r, d, k), h)
+        return
+    rows = _plane_index(index, r, y.shape[2])
+    y.view(-1, *y.shape[3:]).index_add_(0, rows, h.reshape(-1, *h.shape[3:]))
+
+
+def _plane_index(index: torch.Tensor, repeats: int, channels: int) -> torch.Tensor:
+    d = index.shape[0]
+    first = torch.arange(repeats * d, device=index.device).mul_(channels).view(repeats, d, 1)
+    return (first + index.unsqueeze(0)).reshape(-1)
 
 
 class _PermutedMixin(PerturbedLayer):
@@ -70,12 +89,17 @@ class _PermutedMixin(PerturbedLayer):
         noise = self._noise
         shape = (-1,) + (1,) * (x.dim() - 1)
         if self.permute_in:
-            x = x.gather(2, expand_index(noise["in_index"], x)).mul_(scale.view(shape))
-        h = self._apply_shared(x, noise["shared"], self.geometry[2])
+            x = gather_channels(x, noise["in_index"]).mul_(scale.view(shape))
+        shared = noise["shared"]
+        if self.permute_in and not self.permute_out and y.dim() == 3 and x.dtype == y.dtype == shared.dtype:
+            # Linear, in-permutation only: accumulate the GEMM straight into y (no temporary)
+            y.view(-1, y.shape[-1]).addmm_(x.reshape(-1, x.shape[-1]), shared.t())
+            return
+        h = self._apply_shared(x, shared, self.geometry[2])
         if not self.permute_in:
             h.mul_(scale.view(shape))
         if self.permute_out:
-            y.scatter_add_(2, expand_index(noise["out_index"], h), h)
+            scatter_add_channels_(y, noise["out_index"], h)
         else:
             y.add_(h)
 

@@ -1,0 +1,38 @@
+"""The ``nesgpu`` command line.
+
+    nesgpu bench layers [options]     forward-pass benchmark of the perturbed layers
+
+Each command module provides ``add_parser(subparsers)``, which registers its subcommand and sets
+``func`` (called with the parsed arguments, returns the exit status). To add a command (e.g. ``train``),
+register it in :func:`build_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .bench import layers as bench_layers
+
+    parser = argparse.ArgumentParser(prog="nesgpu", description="Evolution strategies for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"nesgpu {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    bench = commands.add_parser("bench", help="benchmarks", description="Benchmarks.")
+    benchmarks = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    bench_layers.add_parser(benchmarks)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``nesgpu`` console script and ``python -m nesgpu``."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
