@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) examples/quickstart.py
+	$(VENV)/bin/nesgpu train
 
 test: $(VENV)/.installed
 	$(PY) -m pytest

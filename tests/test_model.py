@@ -223,3 +223,14 @@ def test_bad_constructor_arguments():
     pm = nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 4)
     with pytest.raises(ValueError, match=r"within \[0, 4\)"):
         pm.set_noise(directions=range(2, 6))
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES + CONV_CASES, ids=case_id)
+def test_noise_sq_norms_match_dense_noise(case):
+    cls, options = case
+    layer = cls(4, 6, 3, groups=2, **options) if issubclass(cls, nn.Conv2d) else cls(6, 5, **options)
+    pm = nesgpu.PerturbedModel(layer.double(), 7)
+    pm.set_noise()
+    dense = sum(z.flatten(1).pow(2).sum(1) for z in pm.dense_noise().values())
+    torch.testing.assert_close(pm.noise_sq_norms(), dense, rtol=1e-12, atol=1e-12)
+    assert pm.num_perturbed == sum(p.numel() for p in layer.parameters())

@@ -1,5 +1,7 @@
 """The ``nesgpu`` command line.
 
+    nesgpu train [options]            train with ES (no options: digits, low-rank MLP)
+    nesgpu eval DIR                   evaluate a finished run
     nesgpu bench layers [options]     forward-pass benchmark of the perturbed layers
 
 Each command module provides ``add_parser(subparsers)``, which registers its subcommand and sets
@@ -16,11 +18,14 @@ from . import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     from .bench import layers as bench_layers
+    from .train.cli import add_eval_parser, add_train_parser
 
     parser = argparse.ArgumentParser(prog="nesgpu", description="Evolution strategies for PyTorch.")
     parser.add_argument("--version", action="version", version=f"nesgpu {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    add_train_parser(commands)
+    add_eval_parser(commands)
     bench = commands.add_parser("bench", help="benchmarks", description="Benchmarks.")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     bench_layers.add_parser(benchmarks)
@@ -30,8 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nesgpu`` console script and ``python -m nesgpu``."""
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, ImportError) as e:  # bad input: one clear line, not a traceback
+        parser.exit(2, f"nesgpu {args.command}: error: {e}\n")
 
 
 if __name__ == "__main__":

@@ -99,6 +99,15 @@ class PerturbedModel:
         return {f"{name}.{key}" if name else key: z
                 for name, layer in self.layers.items() for key, z in layer.dense_noise().items()}
 
+    def noise_sq_norms(self) -> torch.Tensor:
+        """||z_d||^2 over all perturbed parameters, per local direction: shape (D,)."""
+        return sum(layer.noise_sq_norms() for layer in self.layers.values())
+
+    @property
+    def num_perturbed(self) -> int:
+        """How many scalar parameters are perturbed (the dimension of z_d)."""
+        return sum(p.numel() for layer in self.layers.values() for p in (layer.weight, layer.bias) if p is not None)
+
     # ----- population forward ------------------------------------------------------------------------
     @contextmanager
     def perturbing(self) -> Iterator[None]:

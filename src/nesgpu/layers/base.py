@@ -169,6 +169,17 @@ class PerturbedLayer(nn.Module):
             else:
                 p.grad.add_(g.reshape(p.shape))
 
+    def _weight_sq_norms(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def noise_sq_norms(self) -> torch.Tensor:
+        """||z_d||^2 over the weight and bias of each local direction, shape (D,), without densifying."""
+        noise = self._require_noise()
+        sq = self._weight_sq_norms()
+        if self.bias is not None:
+            sq = sq + noise["bias"].pow(2).sum(1)
+        return sq
+
     def dense_noise(self) -> dict[str, torch.Tensor]:
         """The unit-scale noise z_d of every local direction as dense tensors, for tests and inspection.
 

@@ -80,6 +80,10 @@ class _FlipoutMixin(PerturbedLayer):
         products = self._sign_products(None)
         return self._noise["shared"].unsqueeze(0) * products.view(*products.shape, *trailing)
 
+    def _weight_sq_norms(self):
+        # every direction uses all of E, moved or sign-flipped: the same norm for all
+        return self._noise["shared"].pow(2).sum().expand(self.local_directions)
+
     def _options_repr(self) -> str:
         return f", signs={self.signs!r}"
 

@@ -46,6 +46,9 @@ class PerturbedLinear(PerturbedLinearBase, nn.Linear):
     def _dense_weight_noise(self):
         return self._noise["weight"]
 
+    def _weight_sq_norms(self):
+        return self._noise["weight"].pow(2).flatten(1).sum(1)
+
 
 class PerturbedConv2d(PerturbedConv2dBase, nn.Conv2d):
     """nn.Conv2d whose population forward adds IID Gaussian weight noise per direction.
@@ -80,3 +83,6 @@ class PerturbedConv2d(PerturbedConv2dBase, nn.Conv2d):
 
     def _dense_weight_noise(self):
         return self._noise["weight"]
+
+    def _weight_sq_norms(self):
+        return self._noise["weight"].pow(2).flatten(1).sum(1)

@@ -78,6 +78,11 @@ class LowRankLinear(PerturbedLinearBase, nn.Linear):
     def _dense_weight_noise(self):
         return self._noise["a"].transpose(1, 2) @ self._noise["b"]
 
+    def _weight_sq_norms(self):
+        # ||sum_k a_k b_k^T||^2 = sum_{k,l} (a_k . a_l)(b_k . b_l)
+        a, b = self._noise["a"], self._noise["b"]
+        return ((a @ a.transpose(1, 2)) * (b @ b.transpose(1, 2))).sum((1, 2))
+
     def _options_repr(self) -> str:
         return f", rank={self.rank}"
 
@@ -130,6 +135,10 @@ class LowRankConv2d(PerturbedConv2dBase, nn.Conv2d):
         a, b = self._noise["a"], self._noise["b"]
         d = a.shape[0]
         return torch.einsum("dgok,dgkf->dgof", a, b.flatten(3)).reshape(d, *self.weight.shape)
+
+    def _weight_sq_norms(self):
+        a, b = self._noise["a"], self._noise["b"].flatten(3)  # (D, G, out_g, r), (D, G, r, F)
+        return ((a.transpose(2, 3) @ a) * (b @ b.transpose(2, 3))).sum((1, 2, 3))
 
     def _options_repr(self) -> str:
         return f", rank={self.rank}"

@@ -162,6 +162,10 @@ class _PermutedMixin(PerturbedLayer):
         index = self._flat_index().reshape(d, -1, 1).expand(-1, -1, spatial)
         return dense.scatter_(1, index, flat_e.expand(d, -1, -1)).reshape(d, *self.weight.shape)
 
+    def _weight_sq_norms(self):
+        # every direction uses all of E, moved or sign-flipped: the same norm for all
+        return self._noise["shared"].pow(2).sum().expand(self.local_directions)
+
     def _options_repr(self) -> str:
         return f", permutation={self.permutation!r}, k_in={self.k_in}, k_out={self.k_out}"
 

@@ -60,5 +60,8 @@ class SparsePerturbedLinear(PerturbedLinearBase, nn.Linear):
         dense = values.new_zeros(d, out, self.in_features)
         return dense.scatter_(2, columns.unsqueeze(1).expand(d, out, k), values)
 
+    def _weight_sq_norms(self):
+        return self._noise["values"].pow(2).flatten(1).sum(1)
+
     def _options_repr(self) -> str:
         return f", k={self.k}"

@@ -1,0 +1,39 @@
+"""Tasks: rows in, fitness (R, D) out. Supervised datasets and RL environments."""
+
+from __future__ import annotations
+
+import torch
+
+from .envs import ENVS
+from .gym import GymVectorEnv
+from .rl import ObservationNorm, Policy, RLTask, rollout
+from .supervised import ClassificationTask, digits, mnist1d
+
+SUPERVISED = {"digits": digits, "mnist1d": mnist1d}
+TASK_NAMES = sorted(SUPERVISED) + sorted(ENVS) + ["gym:<id>"]
+
+
+def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batch_size: int = 64,
+              episodes: int = 1, eval_episodes: int = 10):
+    """A task by name: "digits", "mnist1d", "cartpole", "pendulum", "acrobot", "mountaincar" or "gym:<id>"."""
+    if name in SUPERVISED:
+        return SUPERVISED[name](device=device, seed=seed, batch_size=batch_size)
+    if name in ENVS:
+        env_cls = ENVS[name]
+        return RLTask(env_cls, env_cls, name, episodes=episodes, eval_episodes=eval_episodes, device=device,
+                      seed=seed)
+    if name.startswith("gym:") and len(name) > 4:
+        env_id = name[4:]
+        try:
+            spec = GymVectorEnv.spec(env_id)
+        except ImportError:
+            raise
+        except Exception as e:
+            raise ValueError(f"unknown task {name!r}: gymnasium cannot make {env_id!r} ({e})") from e
+        return RLTask(lambda n, dev: GymVectorEnv(env_id, n, dev), spec, name, episodes=episodes,
+                      eval_episodes=eval_episodes, device=device, seed=seed)
+    raise ValueError(f"unknown task {name!r}; expected one of {TASK_NAMES}")
+
+
+__all__ = ["ClassificationTask", "ENVS", "GymVectorEnv", "ObservationNorm", "Policy", "RLTask", "TASK_NAMES",
+           "digits", "make_task", "mnist1d", "rollout"]

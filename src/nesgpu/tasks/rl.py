@@ -1,0 +1,159 @@
+"""Reinforcement learning as an ES task: every row of the population runs its own episode, all at once."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..model import PerturbedModel
+from ..noise import derive_seed
+
+_ENV_STREAM = 0x656E76  # keys environment resets apart from the noise
+_EVAL_STREAM = 0x6576616C
+
+
+class ObservationNorm(nn.Module):
+    """Running mean / variance of observations (buffers, so the saved plain model carries them).
+
+    ``forward`` standardises and clips to [-clip, clip]. ``update`` merges batch statistics (Chan et al.).
+    """
+
+    def __init__(self, dim: int, clip: float = 5.0, eps: float = 1e-8):
+        super().__init__()
+        self.clip, self.eps = clip, eps
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        std = (self.var + self.eps).sqrt()
+        return ((x - self.mean.to(x.dtype)) / std.to(x.dtype)).clamp(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def update(self, total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor) -> None:
+        """Merge a batch given by its sum, sum of squares and count (all float64)."""
+        if count <= 0:
+            return
+        mean_b = total / count
+        var_b = (total_sq / count - mean_b.square()).clamp_min(0)
+        n = self.count + count
+        delta = mean_b - self.mean
+        self.mean += delta * count / n
+        self.var.copy_((self.var * self.count + var_b * count + delta.square() * self.count * count / n) / n)
+        self.count.copy_(n)
+
+
+class Policy(nn.Module):
+    """obs -> [ObservationNorm] -> MLP (tanh) -> action. Discrete: argmax; continuous: high * tanh.
+
+    ``hidden=()`` gives a linear policy (ARS's choice; no bias then, as in the paper).
+    """
+
+    def __init__(self, obs_dim: int, discrete: bool, num_outputs: int, action_high: float = 1.0,
+                 hidden: tuple[int, ...] = (16,), normalize: bool = True):
+        super().__init__()
+        self.discrete, self.action_high = discrete, action_high
+        self.norm = ObservationNorm(obs_dim) if normalize else nn.Identity()
+        sizes = [obs_dim, *hidden, num_outputs]
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            layers.append(nn.Linear(a, b, bias=bool(hidden)))
+            if i < len(sizes) - 2:
+                layers.append(nn.Tanh())
+        self.net = nn.Sequential(*layers)
+        if not hidden:  # a linear policy starts at zero, as in ARS
+            nn.init.zeros_(self.net[0].weight)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        out = self.net(self.norm(obs))
+        return out.argmax(-1) if self.discrete else self.action_high * torch.tanh(out)
+
+
+def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int,
+            obs_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Run one episode in every row of ``env`` with ``act(obs) -> action``.
+
+    Returns (episode return per row (float64), steps per row, observation statistics). A row's return
+    stops counting when it terminates; the loop stops when every row is done or at ``max_steps``.
+    All-done is checked every 16 steps, so the hot loop does not wait on the device at each step.
+    """
+    obs = env.reset(seed, groups)
+    n = obs.shape[0]
+    device = obs.device
+    total = torch.zeros(n, dtype=torch.float64, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    alive = torch.ones(n, dtype=torch.bool, device=device)
+    stats = {"sum": torch.zeros(obs.shape[1], dtype=torch.float64, device=device),
+             "sum_sq": torch.zeros(obs.shape[1], dtype=torch.float64, device=device),
+             "count": torch.zeros((), dtype=torch.float64, device=device)}
+    for t in range(max_steps):
+        if obs_stats:
+            live = obs.double() * alive.unsqueeze(1)
+            stats["sum"] += live.sum(0)
+            stats["sum_sq"] += (live * obs.double()).sum(0)
+            stats["count"] += alive.sum()
+        obs, reward, terminated = env.step(act(obs))
+        total += reward.to(device) * alive
+        lengths += alive
+        alive &= ~terminated.to(device)
+        if t % 16 == 15 and not alive.any():
+            break
+    return total, lengths, stats
+
+
+class RLTask:
+    """Fitness = episode return of every member; metric = mean return of the plain policy.
+
+    Rows are laid out (sign, episode, direction): ``episodes`` start states per step, each shared by all
+    directions and both signs (common random numbers). Start states of step t come from (seed, t), so a
+    resumed run sees the same episodes.
+
+    Args:
+        make_env: ``make_env(n, device)`` -> an environment of n rows (a TorchEnv or a GymVectorEnv).
+        env_spec: the environment class (or instance) with obs_dim, discrete, num_actions / action_dim,
+            action_high and max_steps.
+        episodes: episodes per member per step.
+        eval_episodes: episodes of the final evaluation.
+    """
+
+    metric = "eval_return"
+
+    def __init__(self, make_env, env_spec, name: str, episodes: int = 1, eval_episodes: int = 10,
+                 max_steps: int | None = None, device: torch.device | str = "cpu", seed: int = 0):
+        if episodes < 1:
+            raise ValueError(f"episodes must be >= 1; got {episodes}")
+        self.make_env, self.spec, self.name = make_env, env_spec, name
+        self.episodes, self.eval_episodes = episodes, eval_episodes
+        self.max_steps = max_steps or env_spec.max_steps
+        self.device = torch.device(device)
+        self.seed = seed
+        self.normalize_observations = True
+        self._env = None
+
+    def make_model(self, hidden: tuple[int, ...] = (16,)) -> Policy:
+        outputs = self.spec.num_actions if self.spec.discrete else self.spec.action_dim
+        return Policy(self.spec.obs_dim, self.spec.discrete, outputs, self.spec.action_high, hidden)
+
+    def _env_for(self, n: int):
+        if self._env is None or self._env.n != n:
+            self._env = self.make_env(n, self.device)
+        return self._env
+
+    def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
+        signs, e, d = (2 if pm.antithetic else 1), self.episodes, pm.directions
+        groups = torch.arange(e, device=self.device).view(1, e, 1).expand(signs, e, d).reshape(-1)
+        norm = getattr(pm.model, "norm", None)
+        update_stats = self.normalize_observations and isinstance(norm, ObservationNorm)
+        returns, lengths, stats = rollout(self._env_for(groups.numel()), pm, groups,
+                                          derive_seed(self.seed, step, _ENV_STREAM), self.max_steps, update_stats)
+        if update_stats:
+            norm.update(stats["sum"], stats["sum_sq"], stats["count"])
+        return returns.view(signs * e, d), {"env_steps": lengths.sum(), "episode_return": returns.mean()}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> float:
+        """Mean return of the plain model over ``eval_episodes`` fixed start states."""
+        groups = torch.arange(self.eval_episodes, device=self.device)
+        returns, _, _ = rollout(self.make_env(self.eval_episodes, self.device), model, groups,
+                                derive_seed(self.seed, _EVAL_STREAM), self.max_steps)
+        return returns.mean().item()

@@ -1,0 +1,114 @@
+"""Supervised classification as an ES task: each direction scores a minibatch through the repeats axis."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+from ..model import PerturbedModel
+from ..noise import derive_seed
+
+_BATCH_STREAM = 0x6261  # keys the minibatch sampler apart from the noise
+
+
+class ClassificationTask:
+    """Fitness = minus the cross-entropy of each member on a shared minibatch; metric = test accuracy.
+
+    Every direction (and both signs) sees the same minibatch, laid out (sign, sample, direction, ...), so
+    the fitness has shape (signs * batch_size -> R = signs, D). The minibatch of step t is drawn from a
+    generator seeded by (seed, t): a resumed run sees the same batches.
+
+    Args:
+        x_train, y_train, x_test, y_test: tensors; x of shape (N, ...), y of class indices (N,).
+        batch_size: samples per member per step.
+        device: where the population runs.
+        seed: the run seed.
+    """
+
+    metric = "test_accuracy"
+
+    def __init__(self, x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                 batch_size: int = 64, device: torch.device | str = "cpu", seed: int = 0, name: str = "custom"):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+            raise ValueError(f"inputs and labels differ in length: train {len(x_train)} vs {len(y_train)}, "
+                             f"test {len(x_test)} vs {len(y_test)}")
+        self.device = torch.device(device)
+        self.x_train, self.y_train = x_train.to(self.device), y_train.to(self.device).long()
+        self.x_test, self.y_test = x_test.to(self.device), y_test.to(self.device).long()
+        self.batch_size = batch_size
+        self.seed = seed
+        self.name = name
+        self.input_shape = tuple(x_train.shape[1:])
+        self.num_classes = int(max(self.y_train.max(), self.y_test.max())) + 1
+
+    @classmethod
+    def from_datasets(cls, train: Dataset, test: Dataset, **kwargs) -> ClassificationTask:
+        """Any map-style torch Datasets of (input, label) pairs, materialised once as tensors."""
+        x_train, y_train = default_collate([train[i] for i in range(len(train))])
+        x_test, y_test = default_collate([test[i] for i in range(len(test))])
+        return cls(torch.as_tensor(x_train).float(), torch.as_tensor(y_train), torch.as_tensor(x_test).float(),
+                   torch.as_tensor(y_test), **kwargs)
+
+    def make_model(self, hidden: tuple[int, ...] = (64,)) -> nn.Module:
+        """An MLP with tanh hidden layers (inputs are flattened)."""
+        sizes = [int(torch.tensor(self.input_shape).prod()), *hidden]
+        layers: list[nn.Module] = [nn.Flatten()]
+        for a, b in zip(sizes, sizes[1:]):
+            layers += [nn.Linear(a, b), nn.Tanh()]
+        layers.append(nn.Linear(sizes[-1], self.num_classes))
+        return nn.Sequential(*layers)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator(device=self.device).manual_seed(derive_seed(self.seed, step, _BATCH_STREAM))
+        idx = torch.randint(0, len(self.x_train), (self.batch_size,), generator=gen, device=self.device)
+        return self.x_train[idx], self.y_train[idx]
+
+    def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """Population fitness (signs, D) for ``step``, and the step's mean training loss."""
+        x, y = self.batch(step)
+        signs, b, d = (2 if pm.antithetic else 1), self.batch_size, pm.directions
+        rows = x.unsqueeze(0).unsqueeze(2).expand(signs, b, d, *self.input_shape).reshape(-1, *self.input_shape)
+        logits = pm(rows).view(signs, b, d, -1)
+        target = y.view(1, b, 1).expand(signs, b, d)
+        losses = F.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none").mean(1)  # (signs, D)
+        return -losses, {"train_loss": losses.mean()}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batch: int = 4096) -> float:
+        """Test accuracy of the plain model."""
+        correct = 0
+        for i in range(0, len(self.x_test), batch):
+            correct += (model(self.x_test[i:i + batch]).argmax(-1) == self.y_test[i:i + batch]).sum()
+        return float(correct) / len(self.x_test)
+
+
+def digits(device="cpu", seed: int = 0, batch_size: int = 64, test_fraction: float = 0.2) -> ClassificationTask:
+    """sklearn's 8x8 digits (1797 images, shipped with sklearn), scaled to [0, 1]; a stratified split."""
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("the digits task needs scikit-learn: pip install 'nesgpu[train]'") from e
+    data = load_digits()
+    x_train, x_test, y_train, y_test = train_test_split(
+        data.data / 16.0, data.target, test_size=test_fraction, random_state=0, stratify=data.target)
+    as_x = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    return ClassificationTask(as_x(x_train), torch.tensor(y_train), as_x(x_test), torch.tensor(y_test),
+                              batch_size=batch_size, device=device, seed=seed, name="digits")
+
+
+def mnist1d(device="cpu", seed: int = 0, batch_size: int = 64) -> ClassificationTask:
+    """MNIST-1D (Greydanus 2020), generated offline by the mnist1d package's ``make_dataset``."""
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("the mnist1d task needs the mnist1d package: pip install 'nesgpu[train]'") from e
+    data = make_dataset(get_dataset_args())
+    as_x = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    return ClassificationTask(as_x(data["x"]), torch.tensor(data["y"]), as_x(data["x_test"]),
+                              torch.tensor(data["y_test"]), batch_size=batch_size, device=device, seed=seed,
+                              name="mnist1d")

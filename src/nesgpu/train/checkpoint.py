@@ -1,0 +1,106 @@
+"""Atomic checkpoints: weights in safetensors, the rest in a weights-only torch file.
+
+A checkpoint is a directory. It is written beside the old one and swapped in with renames, so a process
+killed mid-save leaves the previous checkpoint intact (or, between the two renames, at ``<dir>.prev``,
+where :func:`load_checkpoint` finds it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+WEIGHTS, STATE = "model.safetensors", "state.pt"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    """The plain model's state (parameters and buffers) as safetensors, atomically."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    atomic_write_bytes(Path(path), save(tensors))
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:
+        raise ValueError(f"cannot read weights {path}: the file is corrupt or not safetensors ({e})") from e
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as e:
+        raise ValueError(f"weights {path} do not match the model: {e}") from e
+
+
+def save_checkpoint(directory: Path, model: nn.Module, state: dict) -> None:
+    """Write ``directory`` = {model.safetensors, state.pt}, replacing any previous one atomically."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    try:
+        save_weights(model, tmp / WEIGHTS)
+        with open(tmp / STATE, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        prev = directory.with_name(directory.name + ".prev")
+        if prev.exists():
+            shutil.rmtree(prev)
+        if directory.exists():
+            os.replace(directory, prev)
+        os.replace(tmp, directory)
+        shutil.rmtree(prev, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def find_checkpoint(directory: Path) -> Path | None:
+    directory = Path(directory)
+    for candidate in (directory, directory.with_name(directory.name + ".prev")):
+        if (candidate / WEIGHTS).is_file() and (candidate / STATE).is_file():
+            return candidate
+    return None
+
+
+def load_checkpoint(directory: Path, model: nn.Module) -> dict:
+    """Load weights into ``model`` and return the state dict (loaded with ``weights_only=True``)."""
+    found = find_checkpoint(directory)
+    if found is None:
+        raise ValueError(f"no checkpoint in {directory} (expected {WEIGHTS} and {STATE})")
+    load_weights(model, found / WEIGHTS)
+    try:
+        return torch.load(found / STATE, weights_only=True, map_location="cpu")
+    except Exception as e:
+        raise ValueError(f"cannot read {found / STATE}: the file is corrupt or not a nesgpu checkpoint ({e})") from e
+
+
+def write_json(path: Path, values: dict) -> None:
+    atomic_write_text(Path(path), json.dumps(values, indent=2) + "\n")
