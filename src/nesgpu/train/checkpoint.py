@@ -90,16 +90,20 @@ def find_checkpoint(directory: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(directory: Path, model: nn.Module) -> dict:
-    """Load weights into ``model`` and return the state dict (loaded with ``weights_only=True``)."""
+def load_checkpoint(directory: Path, model: nn.Module, validate=None) -> dict:
+    """Read the state (with ``weights_only=True``), let ``validate(state)`` check it, then load the weights
+    into ``model``. Returns the state."""
     found = find_checkpoint(directory)
     if found is None:
         raise ValueError(f"no checkpoint in {directory} (expected {WEIGHTS} and {STATE})")
-    load_weights(model, found / WEIGHTS)
     try:
-        return torch.load(found / STATE, weights_only=True, map_location="cpu")
+        state = torch.load(found / STATE, weights_only=True, map_location="cpu")
     except Exception as e:
         raise ValueError(f"cannot read {found / STATE}: the file is corrupt or not a nesgpu checkpoint ({e})") from e
+    if validate is not None:
+        validate(state)
+    load_weights(model, found / WEIGHTS)
+    return state
 
 
 def write_json(path: Path, values: dict) -> None:

@@ -68,10 +68,12 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     task, model, pm, strategy = build(cfg, device)
     elapsed, env_steps = 0.0, 0
     if resume:
-        state = load_checkpoint(out / "checkpoint", model)
-        if state.get("config", {}).get("task") != cfg.task:
-            raise ValueError(f"checkpoint in {out} is for task {state.get('config', {}).get('task')!r}, "
-                             f"not {cfg.task!r}")
+        def same_task(state):
+            task = state.get("config", {}).get("task") if isinstance(state, dict) else None
+            if task != cfg.task:
+                raise ValueError(f"checkpoint in {out} is for task {task!r}, not {cfg.task!r}")
+
+        state = load_checkpoint(out / "checkpoint", model, validate=same_task)
         try:
             strategy.load_state_dict(state["strategy"])
         except (KeyError, ValueError, RuntimeError) as e:

@@ -1,0 +1,177 @@
+"""Strategies: fitness shaping, the update each one makes, sigma / lr schedules, ClipUp, state."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import nesgpu
+from nesgpu.strategies import ARS, PGPE, ClipUp, OpenAIES, Schedule, centered_ranks, top_directions, z_score
+
+
+def make_pm(directions=8, antithetic=True, kind="gaussian", sigma=0.1):
+    gen = torch.Generator().manual_seed(0)
+    net = nesgpu.convert(nn.Linear(3, 2), kind)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    return nesgpu.PerturbedModel(net.double(), directions, sigma=sigma, antithetic=antithetic, seed=1)
+
+
+def test_centered_ranks_and_z_score():
+    f = torch.tensor([[3.0, -1.0, 10.0], [0.0, 2.0, 5.0]])
+    r = centered_ranks(f)
+    assert torch.allclose(r, torch.tensor([[0.1, -0.5, 0.5], [-0.3, -0.1, 0.3]]))
+    assert torch.allclose(centered_ranks(f.exp()), r)  # invariant to monotone transforms
+    z = z_score(f)
+    assert abs(z.mean().item()) < 1e-6 and abs(z.std(unbiased=False).item() - 1) < 1e-6
+
+
+def test_top_directions():
+    plus, minus = torch.tensor([1.0, 5.0, 2.0, 0.0]), torch.tensor([4.0, 0.0, 1.0, 3.0])
+    assert top_directions(plus, minus, 2).tolist() == [True, True, False, False]
+    with pytest.raises(ValueError, match=r"top_b must be in \[1, 4\]; got 5"):
+        top_directions(plus, minus, 5)
+
+
+def expected_grad(pm, w_d):
+    z = pm.dense_noise()
+    return {k: torch.einsum("d,d...->...", w_d, v) / (pm.directions * pm.sigma) for k, v in z.items()}
+
+
+def test_openai_es_update_is_minus_the_shaped_fitness_estimate():
+    pm = make_pm()
+    es = OpenAIES(pm, optimizer=torch.optim.SGD(pm.model.parameters(), lr=1.0))
+    before = {k: v.clone() for k, v in pm.model.state_dict().items()}
+    es.ask()
+    f = torch.randn(2, 8, dtype=torch.float64)
+    u = centered_ranks(f)
+    g = expected_grad(pm, -(u[0] - u[1]) / 2)
+    es.tell(f)
+    for k in g:
+        torch.testing.assert_close(pm.model.state_dict()[k], before[k] - g[k])
+
+
+def test_openai_es_weight_decay_adds_l2():
+    pm = make_pm()
+    es = OpenAIES(pm, optimizer=torch.optim.SGD(pm.model.parameters(), lr=1.0), weight_decay=0.1)
+    before = {k: v.clone() for k, v in pm.model.state_dict().items()}
+    es.ask()
+    f = torch.randn(2, 8, dtype=torch.float64)
+    u = centered_ranks(f)
+    g = expected_grad(pm, -(u[0] - u[1]) / 2)
+    es.tell(f)
+    for k in g:
+        torch.testing.assert_close(pm.model.state_dict()[k], before[k] - g[k] - 0.1 * before[k])
+
+
+def test_ars_is_the_papers_update():
+    pm = make_pm(directions=8)
+    ars = ARS(pm, lr=0.5, top_b=3)
+    before = {k: v.clone() for k, v in pm.model.state_dict().items()}
+    ars.ask()
+    f = torch.randn(2, 8, dtype=torch.float64)
+    z = pm.dense_noise()
+    plus, minus = f[0], f[1]
+    top = torch.maximum(plus, minus).topk(3).indices
+    sigma_r = torch.cat([plus[top], minus[top]]).std(unbiased=False)
+    ars.tell(f)
+    for k in z:  # theta + alpha / (b sigma_R) sum_top (r+ - r-) delta
+        step = 0.5 / (3 * sigma_r) * torch.einsum("d,d...->...", (plus - minus)[top], z[k][top])
+        torch.testing.assert_close(pm.model.state_dict()[k], before[k] + step)
+
+
+def test_ars_and_pgpe_need_antithetic():
+    with pytest.raises(ValueError, match="antithetic"):
+        ARS(make_pm(antithetic=False))
+    with pytest.raises(ValueError, match="symmetric"):
+        PGPE(make_pm(antithetic=False))
+
+
+def test_pgpe_sigma_grows_when_larger_noise_does_better_and_is_capped():
+    pm = make_pm(directions=64, sigma=0.1)
+    pgpe = PGPE(pm, sigma_lr=0.5, max_sigma_change=0.2)
+    pgpe.ask()
+    radius = pm.noise_sq_norms()  # larger noise -> better fitness, whichever sign
+    pgpe.tell(torch.stack([radius, radius]))
+    assert 0.1 < pm.sigma <= 0.1 * 1.2 + 1e-12
+    pgpe.ask()
+    radius = pm.noise_sq_norms()
+    pgpe.tell(torch.stack([-radius, -radius]))
+    assert pm.sigma < 0.12
+
+
+def test_clipup_normalises_and_caps_speed():
+    p = nn.Parameter(torch.zeros(4))
+    opt = ClipUp([p], lr=0.1, max_speed=0.15, momentum=0.9)
+    p.grad = torch.tensor([3.0, 4.0, 0.0, 0.0])  # norm 5 -> unit direction (0.6, 0.8)
+    opt.step()
+    torch.testing.assert_close(p.detach(), -0.1 * torch.tensor([0.6, 0.8, 0.0, 0.0]))
+    for _ in range(20):
+        opt.step()
+    v = opt.state[p]["velocity"]
+    assert abs(v.norm().item() - 0.15) < 1e-6  # velocity saturates at max_speed
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        ClipUp([p], lr=0)
+
+
+@pytest.mark.parametrize("kind,expected", [("constant", [1, 1, 1]), ("linear", [1, 0.55, 0.1]),
+                                           ("cosine", [1, 0.55, 0.1]), ("exponential", [1, math.sqrt(0.1), 0.1])])
+def test_schedules(kind, expected):
+    s = Schedule(kind, final=0.1, steps=10)
+    assert [s(0), s(5), s(10)] == pytest.approx(expected)
+    assert s(20) == pytest.approx(expected[-1])
+    with pytest.raises(ValueError, match="unknown schedule"):
+        Schedule("step")
+
+
+def test_sigma_and_lr_schedules_apply_per_step():
+    pm = make_pm(sigma=0.2)
+    es = OpenAIES(pm, lr=0.1, sigma_schedule=Schedule("linear", 0.5, 4), lr_schedule=Schedule("linear", 0.0, 4))
+    seen = []
+    for _ in range(4):
+        es.ask()
+        seen.append(pm.sigma)
+        es.tell(torch.randn(2, 8, dtype=torch.float64))
+    assert seen == pytest.approx([0.2, 0.175, 0.15, 0.125])
+    assert es.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
+
+
+def test_tell_rejects_bad_fitness_naming_step_and_member():
+    pm = make_pm()
+    es = OpenAIES(pm)
+    es.ask()
+    f = torch.zeros(2, 8, dtype=torch.float64)
+    f[1, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"non-finite fitness nan at step 1, member \(repeat 1, direction 5\)"):
+        es.tell(f)
+    with pytest.raises(ValueError, match=r"fitness must have shape \(R, 8\)"):
+        es.tell(torch.zeros(2, 7))
+    with pytest.raises(ValueError, match="even number of repeats"):
+        es.tell(torch.zeros(3, 8))
+
+
+def test_state_dict_round_trip_continues_identically():
+    def run(split):
+        pm = make_pm()
+        es = OpenAIES(pm, lr=0.05, lr_schedule=Schedule("cosine", 0.1, 6))
+        fit = lambda: (pm(torch.ones(16, 3, dtype=torch.float64)).sum(-1).view(2, 8))  # noqa: E731
+        for _ in range(split):
+            es.ask()
+            es.tell(fit())
+        if split < 6:
+            state = es.state_dict()
+            pm2 = make_pm()
+            es = OpenAIES(pm2, lr=0.05, lr_schedule=Schedule("cosine", 0.1, 6))
+            pm2.model.load_state_dict(pm.model.state_dict())
+            es.load_state_dict(state)
+            pm = pm2
+            for _ in range(6 - split):
+                es.ask()
+                es.tell(fit())
+        return pm.model.state_dict()
+
+    full, resumed = run(6), run(3)
+    for k in full:
+        assert torch.equal(full[k], resumed[k])

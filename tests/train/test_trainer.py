@@ -1,0 +1,204 @@
+"""The trainer end to end: files written, exact resume, atomic checkpoints, and clear errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from nesgpu.cli import main
+from nesgpu.train import TrainConfig, evaluate_run, train
+from nesgpu.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+
+FAST = {
+    "digits": dict(task="digits", population=16, steps=6, batch_size=8, hidden=(8,)),
+    "cartpole": dict(task="cartpole", population=16, steps=6, hidden=(4,)),
+}
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+@pytest.mark.parametrize("name", sorted(FAST))
+def test_run_writes_every_output(tmp_path, name):
+    summary = train(TrainConfig(**FAST[name], out=str(tmp_path)), log=quiet)
+    for f in ["summary.json", "metrics.csv", "config.json", "model.safetensors", "curve.png",
+              "checkpoint/model.safetensors", "checkpoint/state.pt"]:
+        assert (tmp_path / f).is_file(), f
+    assert any((tmp_path / "tensorboard").iterdir())
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == summary
+    assert set(on_disk) >= {"task", "metric", "value", "steps", "seconds"}
+    assert on_disk["metric"] == ("test_accuracy" if name == "digits" else "eval_return")
+    assert len((tmp_path / "metrics.csv").read_text().strip().splitlines()) == 1 + 6
+    # the saved weights load into the plain model, and eval reproduces the summary's value
+    assert evaluate_run(tmp_path, "cpu")["value"] == pytest.approx(summary["value"])
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("name", sorted(FAST))
+@pytest.mark.parametrize("strategy", ["openai_es", "ars", "pgpe"])
+def test_resume_after_a_crash_ends_with_identical_weights(tmp_path, monkeypatch, name, strategy):
+    cfg = dict(FAST[name], strategy=strategy, lr_schedule="cosine", lr_final=0.1, checkpoint_every=2)
+    train(TrainConfig(**cfg, out=str(tmp_path / "straight")), log=quiet)
+
+    from nesgpu.tasks import ClassificationTask, RLTask
+
+    task_cls = ClassificationTask if name == "digits" else RLTask
+    original = task_cls.fitness
+
+    def crash_at_step_4(self, pm, step):
+        if step == 4:
+            raise Crash("killed")
+        return original(self, pm, step)
+
+    monkeypatch.setattr(task_cls, "fitness", crash_at_step_4)
+    with pytest.raises(Crash):
+        train(TrainConfig(**cfg, out=str(tmp_path / "split")), log=quiet)
+    monkeypatch.setattr(task_cls, "fitness", original)
+    rows = (tmp_path / "split" / "metrics.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 3  # steps 1-3 ran; the checkpoint holds step 2
+    train(TrainConfig(**cfg, out=str(tmp_path / "split")), resume=True, log=quiet)
+    a = load_file(tmp_path / "straight" / "model.safetensors")
+    b = load_file(tmp_path / "split" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    rows = (tmp_path / "split" / "metrics.csv").read_text().strip().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == [str(i) for i in range(1, 7)]
+
+
+def test_failure_mid_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    save_checkpoint(tmp_path / "ckpt", model, {"step": 1})
+    import nesgpu.train.checkpoint as ck
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ck, "save_weights", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path / "ckpt", torch.nn.Linear(3, 2), {"step": 2})
+    restored = torch.nn.Linear(3, 2)
+    assert load_checkpoint(tmp_path / "ckpt", restored) == {"step": 1}
+    assert torch.equal(restored.weight, model.weight)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary left behind
+
+
+def test_checkpoint_found_between_the_two_renames(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    save_checkpoint(tmp_path / "ckpt", model, {"step": 1})
+    os.replace(tmp_path / "ckpt", tmp_path / "ckpt.prev")  # a crash right after the first rename
+    assert find_checkpoint(tmp_path / "ckpt") == tmp_path / "ckpt.prev"
+    assert load_checkpoint(tmp_path / "ckpt", torch.nn.Linear(3, 2)) == {"step": 1}
+
+
+KILLER = """
+import sys, torch
+from nesgpu.train.checkpoint import save_checkpoint
+model = torch.nn.Linear(1000, 1000)
+step = 0
+while True:
+    step += 1
+    with torch.no_grad():
+        model.weight.fill_(step)
+    save_checkpoint(sys.argv[1], model, {"step": step})
+    print(step, flush=True)
+"""
+
+
+def test_process_killed_mid_save_leaves_a_usable_checkpoint(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", KILLER, str(tmp_path / "ckpt")], stdout=subprocess.PIPE)
+    first = proc.stdout.readline()  # one complete save
+    assert first
+    time.sleep(0.7)  # many more saves; kill at an arbitrary point
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    model = torch.nn.Linear(1000, 1000)
+    state = load_checkpoint(tmp_path / "ckpt", model)
+    assert state["step"] >= 1 and torch.all(model.weight == state["step"])
+
+
+def test_corrupt_and_mismatched_checkpoints_are_reported(tmp_path):
+    train(TrainConfig(**FAST["cartpole"], out=str(tmp_path / "run")), log=quiet)
+    with pytest.raises(ValueError, match="do not match the model"):
+        train(TrainConfig(**{**FAST["cartpole"], "hidden": (5,), "steps": 8}, out=str(tmp_path / "run")),
+              resume=True, log=quiet)
+    with pytest.raises(ValueError, match="for task 'cartpole', not 'acrobot'"):
+        train(TrainConfig(**{**FAST["cartpole"], "task": "acrobot", "steps": 8}, out=str(tmp_path / "run")),
+              resume=True, log=quiet)
+    (tmp_path / "run" / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="corrupt"):
+        train(TrainConfig(**{**FAST["cartpole"], "steps": 8}, out=str(tmp_path / "run")), resume=True, log=quiet)
+    train(TrainConfig(**FAST["cartpole"], out=str(tmp_path / "run2")), log=quiet)
+    (tmp_path / "run2" / "checkpoint" / "model.safetensors").write_bytes(b"\x00" * 20)
+    with pytest.raises(ValueError, match="model.safetensors: the file is corrupt"):
+        train(TrainConfig(**{**FAST["cartpole"], "steps": 8}, out=str(tmp_path / "run2")), resume=True, log=quiet)
+    with pytest.raises(ValueError, match="no checkpoint"):
+        train(TrainConfig(**FAST["cartpole"], out=str(tmp_path / "empty")), resume=True, log=quiet)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"task": "chess"}, "unknown task 'chess'"),
+    ({"strategy": "cma"}, "unknown strategy 'cma'"),
+    ({"layer": "dense"}, "unknown layer kind 'dense'"),
+    ({"sigma": 0.0}, "sigma must be > 0; got 0.0"),
+    ({"sigma": -1.0}, "sigma must be > 0"),
+    ({"population": 1}, "population must be >= 2; got 1"),
+    ({"population": 17}, "population must be even with antithetic sampling"),
+    ({"lr": 0.0}, "lr must be > 0"),
+    ({"task": "gym:NoSuchEnv-v0"}, "unknown task 'gym:NoSuchEnv-v0'"),
+])
+def test_bad_configuration_is_a_clear_error(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        train(TrainConfig(**{**FAST["cartpole"], **options}, out=str(tmp_path)), log=quiet)
+
+
+def test_nan_fitness_names_step_and_member(tmp_path, monkeypatch):
+    from nesgpu.tasks.rl import RLTask
+
+    original = RLTask.fitness
+
+    def poisoned(self, pm, step):
+        f, info = original(self, pm, step)
+        if step == 3:
+            f[0, 2] = float("inf")
+        return f, info
+
+    monkeypatch.setattr(RLTask, "fitness", poisoned)
+    with pytest.raises(ValueError, match=r"non-finite fitness inf at step 3, member \(repeat 0, direction 2\)"):
+        train(TrainConfig(**FAST["cartpole"], out=str(tmp_path)), log=quiet)
+
+
+def test_cli_train_config_file_flags_and_eval(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("task: cartpole\npopulation: 16\nsteps: 4\nhidden: [4]\nsigma: 0.2\n")
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--steps", "5", "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 5 and summary["sigma"] == 0.2 and summary["task"] == "cartpole"
+    assert main(["train", "--resume", str(out), "--steps", "7"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 7
+    assert main(["eval", str(out), "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["metric"] == "eval_return"
+    config.write_text("tsak: cartpole\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--config", str(config), "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert "unknown option(s) ['tsak']" in capsys.readouterr().err
+
+
+def test_python_dash_m_works_like_the_script(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nesgpu", "train", "--task", "cartpole", "--population", "8",
+                             "--steps", "2", "--hidden", "4", "--out", str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["task"] == "cartpole"
