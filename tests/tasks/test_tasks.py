@@ -1,0 +1,127 @@
+"""Tasks: the fitness of every member is what that member alone would score."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nesgpu
+from nesgpu.tasks import ClassificationTask, GymVectorEnv, ObservationNorm, RLTask, make_task, rollout
+from nesgpu.tasks.envs import CartPole
+
+
+def test_classification_fitness_is_minus_each_members_loss():
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(50, 5, generator=gen, dtype=torch.float64), torch.randint(0, 3, (50,), generator=gen)
+    task = ClassificationTask(x, y, x[:10], y[:10], batch_size=6, seed=1)
+    model = nesgpu.convert(nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double(), "permuted")
+    pm = nesgpu.PerturbedModel(model, 4, sigma=0.3, antithetic=True)
+    pm.set_noise(step=2)
+    fitness, info = task.fitness(pm, step=2)
+    assert fitness.shape == (2, 4)
+    xb, yb = task.batch(2)
+    z = pm.dense_noise()
+    for s, sign in enumerate([1.0, -1.0]):
+        for d in range(4):
+            h = torch.tanh(F.linear(xb, model[0].weight + 0.3 * sign * z["0.weight"][d],
+                                    model[0].bias + 0.3 * sign * z["0.bias"][d]))
+            logits = F.linear(h, model[2].weight + 0.3 * sign * z["2.weight"][d], model[2].bias + 0.3 * sign * z["2.bias"][d])
+            torch.testing.assert_close(fitness[s, d], -F.cross_entropy(logits, yb))
+    assert torch.equal(task.batch(2)[0], xb)  # batches are a function of (seed, step)
+    assert not torch.equal(task.batch(3)[0], xb)
+
+
+def test_classification_from_datasets_and_bad_input():
+    data = torch.utils.data.TensorDataset(torch.randn(20, 3), torch.randint(0, 2, (20,)))
+    task = ClassificationTask.from_datasets(data, data, batch_size=4)
+    assert task.num_classes == 2 and task.input_shape == (3,)
+    assert 0.0 <= task.evaluate(task.make_model((4,))) <= 1.0
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        ClassificationTask(torch.zeros(2, 1), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2), batch_size=0)
+    with pytest.raises(ValueError, match="differ in length"):
+        ClassificationTask(torch.zeros(3, 1), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2))
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist1d"])
+def test_offline_datasets(name):
+    task = make_task(name, batch_size=8)
+    assert task.x_train.dtype == torch.float32 and task.num_classes == 10
+    assert len(task.x_test) > 300
+
+
+def test_rollout_rows_are_independent_episodes():
+    """Batched rollout of a perturbed policy = each member's own episode, one at a time."""
+    task = make_task("cartpole", seed=3)
+    policy = task.make_model((8,))
+    pm = nesgpu.PerturbedModel(nesgpu.convert(policy, "lowrank"), 4, sigma=0.5, antithetic=True)
+    pm.set_noise()
+    groups = torch.zeros(8, dtype=torch.long)
+    returns, lengths, _ = rollout(CartPole(8), pm, groups, seed=11, max_steps=500)
+    z = pm.dense_noise()
+    for n in range(8):
+        sign, d = (1.0 if n < 4 else -1.0), n % 4
+        member = task.make_model((8,))
+        member.load_state_dict(policy.state_dict())
+        with torch.no_grad():
+            for name, p in member.named_parameters():
+                p.add_(0.5 * sign * z[name][d])
+        single, length, _ = rollout(CartPole(1), member, torch.zeros(1, dtype=torch.long), seed=11, max_steps=500)
+        assert returns[n] == single[0] and lengths[n] == length[0]
+
+
+def test_observation_norm_matches_batch_statistics():
+    gen = torch.Generator().manual_seed(0)
+    norm = ObservationNorm(3)
+    chunks = [torch.randn(n, 3, generator=gen, dtype=torch.float64) * 3 + 1 for n in (5, 17, 40)]
+    for c in chunks:
+        norm.update(c.sum(0), c.square().sum(0), torch.tensor(float(len(c)), dtype=torch.float64))
+    data = torch.cat(chunks)
+    torch.testing.assert_close(norm.mean, data.mean(0))
+    torch.testing.assert_close(norm.var, data.var(0, unbiased=False))
+    assert norm(torch.full((1, 3), 1e6)).max() == 5.0  # clipped
+
+
+def test_rl_task_fitness_layout_and_stats():
+    task = make_task("pendulum", episodes=2)
+    model = nesgpu.convert(task.make_model((8,)), "flipout")
+    pm = nesgpu.PerturbedModel(model, 6, sigma=0.1, antithetic=True)
+    pm.set_noise()
+    fitness, info = task.fitness(pm, step=1)
+    assert fitness.shape == (4, 6)  # (sign * episode, direction)
+    assert int(info["env_steps"]) == 4 * 6 * 200
+    assert model.norm.count.item() == 4 * 6 * 200
+    task.normalize_observations = False
+    task.fitness(pm, step=2)
+    assert model.norm.count.item() == 4 * 6 * 200
+
+
+def test_gym_adapter_matches_sequential_gymnasium_episodes():
+    gym = pytest.importorskip("gymnasium")
+    env = GymVectorEnv("CartPole-v1", 6)
+    policy = lambda obs: (obs[:, 2] + 0.3 * obs[:, 3] > 0).long()  # noqa: E731
+    groups = torch.tensor([0, 1, 2, 0, 1, 2])
+    returns, lengths, _ = rollout(env, policy, groups, seed=5, max_steps=500)
+    assert torch.equal(returns[:3], returns[3:])  # same group, same start, same deterministic policy
+    from nesgpu.noise import derive_seed
+
+    for n in range(3):
+        single = gym.make("CartPole-v1")
+        obs, _ = single.reset(seed=derive_seed(5, n) % 2**31)
+        total, done = 0.0, False
+        while not done:
+            obs, r, term, trunc, _ = single.step(int(policy(torch.as_tensor(obs).view(1, -1))[0]))
+            total += r
+            done = term or trunc
+        assert returns[n].item() == total
+
+
+def test_gym_task_runs_through_the_trainer_interfaces():
+    pytest.importorskip("gymnasium")
+    task = make_task("gym:Pendulum-v1", eval_episodes=2)
+    assert isinstance(task, RLTask) and task.spec.obs_dim == 3 and not task.spec.discrete
+    pm = nesgpu.PerturbedModel(nesgpu.convert(task.make_model((4,)), "lowrank"), 3, antithetic=True)
+    pm.set_noise()
+    fitness, _ = task.fitness(pm, 1)
+    assert fitness.shape == (2, 3) and np.isfinite(fitness.numpy()).all()
+    assert task.evaluate(pm.model) < 0
