@@ -181,7 +181,7 @@ def test_nan_fitness_names_step_and_member(tmp_path, monkeypatch):
 
 def test_cli_train_config_file_flags_and_eval(tmp_path, capsys):
     config = tmp_path / "run.yaml"
-    config.write_text("task: cartpole\npopulation: 16\nsteps: 4\nhidden: [4]\nsigma: 0.2\n")
+    config.write_text("task: cartpole\nstrategy: openai_es\npopulation: 16\nsteps: 4\nhidden: [4]\nsigma: 0.2\n")
     out = tmp_path / "run"
     assert main(["train", "--config", str(config), "--steps", "5", "--out", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

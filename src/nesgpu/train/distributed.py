@@ -1,0 +1,73 @@
+"""Multi-process runs through torch.distributed, launched by torchrun (the OpenAI-ES design).
+
+Ranks evaluate disjoint blocks of directions and exchange only fitness values (all_gather); every rank
+then computes the same update from the same seeds, so no parameters or noise cross the wire. Gloo on
+CPU, NCCL on GPU; multi-node through torchrun's rendezvous. Collectives time out after ``timeout_s``,
+so a rank that dies or hangs ends the job with an error instead of a silent stall.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Ranks:
+    """This process's place in the job: rank r of world w (1 process: rank 0 of 1)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def share(self, directions: int) -> range:
+        """The block of directions this rank evaluates."""
+        if directions % self.world:
+            raise ValueError(f"{directions} directions do not split evenly over {self.world} processes; "
+                             f"choose a population whose directions are a multiple of the world size")
+        size = directions // self.world
+        return range(self.rank * size, (self.rank + 1) * size)
+
+    def gather_directions(self, local: torch.Tensor) -> torch.Tensor:
+        """(..., D / world) from every rank -> (..., D), in rank order."""
+        if not self.distributed:
+            return local
+        parts = [torch.empty_like(local) for _ in range(self.world)]
+        dist.all_gather(parts, local.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks (a new tensor)."""
+        if not self.distributed:
+            return value
+        value = value.clone()
+        dist.all_reduce(value)
+        return value
+
+
+def init_from_environment(device: torch.device, timeout_s: float = 300.0) -> Ranks:
+    """Join the process group torchrun describes in the environment (WORLD_SIZE > 1), else run alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Ranks()
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
