@@ -78,8 +78,8 @@ def main():
     parser.add_argument("--json")
     args = parser.parse_args()
     sides = {
-        "nesgpu (default: OpenAI-ES, low-rank MLP)": lambda s: nesgpu_run(s, args.limit),
-        "nesgpu (PGPE + ClipUp, linear policy)": lambda s: nesgpu_run(s, args.limit, strategy="pgpe", hidden=()),
+        "nesgpu default (PGPE + ClipUp, linear)": lambda s: nesgpu_run(s, args.limit),
+        "nesgpu OpenAI-ES + Adam (linear)": lambda s: nesgpu_run(s, args.limit, strategy="openai_es", lr=0.1),
         "EvoTorch GymNE + PGPE (linear)": lambda s: evotorch_run(s, args.limit, "pgpe"),
         "EvoTorch GymNE + SNES (linear)": lambda s: evotorch_run(s, args.limit, "snes"),
     }

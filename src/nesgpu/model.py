@@ -161,11 +161,26 @@ class PerturbedModel:
         for layer in self.layers.values():
             layer.accumulate_grad(coef)
 
+    @property
+    def noise_range(self) -> range | None:
+        """The directions the current noise covers (None before set_noise or after free_memory)."""
+        layer = next(iter(self.layers.values()))
+        return range(*layer._range) if layer._noise is not None else None
+
+    def has_noise(self, step: int, directions: range) -> bool:
+        """Whether the current noise is that of ``directions`` at ``step`` (so it need not be drawn again)."""
+        return self.step == step and self.noise_range == directions
+
+    @property
+    def local_directions(self) -> int:
+        """How many directions the current noise covers: rows of a population input are R x this."""
+        return self._local_directions()
+
     def _local_directions(self) -> int:
-        sizes = {layer.local_directions for layer in self.layers.values() if layer._noise is not None}
-        if not sizes:
+        current = self.noise_range
+        if current is None:
             raise ValueError("no noise: call set_noise() before update()")
-        return sizes.pop()
+        return len(current)
 
     def __repr__(self) -> str:
         return (f"PerturbedModel(directions={self.directions}, sigma={self.sigma}, antithetic={self.antithetic}, "

@@ -90,9 +90,12 @@ def test_rl_task_fitness_layout_and_stats():
     fitness, info = task.fitness(pm, step=1)
     assert fitness.shape == (4, 6)  # (sign * episode, direction)
     assert int(info["env_steps"]) == 4 * 6 * 200
+    assert model.norm.count.item() == 0  # statistics wait for the whole population
+    task.finish_step(pm, info)
     assert model.norm.count.item() == 4 * 6 * 200
     task.normalize_observations = False
-    task.fitness(pm, step=2)
+    _, info = task.fitness(pm, step=2)
+    task.finish_step(pm, info)
     assert model.norm.count.item() == 4 * 6 * 200
 
 

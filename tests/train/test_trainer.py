@@ -202,3 +202,51 @@ def test_python_dash_m_works_like_the_script(tmp_path):
                              "--steps", "2", "--hidden", "4", "--out", str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1])["task"] == "cartpole"
+
+
+# ----- scale: chunks, precision, processes -------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(FAST))
+@pytest.mark.parametrize("strategy", ["openai_es", "ars", "pgpe"])
+def test_chunked_run_equals_unchunked(tmp_path, name, strategy):
+    cfg = dict(FAST[name], strategy=strategy, population=32)
+    train(TrainConfig(**cfg, out=str(tmp_path / "whole")), log=quiet)
+    summary = train(TrainConfig(**cfg, chunk_size=5, out=str(tmp_path / "chunked")), log=quiet)
+    assert summary["chunk_size"] == 5
+    a = load_file(tmp_path / "whole" / "model.safetensors")
+    b = load_file(tmp_path / "chunked" / "model.safetensors")
+    for k in a:  # equal up to float rounding (blocks change the order of the sums)
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+def test_auto_chunk_recovers_from_out_of_memory(tmp_path, monkeypatch):
+    from nesgpu.tasks import ClassificationTask
+
+    original = ClassificationTask.fitness
+    calls = []
+
+    def small_memory(self, pm, step):
+        calls.append(pm.local_directions)
+        if pm.local_directions > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return original(self, pm, step)
+
+    monkeypatch.setattr(ClassificationTask, "fitness", small_memory)
+    logs = []
+    summary = train(TrainConfig(**FAST["digits"], chunk_size="auto", out=str(tmp_path / "auto")), log=logs.append)
+    assert summary["chunk_size"] == 4 and calls[:3] == [8, 4, 4]
+    assert any("retrying the step with chunk size 4" in line for line in logs)
+    monkeypatch.setattr(ClassificationTask, "fitness", original)
+    train(TrainConfig(**FAST["digits"], chunk_size=4, out=str(tmp_path / "fixed")), log=quiet)
+    a = load_file(tmp_path / "auto" / "model.safetensors")
+    b = load_file(tmp_path / "fixed" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # no step lost or repeated
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_runs_and_keeps_fp32_master_weights(tmp_path, precision):
+    summary = train(TrainConfig(**FAST["digits"], precision=precision, out=str(tmp_path)), log=quiet)
+    weights = load_file(tmp_path / "model.safetensors")
+    assert all(w.dtype == torch.float32 for w in weights.values())
+    assert summary["precision"] == precision and 0.0 <= summary["value"] <= 1.0
+    with pytest.raises(ValueError, match="precision must be one of"):
+        train(TrainConfig(**FAST["digits"], precision="fp8", out=str(tmp_path)), log=quiet)

@@ -29,7 +29,8 @@ class ARS(Strategy):
 
     def __init__(self, pm: PerturbedModel, optimizer: torch.optim.Optimizer | None = None, lr: float = 0.02,
                  top_b: int | None = None, version: str = "v2",
-                 sigma_schedule: Schedule | None = None, lr_schedule: Schedule | None = None):
+                 sigma_schedule: Schedule | None = None, lr_schedule: Schedule | None = None,
+                 chunk_size: int | None = None):
         if not pm.antithetic:
             raise ValueError("ARS needs antithetic sampling: PerturbedModel(..., antithetic=True)")
         if version not in ("v1", "v2"):
@@ -38,7 +39,7 @@ class ARS(Strategy):
         if not 1 <= top_b <= pm.directions:
             raise ValueError(f"top_b must be in [1, {pm.directions}]; got {top_b}")
         optimizer = optimizer or torch.optim.SGD(pm.model.parameters(), lr=lr)
-        super().__init__(pm, optimizer, sigma_schedule, lr_schedule)
+        super().__init__(pm, optimizer, sigma_schedule, lr_schedule, chunk_size)
         self.top_b = top_b
         self.version = version
         self.normalize_observations = version == "v2"

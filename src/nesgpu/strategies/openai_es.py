@@ -26,11 +26,12 @@ class OpenAIES(Strategy):
 
     def __init__(self, pm: PerturbedModel, optimizer: torch.optim.Optimizer | None = None, lr: float = 0.01,
                  shaping: str = "centered_ranks", weight_decay: float = 0.0,
-                 sigma_schedule: Schedule | None = None, lr_schedule: Schedule | None = None):
+                 sigma_schedule: Schedule | None = None, lr_schedule: Schedule | None = None,
+                 chunk_size: int | None = None):
         if weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0; got {weight_decay}")
         optimizer = optimizer or torch.optim.Adam(pm.model.parameters(), lr=lr)
-        super().__init__(pm, optimizer, sigma_schedule, lr_schedule)
+        super().__init__(pm, optimizer, sigma_schedule, lr_schedule, chunk_size)
         self.shaping = get_shaping(shaping)
         self.weight_decay = weight_decay
 

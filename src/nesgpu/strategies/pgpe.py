@@ -38,7 +38,8 @@ class PGPE(Strategy):
     def __init__(self, pm: PerturbedModel, optimizer: torch.optim.Optimizer | None = None, lr: float = 0.15,
                  max_speed: float | None = None, sigma_lr: float = 0.1, max_sigma_change: float = 0.2,
                  shaping: str = "centered_ranks", sigma_schedule: Schedule | None = None,
-                 lr_schedule: Schedule | None = None):
+                 lr_schedule: Schedule | None = None,
+                 chunk_size: int | None = None):
         if not pm.antithetic:
             raise ValueError("PGPE needs symmetric sampling: PerturbedModel(..., antithetic=True)")
         if sigma_lr and sigma_schedule is not None:
@@ -46,7 +47,7 @@ class PGPE(Strategy):
         if sigma_lr < 0 or not 0 < max_sigma_change < 1:
             raise ValueError(f"need sigma_lr >= 0 and 0 < max_sigma_change < 1; got {sigma_lr}, {max_sigma_change}")
         optimizer = optimizer or ClipUp(pm.model.parameters(), lr=lr, max_speed=max_speed)
-        super().__init__(pm, optimizer, sigma_schedule, lr_schedule)
+        super().__init__(pm, optimizer, sigma_schedule, lr_schedule, chunk_size)
         self.sigma_lr = sigma_lr
         self.max_sigma_change = max_sigma_change
         self.shaping = get_shaping(shaping)
@@ -55,13 +56,18 @@ class PGPE(Strategy):
     def weights(self, fitness):
         plus, minus = antithetic_halves(self.shaping(fitness))
         self._utility = (plus + minus) / 2  # how good direction d is, whichever its sign
+        self._sq_norms = []
         return -(plus - minus) / 2
+
+    def on_update_block(self, block):
+        if self.sigma_lr:
+            self._sq_norms.append(self.pm.noise_sq_norms())
 
     def after_optimizer_step(self, fitness):
         if not self.sigma_lr:
             return
         n = self.pm.num_perturbed
-        radius = (self.pm.noise_sq_norms() / n - 1) * math.sqrt(n / 2)  # ~N(0, 1) per direction
+        radius = (torch.cat(self._sq_norms) / n - 1) * math.sqrt(n / 2)  # ~N(0, 1) per direction
         utility = self._utility - self._utility.mean()
         change = (self.sigma_lr * (utility * radius).mean()).clamp(-self.max_sigma_change, self.max_sigma_change)
-        self.pm.sigma = self.pm.sigma * (1 + change.item())
+        self.pm.sigma = self.pm.sigma * (1 + change.item())  # sigma lives on the host: one read per step

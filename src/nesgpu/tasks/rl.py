@@ -139,16 +139,29 @@ class RLTask:
             self._env = self.make_env(n, self.device)
         return self._env
 
-    def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
-        signs, e, d = (2 if pm.antithetic else 1), self.episodes, pm.directions
-        groups = torch.arange(e, device=self.device).view(1, e, 1).expand(signs, e, d).reshape(-1)
+    def _norm(self, pm: PerturbedModel) -> ObservationNorm | None:
         norm = getattr(pm.model, "norm", None)
-        update_stats = self.normalize_observations and isinstance(norm, ObservationNorm)
+        return norm if self.normalize_observations and isinstance(norm, ObservationNorm) else None
+
+    def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
+        """Returns (signs * episodes, D_local) of the directions whose noise is drawn, and the step's
+        statistics. Observation statistics are returned, not applied: :meth:`finish_step` merges them
+        once the whole population (every chunk, every rank) has run with the same normalisation."""
+        signs, e, d = (2 if pm.antithetic else 1), self.episodes, pm.local_directions
+        groups = torch.arange(e, device=self.device).view(1, e, 1).expand(signs, e, d).reshape(-1)
         returns, lengths, stats = rollout(self._env_for(groups.numel()), pm, groups,
-                                          derive_seed(self.seed, step, _ENV_STREAM), self.max_steps, update_stats)
-        if update_stats:
-            norm.update(stats["sum"], stats["sum_sq"], stats["count"])
-        return returns.view(signs * e, d), {"env_steps": lengths.sum(), "episode_return": returns.mean()}
+                                          derive_seed(self.seed, step, _ENV_STREAM), self.max_steps,
+                                          self._norm(pm) is not None)
+        info = {"env_steps": lengths.sum(), "episode_return": returns.mean()}
+        if self._norm(pm) is not None:
+            info.update(obs_sum=stats["sum"], obs_sum_sq=stats["sum_sq"], obs_count=stats["count"])
+        return returns.view(signs * e, d), info
+
+    def finish_step(self, pm: PerturbedModel, info: dict) -> None:
+        """Merge the step's observation statistics (summed over chunks and ranks) into the policy."""
+        norm = self._norm(pm)
+        if norm is not None and "obs_count" in info:
+            norm.update(info["obs_sum"], info["obs_sum_sq"], info["obs_count"])
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> float:

@@ -68,14 +68,17 @@ class ClassificationTask:
         return self.x_train[idx], self.y_train[idx]
 
     def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict[str, float]]:
-        """Population fitness (signs, D) for ``step``, and the step's mean training loss."""
+        """Fitness (signs, D_local) of the directions whose noise is drawn, and their mean training loss."""
         x, y = self.batch(step)
-        signs, b, d = (2 if pm.antithetic else 1), self.batch_size, pm.directions
+        signs, b, d = (2 if pm.antithetic else 1), self.batch_size, pm.local_directions
         rows = x.unsqueeze(0).unsqueeze(2).expand(signs, b, d, *self.input_shape).reshape(-1, *self.input_shape)
         logits = pm(rows).view(signs, b, d, -1)
         target = y.view(1, b, 1).expand(signs, b, d)
         losses = F.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none").mean(1)  # (signs, D)
         return -losses, {"train_loss": losses.mean()}
+
+    def finish_step(self, pm: PerturbedModel, info: dict) -> None:
+        """Nothing to merge after a supervised step."""
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batch: int = 4096) -> float:

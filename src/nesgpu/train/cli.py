@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from ..layers import KINDS
@@ -19,6 +20,15 @@ def _hidden(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer sizes like 64,64; got {text!r}") from None
     return tuple(s for s in sizes if s > 0)
+
+
+def _chunk(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of directions or 'auto'; got {text!r}") from None
 
 
 def add_train_parser(commands) -> None:
@@ -51,6 +61,11 @@ def add_train_parser(commands) -> None:
     p.add_argument("--sigma-final", type=float, dest="sigma_final", help="sigma factor at the last step")
     p.add_argument("--lr-schedule", dest="lr_schedule", choices=SCHEDULES)
     p.add_argument("--lr-final", type=float, dest="lr_final", help="lr factor at the last step")
+    p.add_argument("--chunk-size", type=_chunk, dest="chunk_size", metavar="N|auto",
+                   help="evaluate the population in blocks of N directions (auto: the largest that fits)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="population forward under autocast")
+    p.add_argument("--dist-timeout", type=float, dest="dist_timeout",
+                   help="seconds before a collective with a dead or hung process fails (torchrun)")
     p.add_argument("--eval-every", type=int, dest="eval_every")
     p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
     p.set_defaults(func=run_train)
@@ -82,7 +97,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     cfg, resume = config_from_args(args)
     summary = train(cfg, resume=resume)
-    print(json.dumps(summary))
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 speaks for the job
+        print(json.dumps(summary))
     return 0
 
 

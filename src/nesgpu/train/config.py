@@ -25,6 +25,7 @@ TASK_DEFAULTS: dict[str, dict] = {
     "mountaincar": dict(population=64, sigma=0.5, lr=0.05, steps=40, hidden=(16,)),
     "gym": dict(population=64, sigma=0.05, lr=0.02, steps=200, hidden=(32,)),
 }
+PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 # what a task does not set itself
 GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0,
                        weight_decay=0.0)
@@ -62,6 +63,9 @@ class TrainConfig:
     lr_final: float | None = None
     eval_every: int = 0
     checkpoint_every: int = 0
+    chunk_size: int | str | None = None
+    precision: str = "fp32"
+    dist_timeout: float = 300.0
 
     def resolved(self) -> TrainConfig:
         """A copy with task defaults filled in, validated."""
@@ -102,6 +106,12 @@ class TrainConfig:
             raise ValueError(f"steps must be >= 1; got {self.steps}")
         if self.strategy in ("ars", "pgpe") and not self.antithetic:
             raise ValueError(f"strategy {self.strategy!r} needs antithetic sampling")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}; got {self.precision!r}")
+        if self.chunk_size is not None and self.chunk_size != "auto" and not (
+                isinstance(self.chunk_size, int) and 1 <= self.chunk_size <= self.directions):
+            raise ValueError(f"chunk_size must be 'auto' or a number of directions in [1, {self.directions}]; "
+                             f"got {self.chunk_size!r}")
 
     @property
     def directions(self) -> int:

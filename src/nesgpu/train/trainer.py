@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,8 +15,12 @@ from ..model import PerturbedModel, convert
 from ..strategies import ARS, PGPE, OpenAIES, Schedule, Strategy
 from ..tasks import make_task
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
-from .config import TrainConfig
+from .config import PRECISIONS, TrainConfig
+from .distributed import Ranks, init_from_environment, shutdown
 from .metrics import MetricsLog, plot_curve
+
+# info entries that add up over chunks and ranks; the others are means
+ADDITIVE = {"env_steps", "obs_sum", "obs_sum_sq", "obs_count"}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -27,7 +32,20 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def build(cfg: TrainConfig, device: torch.device):
+def update_block(cfg: TrainConfig, ranks: Ranks) -> int | None:
+    """Directions per block of the update: the chunk size, else each rank's share (None: all at once).
+
+    A single-process run with ``--chunk-size D / world`` therefore makes exactly the computations of a
+    ``world``-process run, and ends bit-identical to it."""
+    if isinstance(cfg.chunk_size, int):
+        if ranks.distributed and (cfg.directions // ranks.world) % cfg.chunk_size:
+            raise ValueError(f"chunk_size {cfg.chunk_size} must divide each process's {cfg.directions // ranks.world} "
+                             f"directions")
+        return cfg.chunk_size
+    return len(ranks.share(cfg.directions)) if ranks.distributed else None
+
+
+def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None):
     """Task, plain model (converted to the perturbed kind), PerturbedModel and strategy of a config."""
     task = make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size, episodes=cfg.episodes,
                      eval_episodes=cfg.eval_episodes)
@@ -40,6 +58,7 @@ def build(cfg: TrainConfig, device: torch.device):
         sigma_schedule=None if cfg.sigma_schedule == "constant" else Schedule(cfg.sigma_schedule, cfg.sigma_final,
                                                                               cfg.steps),
         lr_schedule=None if cfg.lr_schedule == "constant" else Schedule(cfg.lr_schedule, cfg.lr_final, cfg.steps))
+    schedules["chunk_size"] = update_block(cfg, ranks or Ranks())
     if cfg.strategy == "openai_es":
         strategy: Strategy = OpenAIES(pm, lr=cfg.lr, shaping=cfg.shaping, weight_decay=cfg.weight_decay, **schedules)
     elif cfg.strategy == "ars":
@@ -51,6 +70,74 @@ def build(cfg: TrainConfig, device: torch.device):
     return task, model, pm, strategy
 
 
+def _merge(infos: list[tuple[int, dict]], ranks: Ranks, directions: int) -> dict:
+    """Combine per-block infos (weighted by the block's directions) and then the ranks' infos."""
+    merged = {}
+    for key in infos[0][1]:
+        if key in ADDITIVE:
+            merged[key] = ranks.sum(sum(info[key] for _, info in infos))
+        else:
+            weighted = sum(size * torch.as_tensor(info[key], dtype=torch.float64) for size, info in infos)
+            merged[key] = ranks.sum(weighted) / directions
+    return merged
+
+
+class PopulationEvaluator:
+    """Evaluates this rank's share of the population in blocks and gathers the fitness of all ranks.
+
+    ``chunk`` is a block size, "auto" (start with the whole share and halve on out-of-memory, keeping the
+    step), or None (the whole share at once). Noise for a block is drawn just before it runs.
+    """
+
+    def __init__(self, task, pm: PerturbedModel, ranks: Ranks, chunk, precision: str, log=print):
+        self.task, self.pm, self.ranks, self.log = task, pm, ranks, log
+        self.share = ranks.share(pm.directions)
+        self.chunk = len(self.share) if chunk in (None, "auto") else chunk
+        self.auto = chunk == "auto"
+        device = next(pm.model.parameters()).device
+        dtype = PRECISIONS[precision]
+        self.autocast = (lambda: torch.autocast(device.type, dtype=getattr(torch, dtype))) if dtype else None
+
+    def blocks(self) -> list[range]:
+        lo, hi = self.share.start, self.share.stop
+        return [range(a, min(a + self.chunk, hi)) for a in range(lo, hi, self.chunk)]
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, dict]:
+        while True:
+            try:
+                return self._evaluate(step)
+            except torch.OutOfMemoryError:
+                if not self.auto or self.chunk == 1:
+                    raise
+                self.pm.free_memory()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                self.chunk = max(1, self.chunk // 2)
+                self.log(f"out of memory at step {step}: retrying the step with chunk size {self.chunk}")
+
+    def _evaluate(self, step: int) -> tuple[torch.Tensor, dict]:
+        parts, infos = [], []
+        for block in self.blocks():
+            if not self.pm.has_noise(step, block):
+                self.pm.set_noise(step=step, directions=block)
+            if self.autocast is None:
+                fitness, info = self.task.fitness(self.pm, step)
+            else:
+                with self.autocast():
+                    fitness, info = self.task.fitness(self.pm, step)
+            parts.append(fitness.to(torch.float32 if fitness.dtype in (torch.bfloat16, torch.float16)
+                                    else fitness.dtype))
+            infos.append((len(block), info))
+        try:
+            fitness = self.ranks.gather_directions(torch.cat(parts, dim=1))
+            info = _merge(infos, self.ranks, self.pm.directions)
+        except RuntimeError as e:
+            raise RuntimeError(f"rank {self.ranks.rank}: exchanging fitness at step {step} failed; another "
+                               f"process died or hung ({e})") from e
+        self.task.finish_step(self.pm, info)
+        return fitness, info
+
+
 def _progress(total: int, initial: int):
     try:
         from tqdm import tqdm
@@ -60,18 +147,35 @@ def _progress(total: int, initial: int):
 
 
 def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
-    """Run (or resume) a training run; returns the summary written to ``summary.json``."""
+    """Run (or resume) a training run; returns the summary written to ``summary.json``.
+
+    Under torchrun (WORLD_SIZE > 1) every process runs this; ranks split the directions, exchange
+    fitness, and compute the same update. Only rank 0 writes files.
+    """
     cfg = cfg.resolved()
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
-    task, model, pm, strategy = build(cfg, device)
+    if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    ranks = init_from_environment(device, cfg.dist_timeout)
+    try:
+        return _train(cfg, out, device, ranks, resume, log if ranks.is_main else (lambda *a, **k: None))
+    finally:
+        shutdown()
+
+
+def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resume: bool, log) -> dict:
+    main = ranks.is_main
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+    task, model, pm, strategy = build(cfg, device, ranks)
     elapsed, env_steps = 0.0, 0
     if resume:
         def same_task(state):
-            task = state.get("config", {}).get("task") if isinstance(state, dict) else None
-            if task != cfg.task:
-                raise ValueError(f"checkpoint in {out} is for task {task!r}, not {cfg.task!r}")
+            task_name = state.get("config", {}).get("task") if isinstance(state, dict) else None
+            if task_name != cfg.task:
+                raise ValueError(f"checkpoint in {out} is for task {task_name!r}, not {cfg.task!r}")
 
         state = load_checkpoint(out / "checkpoint", model, validate=same_task)
         try:
@@ -80,8 +184,10 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
             raise ValueError(f"checkpoint in {out} does not match this configuration: {e}") from e
         elapsed, env_steps = float(state["seconds"]), int(state["env_steps"])
         log(f"resuming {out} at step {strategy.step} of {cfg.steps}")
-    write_json(out / "config.json", json.loads(cfg.to_json()))
-    metrics = MetricsLog(out, resume_step=strategy.step if resume else 0)
+    evaluate_population = PopulationEvaluator(task, pm, ranks, cfg.chunk_size, cfg.precision, log)
+    if main:
+        write_json(out / "config.json", json.loads(cfg.to_json()))
+    metrics = MetricsLog(out, resume_step=strategy.step if resume else 0) if main else None
     eval_every = cfg.eval_every or max(1, cfg.steps // 10)
     checkpoint_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
 
@@ -90,18 +196,22 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
             "strategy": strategy.state_dict(), "seconds": elapsed, "env_steps": env_steps,
             "config": dataclasses.asdict(cfg)})
 
-    bar = _progress(cfg.steps, strategy.step)
+    bar = _progress(cfg.steps, strategy.step) if main else None
     start = time.perf_counter() - elapsed
     try:
         while strategy.step < cfg.steps:
             step = strategy.step + 1
             strategy.ask()
-            fitness, info = task.fitness(pm, step)
-            stats = strategy.tell(fitness)
-            env_steps += int(info.get("env_steps", 0))
+            fitness, info = evaluate_population(step)
+            if evaluate_population.auto and not ranks.distributed:  # the update's blocks fit as the forward's
+                strategy.chunk_size = evaluate_population.chunk if evaluate_population.chunk < cfg.directions else None
+            scalars = {k: v for k, v in info.items() if torch.as_tensor(v).dim() == 0}
+            stats = strategy.tell(fitness, extra=scalars)  # the step's one read from the device
+            env_steps += int(stats.pop("env_steps", 0))
             elapsed = time.perf_counter() - start
-            row = {"step": step, "seconds": elapsed, "env_steps": env_steps, **stats,
-                   **{k: float(v) for k, v in info.items() if k != "env_steps"}}
+            if not main:
+                continue
+            row = {"step": step, "seconds": elapsed, "env_steps": env_steps, **stats}
             if step % eval_every == 0 or step == cfg.steps:
                 row[task.metric] = task.evaluate(model)
             metrics.write(row)
@@ -113,17 +223,21 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
     finally:
         if bar is not None:
             bar.close()
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
     pm.free_memory()
-    value = task.evaluate(model)
-    save_weights(model, out / "model.safetensors")
-    plot_curve(metrics.rows, task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
-    summary = {"task": cfg.task, "metric": task.metric, "value": value, "steps": cfg.steps,
+    summary = {"task": cfg.task, "metric": task.metric, "value": None, "steps": cfg.steps,
                "seconds": round(elapsed, 3), "env_steps": env_steps, "strategy": cfg.strategy, "layer": cfg.layer,
                "population": cfg.population, "sigma": pm.sigma, "lr": cfg.lr, "seed": cfg.seed,
-               "device": str(device)}
+               "device": str(device), "processes": ranks.world, "chunk_size": evaluate_population.chunk,
+               "precision": cfg.precision}
+    if not main:
+        return summary
+    summary["value"] = task.evaluate(model)
+    save_weights(model, out / "model.safetensors")
+    plot_curve(metrics.rows, task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
     write_json(out / "summary.json", summary)
-    log(f"{cfg.task}: {task.metric} = {value:.4f} after {cfg.steps} steps in {elapsed:.1f} s -> {out}")
+    log(f"{cfg.task}: {task.metric} = {summary['value']:.4f} after {cfg.steps} steps in {elapsed:.1f} s -> {out}")
     return summary
 
 
