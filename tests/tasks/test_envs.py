@@ -41,7 +41,7 @@ def test_reset_draws_gymnasium_start_distribution_and_shares_groups(name):
     env_cls = ENVS[name]
     env = env_cls(600)
     groups = torch.arange(600) % 300
-    obs = env.reset(seed=3, groups=groups)
+    obs = env.reset(seed=3, groups=groups, count=300)
     assert obs.shape == (600, env_cls.obs_dim) and obs.dtype == torch.float32
     torch.testing.assert_close(env.state[:300], env.state[300:], rtol=0, atol=0)
     space = gym.make(env_cls.gym_id).unwrapped

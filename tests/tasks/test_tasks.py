@@ -57,7 +57,7 @@ def test_rollout_rows_are_independent_episodes():
     pm = nesgpu.PerturbedModel(nesgpu.convert(policy, "lowrank"), 4, sigma=0.5, antithetic=True)
     pm.set_noise()
     groups = torch.zeros(8, dtype=torch.long)
-    returns, lengths, _ = rollout(CartPole(8), pm, groups, seed=11, max_steps=500)
+    returns, lengths, _ = rollout(CartPole(8), pm, groups, seed=11, max_steps=500, count=1)
     z = pm.dense_noise()
     for n in range(8):
         sign, d = (1.0 if n < 4 else -1.0), n % 4
@@ -66,7 +66,8 @@ def test_rollout_rows_are_independent_episodes():
         with torch.no_grad():
             for name, p in member.named_parameters():
                 p.add_(0.5 * sign * z[name][d])
-        single, length, _ = rollout(CartPole(1), member, torch.zeros(1, dtype=torch.long), seed=11, max_steps=500)
+        single, length, _ = rollout(CartPole(1), member, torch.zeros(1, dtype=torch.long), seed=11, max_steps=500,
+                                    count=1)
         assert returns[n] == single[0] and lengths[n] == length[0]
 
 
@@ -104,7 +105,7 @@ def test_gym_adapter_matches_sequential_gymnasium_episodes():
     env = GymVectorEnv("CartPole-v1", 6)
     policy = lambda obs: (obs[:, 2] + 0.3 * obs[:, 3] > 0).long()  # noqa: E731
     groups = torch.tensor([0, 1, 2, 0, 1, 2])
-    returns, lengths, _ = rollout(env, policy, groups, seed=5, max_steps=500)
+    returns, lengths, _ = rollout(env, policy, groups, seed=5, max_steps=500, count=3)
     assert torch.equal(returns[:3], returns[3:])  # same group, same start, same deterministic policy
     from nesgpu.noise import derive_seed
 

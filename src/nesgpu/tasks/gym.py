@@ -45,7 +45,7 @@ class GymVectorEnv:
             obs_dim=obs_space.shape[0], discrete=discrete, num_actions=int(act_space.n) if discrete else 0,
             action_dim=0 if discrete else act_space.shape[0], action_high=high, max_steps=max_steps))
 
-    def reset(self, seed: int, groups: torch.Tensor) -> torch.Tensor:
+    def reset(self, seed: int, groups: torch.Tensor, count: int) -> torch.Tensor:
         seeds = [derive_seed(seed, g) % 2**31 for g in groups.tolist()]
         obs, _ = self.env.reset(seed=seeds)
         return torch.as_tensor(obs, dtype=torch.float32, device=self.device)

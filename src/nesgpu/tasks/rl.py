@@ -31,15 +31,14 @@ class ObservationNorm(nn.Module):
 
     @torch.no_grad()
     def update(self, total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor) -> None:
-        """Merge a batch given by its sum, sum of squares and count (all float64)."""
-        if count <= 0:
-            return
-        mean_b = total / count
-        var_b = (total_sq / count - mean_b.square()).clamp_min(0)
+        """Merge a batch given by its sum, sum of squares and count (all float64). No host sync."""
+        mean_b = total / count.clamp_min(1)
+        var_b = (total_sq / count.clamp_min(1) - mean_b.square()).clamp_min(0)
         n = self.count + count
         delta = mean_b - self.mean
-        self.mean += delta * count / n
-        self.var.copy_((self.var * self.count + var_b * count + delta.square() * self.count * count / n) / n)
+        self.mean += delta * count / n.clamp_min(1)
+        merged = (self.var * self.count + var_b * count + delta.square() * self.count * count / n.clamp_min(1))
+        self.var.copy_(torch.where(n > 0, merged / n.clamp_min(1), self.var))  # an empty batch changes nothing
         self.count.copy_(n)
 
 
@@ -69,15 +68,16 @@ class Policy(nn.Module):
         return out.argmax(-1) if self.discrete else self.action_high * torch.tanh(out)
 
 
-def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int,
-            obs_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Run one episode in every row of ``env`` with ``act(obs) -> action``.
+def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int, obs_stats: bool = False,
+            count: int | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Run one episode in every row of ``env`` with ``act(obs) -> action``; rows of the same group (ids in
+    [0, count), default: one group per row) start from the same state.
 
     Returns (episode return per row (float64), steps per row, observation statistics). A row's return
     stops counting when it terminates; the loop stops when every row is done or at ``max_steps``.
     All-done is checked every 16 steps, so the hot loop does not wait on the device at each step.
     """
-    obs = env.reset(seed, groups)
+    obs = env.reset(seed, groups, groups.numel() if count is None else count)
     n = obs.shape[0]
     device = obs.device
     total = torch.zeros(n, dtype=torch.float64, device=device)
@@ -151,7 +151,7 @@ class RLTask:
         groups = torch.arange(e, device=self.device).view(1, e, 1).expand(signs, e, d).reshape(-1)
         returns, lengths, stats = rollout(self._env_for(groups.numel()), pm, groups,
                                           derive_seed(self.seed, step, _ENV_STREAM), self.max_steps,
-                                          self._norm(pm) is not None)
+                                          self._norm(pm) is not None, count=e)
         info = {"env_steps": lengths.sum(), "episode_return": returns.mean()}
         if self._norm(pm) is not None:
             info.update(obs_sum=stats["sum"], obs_sum_sq=stats["sum_sq"], obs_count=stats["count"])

@@ -34,10 +34,10 @@ class TorchEnv:
         """``count`` start states drawn as gymnasium's reset draws them, (count, state_dim) float64."""
         raise NotImplementedError
 
-    def reset(self, seed: int, groups: torch.Tensor) -> torch.Tensor:
-        """Start every row; rows with the same group id start from the same state. Returns observations."""
+    def reset(self, seed: int, groups: torch.Tensor, count: int) -> torch.Tensor:
+        """Start every row; rows with the same group id (in [0, count)) start from the same state.
+        Returns observations."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        count = int(groups.max()) + 1 if groups.numel() else 0
         self.state = self.initial_states(count, gen)[groups.to(self.device)]
         return self.observe()
 

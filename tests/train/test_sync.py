@@ -1,0 +1,76 @@
+"""The hot loop does not wait on the device: one host read per step (the fitness statistics)."""
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import nesgpu
+from nesgpu.train import TrainConfig
+from nesgpu.train.distributed import Ranks
+from nesgpu.train.trainer import PopulationEvaluator, build
+
+PACKAGE = str(Path(nesgpu.__file__).parent)
+READS = ["item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"]
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Counts, by caller, the Tensor methods that copy a value to the host, when nesgpu's code calls them."""
+    seen = Counter()
+    seen.active = False  # counting starts once the run is built
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            caller = sys._getframe(1).f_code
+            if seen.active and caller.co_filename.startswith(PACKAGE):
+                seen[f"{_name} in {Path(caller.co_filename).name}:{caller.co_name}"] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return seen
+
+
+def run_steps(cfg: TrainConfig, steps: int, seen: Counter):
+    cfg = cfg.resolved()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    task, model, pm, strategy = build(cfg, device)
+    evaluate = PopulationEvaluator(task, pm, Ranks(), cfg.chunk_size, cfg.precision)
+    seen.active = True
+    for step in range(1, steps + 1):
+        strategy.ask()
+        fitness, info = evaluate(step)
+        strategy.tell(fitness, extra={k: v for k, v in info.items() if torch.as_tensor(v).dim() == 0})
+    return seen
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_supervised_step_reads_the_device_once(host_reads, chunk):
+    cfg = TrainConfig(task="digits", population=16, hidden=(8,), batch_size=8, steps=3, chunk_size=chunk)
+    seen = run_steps(cfg, 3, host_reads)
+    assert dict(seen) == {"tolist in base.py:tell": 3}
+
+
+def test_rl_step_reads_fitness_and_checks_termination_every_16_env_steps(host_reads):
+    cfg = TrainConfig(task="pendulum", strategy="openai_es", population=8, hidden=(4,), steps=2)
+    seen = run_steps(cfg, 2, host_reads)
+    assert seen.pop("tolist in base.py:tell") == 2
+    assert seen.pop("__bool__ in rl.py:rollout") == 2 * (200 // 16)  # the all-done check
+    assert not seen
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_no_device_sync_on_gpu_outside_the_fitness_read():
+    cfg = TrainConfig(task="digits", population=64, hidden=(16,), batch_size=16, steps=2, device="cuda").resolved()
+    task, model, pm, strategy = build(cfg, torch.device("cuda"))
+    evaluate = PopulationEvaluator(task, pm, Ranks(), None, "fp32")
+    strategy.ask()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fitness, info = evaluate(1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    strategy.tell(fitness)
