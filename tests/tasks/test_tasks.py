@@ -129,3 +129,33 @@ def test_gym_task_runs_through_the_trainer_interfaces():
     fitness, _ = task.fitness(pm, 1)
     assert fitness.shape == (2, 3) and np.isfinite(fitness.numpy()).all()
     assert task.evaluate(pm.model) < 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_streaming_task_feeds_the_same_batches_as_the_in_memory_task(workers):
+    from nesgpu.tasks import StreamingClassificationTask
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 17, (60, 5), generator=gen).float(), torch.randint(0, 3, (60,), generator=gen)
+    data = torch.utils.data.TensorDataset(x, y)
+    in_memory = ClassificationTask(x / 16.0, y, x[:10] / 16.0, y[:10], batch_size=7, seed=4)
+    streaming = StreamingClassificationTask(data, torch.utils.data.TensorDataset(x[:10], y[:10]), batch_size=7,
+                                            seed=4, num_workers=workers, std=16.0)  # normalised on the device
+    for step in (1, 2, 3):
+        xs, ys = streaming.batch(step)
+        assert streaming.batch(step)[0] is xs  # every chunk of a step sees the same batch
+        xm, ym = in_memory.batch(step)
+        torch.testing.assert_close(xs, xm)
+        assert torch.equal(ys, ym)
+    with pytest.raises(ValueError, match="data stream is at step 4"):
+        streaming.batch(9)
+    resumed = StreamingClassificationTask(data, torch.utils.data.TensorDataset(x[:10], y[:10]), batch_size=7,
+                                          seed=4, num_workers=0, std=16.0, first_step=3)
+    torch.testing.assert_close(resumed.batch(3)[0], in_memory.batch(3)[0])
+    # and it trains through the usual interfaces
+    model = nesgpu.convert(streaming.make_model((4,)), "lowrank")
+    pm = nesgpu.PerturbedModel(model, 4, antithetic=True)
+    pm.set_noise(step=4)
+    fitness, _ = streaming.fitness(pm, 4)
+    assert fitness.shape == (2, 4)
+    assert 0.0 <= streaming.evaluate(model) <= 1.0

@@ -7,6 +7,7 @@ import torch
 from .envs import ENVS
 from .gym import GymVectorEnv
 from .rl import ObservationNorm, Policy, RLTask, rollout
+from .streaming import StepBatchSampler, StreamingClassificationTask
 from .supervised import ClassificationTask, digits, mnist1d
 
 SUPERVISED = {"digits": digits, "mnist1d": mnist1d}
@@ -35,5 +36,5 @@ def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batc
     raise ValueError(f"unknown task {name!r}; expected one of {TASK_NAMES}")
 
 
-__all__ = ["ClassificationTask", "ENVS", "GymVectorEnv", "ObservationNorm", "Policy", "RLTask", "TASK_NAMES",
+__all__ = ["StepBatchSampler", "StreamingClassificationTask", "ClassificationTask", "ENVS", "GymVectorEnv", "ObservationNorm", "Policy", "RLTask", "TASK_NAMES",
            "digits", "make_task", "mnist1d", "rollout"]
