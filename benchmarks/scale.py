@@ -1,0 +1,143 @@
+"""Scale benchmarks (issue 4): throughput against population and chunk size, bf16 vs fp32, noise memory
+per member, and 1 vs 2 processes.
+
+Each measurement times whole ES steps (ask, population forward, tell) after warm-up steps and reports the
+median over repeats. Throughput = population members evaluated per second.
+
+Run: python benchmarks/scale.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+import nesgpu
+from nesgpu.train import TrainConfig
+from nesgpu.train.distributed import Ranks
+from nesgpu.train.trainer import PopulationEvaluator, build
+
+
+def step_time(cfg: TrainConfig, steps: int, warmup: int = 2) -> float:
+    """Median seconds of one ES step of ``cfg`` (one process)."""
+    cfg = cfg.resolved()
+    task, model, pm, strategy = build(cfg, torch.device("cpu"))
+    evaluate = PopulationEvaluator(task, pm, Ranks(), cfg.chunk_size, cfg.precision, log=lambda *a: None)
+    times = []
+    for step in range(1, warmup + steps + 1):
+        t0 = time.perf_counter()
+        strategy.ask()
+        fitness, _ = evaluate(step)
+        strategy.tell(fitness)
+        if step > warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def digits(**kw) -> TrainConfig:
+    return TrainConfig(task="digits", device="cpu", **{"hidden": (256, 256), "batch_size": 32, **kw})
+
+
+def throughput_vs_population(steps):
+    rows = []
+    for population in (128, 512, 2048, 8192):
+        t = step_time(digits(population=population), steps)
+        rows.append({"population": population, "step_s": t, "members_per_s": population / t})
+    return rows
+
+
+def throughput_vs_chunk(steps, population=2048):
+    rows = []
+    base = None
+    for chunk in (None, 512, 256, 64):
+        t = step_time(digits(population=population, chunk_size=chunk), steps)
+        base = base or t
+        rows.append({"chunk": chunk or population // 2, "step_s": t, "members_per_s": population / t,
+                     "vs_unchunked": base / t})
+    return rows
+
+
+def precision(steps, population=1024):
+    fp32 = step_time(digits(population=population), steps)
+    bf16 = step_time(digits(population=population, precision="bf16"), steps)
+    return {"fp32_step_s": fp32, "bf16_step_s": bf16, "bf16_speed_vs_fp32": fp32 / bf16}
+
+
+def memory_per_member(directions=1024):
+    """Noise bytes per direction for an MLP 784-256-256-10, per kind."""
+    rows = {}
+    for kind in nesgpu.layers.KINDS:
+        model = nesgpu.convert(nn.Sequential(nn.Linear(784, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(),
+                                             nn.Linear(256, 10)), kind)
+        pm = nesgpu.PerturbedModel(model, directions)
+        pm.set_noise()
+        total = sum(t.numel() * t.element_size() for layer in pm.layers.values() for t in layer._noise.values())
+        rows[kind] = {"bytes_per_member": total / directions, "params": pm.num_perturbed}
+    return rows
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def processes(task_args: list[str], steps: int) -> dict:
+    """Members per second of 1 process (one thread each, as torchrun's workers) vs 2 processes."""
+    def run(nproc):
+        with tempfile.TemporaryDirectory() as out:
+            launcher = [sys.executable, "-m", "nesgpu"] if nproc == 1 else [
+                sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                f"--master_port={free_port()}", "-m", "nesgpu"]
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            result = subprocess.run([*launcher, "train", *task_args, "--steps", str(steps), "--device", "cpu",
+                                     "--eval-every", str(steps), "--checkpoint-every", str(steps), "--out", out],
+                                    capture_output=True, text=True, env=env)
+            if result.returncode:
+                raise RuntimeError(f"{nproc}-process run failed:\n{result.stderr[-3000:]}")
+            summary = json.loads(result.stdout.strip().splitlines()[-1])
+            population = int(task_args[task_args.index("--population") + 1])
+            return population * steps / summary["seconds"]
+    one, two = run(1), run(2)
+    return {"one_members_per_s": one, "two_members_per_s": two, "speedup": two / one}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    steps = 3 if args.quick else 7
+    results = {
+        "date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "population": throughput_vs_population(steps),
+        "chunk": throughput_vs_chunk(steps),
+        "precision": precision(steps),
+        "memory": memory_per_member(),
+        # env-bound: gymnasium's Pendulum steps each env in Python, so the work grows with the rows
+        "processes_env_bound": processes(["--task", "gym:Pendulum-v1", "--strategy", "openai_es", "--population",
+                                          "128", "--hidden", "32"], 3 if args.quick else 6),
+        # the torch-batched Pendulum: so cheap per row that fixed per-step costs dominate
+        "processes_torch_env": processes(["--task", "pendulum", "--strategy", "openai_es", "--population", "256",
+                                          "--hidden", "64", "--episodes", "1"], 6 if args.quick else 20),
+        "processes_supervised": processes(["--task", "digits", "--population", "512"], 20 if args.quick else 60),
+    }
+    print(json.dumps(results, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
