@@ -1,7 +1,8 @@
 """Quick start: train an MLP on sklearn's digits with ES, the whole population in one forward pass.
 
 Follows the recipe: convert the layers, wrap the model, then per step set_noise / population forward /
-update / optimizer.step. Run: python examples/quickstart.py
+update / optimizer.step, written out by hand (``nesgpu train`` and ``nesgpu.strategies`` do this for you).
+Run: python examples/quickstart.py
 """
 
 import time
@@ -12,6 +13,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import nesgpu
+from nesgpu.strategies import centered_ranks  # fitness shaping: ranks scaled to [-0.5, 0.5]
 
 torch.manual_seed(0)
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -29,12 +31,6 @@ pm = nesgpu.PerturbedModel(model, directions, sigma=0.05, antithetic=True, seed=
 optimizer = torch.optim.Adam(model.parameters(), lr=0.03)
 
 
-def centered_ranks(losses: torch.Tensor) -> torch.Tensor:
-    """Fitness shaping: ranks scaled to [-0.5, 0.5], robust to the scale of the losses."""
-    ranks = losses.flatten().argsort().argsort().to(losses.dtype)
-    return (ranks / (losses.numel() - 1) - 0.5).view_as(losses)
-
-
 gen = torch.Generator(device=device).manual_seed(0)
 start = time.perf_counter()
 for step in range(1, 401):
@@ -49,7 +45,7 @@ for step in range(1, 401):
     losses = F.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none").mean(1)  # (2, D)
     # 3.3 shaped losses -> .grad -> optimizer step
     optimizer.zero_grad()
-    pm.update(centered_ranks(losses))
+    pm.update(centered_ranks(losses))  # on losses: lower is better, so update + step descends
     optimizer.step()
     if step % 100 == 0:
         with torch.no_grad():

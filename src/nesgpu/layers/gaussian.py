@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import PerturbedConv2dBase, PerturbedLinearBase
+from .base import PerturbedConv2dBase, PerturbedLayer, PerturbedLinearBase
 
 
 def gaussian_linear_delta(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -16,7 +16,23 @@ def gaussian_linear_delta(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return torch.einsum("rdi,doi->rdo", x, noise)
 
 
-class PerturbedLinear(PerturbedLinearBase, nn.Linear):
+class _DenseNoise(PerturbedLayer):
+    """The noise is stored densely, one full weight-shaped tensor per direction: (D, *weight.shape)."""
+
+    def _draw_directions(self, gen, n):
+        return {"weight": self._randn(n, *self.weight.shape, gen=gen)}
+
+    def _weight_grad(self, coef):
+        return torch.tensordot(coef, self._noise["weight"], dims=1)
+
+    def _dense_weight_noise(self):
+        return self._noise["weight"]
+
+    def _weight_sq_norms(self):
+        return self._noise["weight"].pow(2).flatten(1).sum(1)
+
+
+class PerturbedLinear(_DenseNoise, PerturbedLinearBase, nn.Linear):
     """nn.Linear whose population forward adds IID Gaussian weight noise per direction.
 
     Args:
@@ -34,23 +50,11 @@ class PerturbedLinear(PerturbedLinearBase, nn.Linear):
         nn.Linear.__init__(self, in_features, out_features, bias, device, dtype)
         self._init_perturbation(directions)
 
-    def _draw_directions(self, gen, n):
-        return {"weight": self._randn(n, self.out_features, self.in_features, gen=gen)}
-
     def _add_weight_perturbation(self, x, y, scale):
         y.addcmul_(gaussian_linear_delta(x, self._noise["weight"]), scale.view(-1, 1, 1))
 
-    def _weight_grad(self, coef):
-        return torch.tensordot(coef, self._noise["weight"], dims=1)
 
-    def _dense_weight_noise(self):
-        return self._noise["weight"]
-
-    def _weight_sq_norms(self):
-        return self._noise["weight"].pow(2).flatten(1).sum(1)
-
-
-class PerturbedConv2d(PerturbedConv2dBase, nn.Conv2d):
+class PerturbedConv2d(_DenseNoise, PerturbedConv2dBase, nn.Conv2d):
     """nn.Conv2d whose population forward adds IID Gaussian weight noise per direction.
 
     The D per-direction kernels run as one grouped convolution (D * groups groups).
@@ -68,21 +72,9 @@ class PerturbedConv2d(PerturbedConv2dBase, nn.Conv2d):
                            bias, padding_mode, device, dtype)
         self._init_perturbation(directions)
 
-    def _draw_directions(self, gen, n):
-        return {"weight": self._randn(n, *self.weight.shape, gen=gen)}
-
     def _add_weight_perturbation(self, x, y, scale):
         r, d = x.shape[:2]
         noise = self._noise["weight"]
         delta = self._conv(x.reshape(r, d * self.in_channels, *x.shape[3:]),
                            noise.reshape(d * self.out_channels, *noise.shape[2:]), groups=d * self.groups)
         y.addcmul_(delta.view(y.shape), scale.view(-1, 1, 1, 1, 1))
-
-    def _weight_grad(self, coef):
-        return torch.tensordot(coef, self._noise["weight"], dims=1)
-
-    def _dense_weight_noise(self):
-        return self._noise["weight"]
-
-    def _weight_sq_norms(self):
-        return self._noise["weight"].pow(2).flatten(1).sum(1)
