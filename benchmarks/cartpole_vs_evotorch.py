@@ -85,7 +85,7 @@ def main():
     }
     results = {name: summarize([run(seed) for seed in range(args.seeds)]) for name, run in sides.items()}
     base = results["EvoTorch GymNE + PGPE (linear)"]["median_seconds"]
-    print(f"| run | solved | median train s | ratio to EvoTorch PGPE | median steps | median env steps |")
+    print("| run | solved | median train s | ratio to EvoTorch PGPE | median steps | median env steps |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         print(f"| {name} | {r['solved']}/{r['runs']} | {r['median_seconds']:.2f} | "

@@ -45,7 +45,7 @@ def test_reset_draws_gymnasium_start_distribution_and_shares_groups(name):
     assert obs.shape == (600, env_cls.obs_dim) and obs.dtype == torch.float32
     torch.testing.assert_close(env.state[:300], env.state[300:], rtol=0, atol=0)
     space = gym.make(env_cls.gym_id).unwrapped
-    lows, highs = [], []
+    lows = []
     for s in range(50):
         space.reset(seed=s)
         lows.append(np.asarray(space.state, dtype=np.float64))

@@ -130,7 +130,7 @@ def bench_size(kind: str, size, population: int, repeats: int, warmup: int, devi
         mib[label] = noise_mib(layer)
         ms[label] = time_call(lambda: pm(x), repeats, warmup, device)
         log(f"  {label:<34} {ms[label]:10.3f} ms  noise {mib[label]:9.2f} MiB")
-        del pm, layer  # free the noise before the next row
+        pm.free_memory()  # free the noise before the next row
 
     plain = make_layer(kind, nn.Linear if kind == "linear" else nn.Conv2d, {}, size, None, device).eval()
     singles = list(x[: min(naive_rows, population)].split(1))  # batch-size-1 inputs, sliced outside the timer

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One short script for a session that is lent a GPU: the GPU tests, then the benchmarks whose targets need a
+# GPU, printed as short tables. Run from the repository root: bash benchmarks/gpu_check.sh
+set -euo pipefail
+PY=${PY:-.venv/bin/python}
+mkdir -p "${OUT:-benchmarks/results}"
+OUT=${OUT:-benchmarks/results}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+# GPU tests: the sync-debug test runs only with CUDA; the rest must pass on the GPU as on the CPU
+$PY -m pytest -q tests/train/test_sync.py tests/layers tests/test_model.py -x
+# layer tables on CUDA (the seed's sizes, P = 1024)
+$PY -m nesgpu bench layers --device cuda --repeats 50 --json "$OUT/layers_cuda.json" --markdown "$OUT/layers_cuda.md" \
+  | sed -n '/Time multiplier/,/Noise memory/p'
+# low-rank vs plain inference throughput and bf16 vs fp32 for a low-rank MLP forward (issue 2 and 4 targets)
+$PY - <<'PYEOF'
+import statistics, torch, nesgpu
+from torch import nn
+def t(fn, n=50):
+    for _ in range(10): fn()
+    ts = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+P, d = 8192, 4096
+x = torch.randn(P, d, device="cuda")
+for dtype in (torch.float32, torch.bfloat16):
+    plain = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d)).cuda()
+    net = nesgpu.convert(nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d)), "lowrank").cuda()
+    pm = nesgpu.PerturbedModel(net, P, sigma=0.01); pm.set_noise()
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+        base = t(lambda: plain(x)); lr = t(lambda: pm(x))
+    print(f"{dtype}: plain {base:.3f} ms, low-rank population {lr:.3f} ms, low-rank at {100 * base / lr:.0f}% of plain")
+PYEOF
