@@ -14,6 +14,12 @@ from .layers import KINDS, PerturbedLayer
 from .layers.base import repeat_signs
 
 
+def direction_blocks(directions: range, size: int | None) -> list[range]:
+    """``directions`` cut into consecutive blocks of at most ``size`` (one block when size is None)."""
+    size = size or len(directions)
+    return [range(a, min(a + size, directions.stop)) for a in range(directions.start, directions.stop, size)]
+
+
 class PerturbedModel:
     """Wraps a model whose parameterised layers are perturbed layers (see :func:`convert`).
 
@@ -145,7 +151,7 @@ class PerturbedModel:
         covers; the scale always uses the whole population, so chunks' updates add up to the full one.
         With ``weights = losses``, ``optimizer.step()`` descends.
         """
-        local = self._local_directions()
+        local = self.local_directions
         if not isinstance(weights, torch.Tensor):
             raise TypeError(f"weights must be a torch.Tensor of shape ({local},) or (R, {local}); "
                             f"got {type(weights).__name__}")
@@ -174,9 +180,6 @@ class PerturbedModel:
     @property
     def local_directions(self) -> int:
         """How many directions the current noise covers: rows of a population input are R x this."""
-        return self._local_directions()
-
-    def _local_directions(self) -> int:
         current = self.noise_range
         if current is None:
             raise ValueError("no noise: call set_noise() before update()")

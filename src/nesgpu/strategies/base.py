@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..model import PerturbedModel
+from ..model import PerturbedModel, direction_blocks
 from .schedules import Schedule
 
 
@@ -59,9 +59,7 @@ class Strategy:
     # ----- the loop ----------------------------------------------------------------------------------
     def chunks(self) -> list[range]:
         """Blocks of directions the update runs over (one block unless ``chunk_size`` is set)."""
-        d = self.pm.directions
-        size = self.chunk_size or d
-        return [range(a, min(a + size, d)) for a in range(0, d, size)]
+        return direction_blocks(range(self.pm.directions), self.chunk_size)
 
     def ask(self) -> None:
         """Set sigma for this step and, unless chunked, draw its noise (noise step = completed steps + 1).

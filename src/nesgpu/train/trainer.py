@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..model import PerturbedModel, convert
+from ..model import PerturbedModel, convert, direction_blocks
 from ..strategies import ARS, PGPE, OpenAIES, Schedule, Strategy
 from ..tasks import make_task
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
@@ -98,10 +98,6 @@ class PopulationEvaluator:
         dtype = PRECISIONS[precision]
         self.autocast = (lambda: torch.autocast(device.type, dtype=getattr(torch, dtype))) if dtype else None
 
-    def blocks(self) -> list[range]:
-        lo, hi = self.share.start, self.share.stop
-        return [range(a, min(a + self.chunk, hi)) for a in range(lo, hi, self.chunk)]
-
     def __call__(self, step: int) -> tuple[torch.Tensor, dict]:
         while True:
             try:
@@ -117,7 +113,7 @@ class PopulationEvaluator:
 
     def _evaluate(self, step: int) -> tuple[torch.Tensor, dict]:
         parts, infos = [], []
-        for block in self.blocks():
+        for block in direction_blocks(self.share, self.chunk):
             if not self.pm.has_noise(step, block):
                 self.pm.set_noise(step=step, directions=block)
             if self.autocast is None:
