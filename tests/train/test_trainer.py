@@ -242,6 +242,14 @@ def test_auto_chunk_recovers_from_out_of_memory(tmp_path, monkeypatch):
     assert all(torch.equal(a[k], b[k]) for k in a)  # no step lost or repeated
 
 
+@pytest.mark.parametrize("task", ["cartpole", "gym:Pendulum-v1"])
+def test_reduced_precision_policies_drive_torch_and_gym_environments(tmp_path, task):
+    # numpy has no bf16: the rollout hands environments float32 actions
+    summary = train(TrainConfig(task=task, population=8, steps=2, hidden=(4,), precision="bf16",
+                                out=str(tmp_path)), log=quiet)
+    assert summary["precision"] == "bf16" and summary["env_steps"] > 0
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_reduced_precision_runs_and_keeps_fp32_master_weights(tmp_path, precision):
     summary = train(TrainConfig(**FAST["digits"], precision=precision, out=str(tmp_path)), log=quiet)

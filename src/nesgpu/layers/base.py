@@ -5,7 +5,8 @@ layer it replaces, and supplies four things:
 
 - ``_draw_directions(generator, n)``: per-direction noise for one block of ``n`` directions;
 - ``_draw_shared(generator)``: noise all directions share (optional);
-- ``_add_weight_perturbation(x, y, scale)``: add ``scale[r] * (x_{r,d} z_d)`` to ``y`` in place;
+- ``_add_weight_perturbation(x, y, scale, noise)``: add ``scale[r] * (x_{r,d} z_d)`` to ``y`` in place,
+  reading the noise from ``noise`` (the noise in the forward's compute dtype, see ``_noise_in``);
 - ``_weight_grad(coef)`` and ``_dense_weight_noise()``: ``sum_d coef_d z_d`` and the stacked ``z_d``.
 
 Layout: a population input has ``R * D`` rows laid out as (repeats, directions); row ``n`` uses
@@ -66,6 +67,7 @@ class PerturbedLayer(nn.Module):
         self.directions = directions
         self.layer_key = 0
         self._noise: dict[str, torch.Tensor] | None = None
+        self._cast: tuple[torch.dtype, dict[str, torch.Tensor]] | None = None  # the noise in a compute dtype
         self._source: NoiseSource | None = None
         self._range = (0, 0)
         self._active: tuple[float, bool] | None = None  # (sigma, antithetic) during a population call
@@ -102,7 +104,7 @@ class PerturbedLayer(nn.Module):
                 out["bias"] = self._randn(n, self.out_size, gen=gen)
             return out
 
-        self._noise = None  # free the old noise before drawing the new
+        self._noise = self._cast = None  # free the old noise before drawing the new
         noise = self._draw_shared(src.shared(step))
         noise.update(src.per_direction(step, start, stop, draw))
         self._noise = noise
@@ -110,7 +112,7 @@ class PerturbedLayer(nn.Module):
 
     def free_memory(self) -> None:
         """Drop the noise tensors. The next population call needs a new ``set_noise``."""
-        self._noise = None
+        self._noise = self._cast = None
 
     @property
     def local_directions(self) -> int:
@@ -121,6 +123,20 @@ class PerturbedLayer(nn.Module):
         if self._noise is None:
             raise ValueError(f"{type(self).__name__} has no noise: call set_noise() before a population forward")
         return self._noise
+
+    def _noise_in(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The noise with its floating tensors in ``dtype``, the population forward's compute dtype.
+
+        Under autocast the base GEMM returns bf16/fp16; the perturbation then runs in that dtype too
+        instead of promoting every product to fp32. The cast is made once per ``set_noise`` and kept, so
+        an RL rollout's hundreds of forwards pay for it once. The update always uses the fp32 noise.
+        """
+        noise = self._require_noise()
+        if all(t.dtype == dtype or not t.is_floating_point() for t in noise.values()):
+            return noise
+        if self._cast is None or self._cast[0] != dtype:
+            self._cast = (dtype, {k: t.to(dtype) if t.is_floating_point() else t for k, t in noise.items()})
+        return self._cast[1]
 
     @contextmanager
     def perturbing(self, sigma: float, antithetic: bool):
@@ -228,11 +244,12 @@ class PerturbedLinearBase(PerturbedLayer):
         rows = x.numel() // self.in_features
         r, d = self._population_shape(rows, "rows")
         y = F.linear(x, self.weight, self.bias)
-        scale = repeat_scale(r, *self._active, self.weight)
+        noise = self._noise_in(y.dtype)  # y is bf16/fp16 under autocast: perturb in that dtype
+        scale = repeat_scale(r, *self._active, y)
         y3 = y.view(r, d, self.out_features)
-        self._add_weight_perturbation(x.reshape(r, d, self.in_features), y3, scale)
+        self._add_weight_perturbation(x.to(y.dtype).reshape(r, d, self.in_features), y3, scale, noise)
         if self.bias is not None:
-            y3.addcmul_(self._noise["bias"].unsqueeze(0), scale.view(r, 1, 1))
+            y3.addcmul_(noise["bias"].unsqueeze(0), scale.view(r, 1, 1))
         return y
 
 
@@ -269,9 +286,10 @@ class PerturbedConv2dBase(PerturbedLayer):
             )
         r, d = self._population_shape(x.shape[0], "rows")
         y = self._conv_forward(x, self.weight, self.bias)
-        scale = repeat_scale(r, *self._active, self.weight)
+        noise = self._noise_in(y.dtype)
+        scale = repeat_scale(r, *self._active, y)
         y5 = y.view(r, d, *y.shape[1:])
-        self._add_weight_perturbation(x.reshape(r, d, *x.shape[1:]), y5, scale)
+        self._add_weight_perturbation(x.to(y.dtype).reshape(r, d, *x.shape[1:]), y5, scale, noise)
         if self.bias is not None:
-            y5.addcmul_(self._noise["bias"].view(1, d, -1, 1, 1), scale.view(r, 1, 1, 1, 1))
+            y5.addcmul_(noise["bias"].view(1, d, -1, 1, 1), scale.view(r, 1, 1, 1, 1))
         return y

@@ -46,8 +46,8 @@ class _FlipoutMixin(PerturbedLayer):
         b = noise.get("out_signs", w.new_ones(1, 1).expand(d, n_out))
         return a, b
 
-    def _add_weight_perturbation(self, x, y, scale):
-        noise, trailing = self._noise, (1,) * (x.dim() - 3)
+    def _add_weight_perturbation(self, x, y, scale, noise):
+        trailing = (1,) * (x.dim() - 3)
         r, d = x.shape[:2]
         row_scale = scale.view(r, 1, 1, *trailing)
         if "in_signs" in noise:  # one pass over x: fold the repeat scale into the signs first

@@ -50,8 +50,8 @@ class PerturbedLinear(_DenseNoise, PerturbedLinearBase, nn.Linear):
         nn.Linear.__init__(self, in_features, out_features, bias, device, dtype)
         self._init_perturbation(directions)
 
-    def _add_weight_perturbation(self, x, y, scale):
-        y.addcmul_(gaussian_linear_delta(x, self._noise["weight"]), scale.view(-1, 1, 1))
+    def _add_weight_perturbation(self, x, y, scale, noise):
+        y.addcmul_(gaussian_linear_delta(x, noise["weight"]), scale.view(-1, 1, 1))
 
 
 class PerturbedConv2d(_DenseNoise, PerturbedConv2dBase, nn.Conv2d):
@@ -72,9 +72,9 @@ class PerturbedConv2d(_DenseNoise, PerturbedConv2dBase, nn.Conv2d):
                            bias, padding_mode, device, dtype)
         self._init_perturbation(directions)
 
-    def _add_weight_perturbation(self, x, y, scale):
+    def _add_weight_perturbation(self, x, y, scale, noise):
         r, d = x.shape[:2]
-        noise = self._noise["weight"]
+        noise = noise["weight"]
         delta = self._conv(x.reshape(r, d * self.in_channels, *x.shape[3:]),
                            noise.reshape(d * self.out_channels, *noise.shape[2:]), groups=d * self.groups)
         y.addcmul_(delta.view(y.shape), scale.view(-1, 1, 1, 1, 1))

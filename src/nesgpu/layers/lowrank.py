@@ -66,8 +66,8 @@ class LowRankLinear(PerturbedLinearBase, nn.Linear):
         b = self._randn(n, self.rank, self.in_features, gen=gen)
         return {"a": a, "b": b}
 
-    def _add_weight_perturbation(self, x, y, scale):
-        add_lowrank_linear_(y, x, self._noise["a"], self._noise["b"], scale)
+    def _add_weight_perturbation(self, x, y, scale, noise):
+        add_lowrank_linear_(y, x, noise["a"], noise["b"], scale)
 
     def _weight_grad(self, coef):
         a, b = self._noise["a"], self._noise["b"]
@@ -112,8 +112,8 @@ class LowRankConv2d(PerturbedConv2dBase, nn.Conv2d):
         b = self._randn(n, g, r, *self.weight.shape[1:], gen=gen)
         return {"a": a, "b": b}
 
-    def _add_weight_perturbation(self, x, y, scale):
-        a, b = self._noise["a"], self._noise["b"]
+    def _add_weight_perturbation(self, x, y, scale, noise):
+        a, b = noise["a"], noise["b"]
         r_, d = x.shape[:2]
         filters = b.reshape(d * self.groups * self.rank, *b.shape[3:])
         t = self._conv(x.reshape(r_, d * self.in_channels, *x.shape[3:]), filters, groups=d * self.groups)

@@ -85,8 +85,7 @@ class _PermutedMixin(PerturbedLayer):
             out["out_index"] = random_subsets(n_out, groups, self.k_out, n, gen, device)
         return out
 
-    def _add_weight_perturbation(self, x, y, scale):
-        noise = self._noise
+    def _add_weight_perturbation(self, x, y, scale, noise):
         shape = (-1,) + (1,) * (x.dim() - 1)
         if self.permute_in:
             x = gather_channels(x, noise["in_index"]).mul_(scale.view(shape))

@@ -43,8 +43,8 @@ class SparsePerturbedLinear(PerturbedLinearBase, nn.Linear):
         values = self._randn(n, self.out_features, self.k, gen=gen).mul_(math.sqrt(self.in_features / self.k))
         return {"columns": columns, "values": values}
 
-    def _add_weight_perturbation(self, x, y, scale):
-        delta = sparse_linear_delta(x, self._noise["columns"], self._noise["values"])
+    def _add_weight_perturbation(self, x, y, scale, noise):
+        delta = sparse_linear_delta(x, noise["columns"], noise["values"])
         y.addcmul_(delta, scale.view(-1, 1, 1))
 
     def _weight_grad(self, coef):

@@ -92,7 +92,10 @@ def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int, obs_stats
             stats["sum"] += live.sum(0)
             stats["sum_sq"] += (live * obs.double()).sum(0)
             stats["count"] += alive.sum()
-        obs, reward, terminated = env.step(act(obs))
+        action = act(obs)
+        if action.is_floating_point():  # a bf16/fp16 policy under autocast: environments take float32
+            action = action.float()
+        obs, reward, terminated = env.step(action)
         total += reward.to(device) * alive
         lengths += alive
         alive &= ~terminated.to(device)

@@ -18,6 +18,7 @@ from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_wei
 from .config import PRECISIONS, TrainConfig
 from .distributed import Ranks, init_from_environment, shutdown
 from .metrics import MetricsLog, plot_curve
+from .precision import slow_precision_note
 
 # info entries that add up over chunks and ranks; the others are means
 ADDITIVE = {"env_steps", "obs_sum", "obs_sum_sq", "obs_count"}
@@ -97,6 +98,9 @@ class PopulationEvaluator:
         device = next(pm.model.parameters()).device
         dtype = PRECISIONS[precision]
         self.autocast = (lambda: torch.autocast(device.type, dtype=getattr(torch, dtype))) if dtype else None
+        note = slow_precision_note(device, getattr(torch, dtype)) if dtype else None
+        if note:
+            log(note)
 
     def __call__(self, step: int) -> tuple[torch.Tensor, dict]:
         while True:

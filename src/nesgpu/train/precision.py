@@ -1,0 +1,36 @@
+"""Reduced-precision population forwards: whether the hardware runs them natively.
+
+Autocast to bf16/fp16 pays off only where the matrix units take that dtype: on a CPU, AVX512-BF16 or
+AMX for bf16 and AVX512-FP16 or AMX-FP16 for fp16; elsewhere oneDNN converts to fp32 around every
+GEMM, and the forward is slower than in fp32 (see BENCHMARKS.md). The trainer says so once per run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# CPU feature flags (torch.cpu.get_capabilities) that give native GEMMs in each dtype
+_CPU_FEATURES = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+
+
+def native_support(device: torch.device, dtype: torch.dtype) -> bool | None:
+    """Whether ``device`` has GEMM units for ``dtype``; None when torch cannot tell."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported() if dtype == torch.bfloat16 else True
+    if device.type != "cpu" or dtype not in _CPU_FEATURES:
+        return None
+    get_capabilities = getattr(torch.cpu, "get_capabilities", None)  # not in every torch version
+    if get_capabilities is None:
+        return None
+    capabilities = get_capabilities()
+    return any(capabilities.get(flag, False) for flag in _CPU_FEATURES[dtype])
+
+
+def slow_precision_note(device: torch.device, dtype: torch.dtype) -> str | None:
+    """A one-line warning when ``dtype`` will run emulated (slower than fp32) on ``device``, else None."""
+    if native_support(device, dtype) is not False:
+        return None
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    flags = " / ".join(_CPU_FEATURES.get(dtype, ())) or "native support"
+    return (f"note: this {device.type.upper()} has no {flags} units, so {name} matrix products are emulated and "
+            f"the forward will be slower than fp32; --precision {name} still halves activation memory")

@@ -1,0 +1,45 @@
+"""The trainer says when a reduced precision will run emulated on this hardware, and only then."""
+
+import pytest
+import torch
+
+from nesgpu.train import TrainConfig
+from nesgpu.train.distributed import Ranks
+from nesgpu.train.precision import native_support, slow_precision_note
+from nesgpu.train.trainer import PopulationEvaluator, build
+
+CPU = torch.device("cpu")
+
+
+def with_capabilities(monkeypatch, **flags):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx2": True, **flags})
+
+
+@pytest.mark.parametrize("dtype,flag", [(torch.bfloat16, "avx512_bf16"), (torch.bfloat16, "amx_bf16"),
+                                        (torch.float16, "avx512_fp16"), (torch.float16, "amx_fp16")])
+def test_native_support_follows_the_cpu_flags(monkeypatch, dtype, flag):
+    with_capabilities(monkeypatch, **{flag: True})
+    assert native_support(CPU, dtype) is True and slow_precision_note(CPU, dtype) is None
+    with_capabilities(monkeypatch, **{flag: False})
+    assert native_support(CPU, dtype) is False
+    note = slow_precision_note(CPU, dtype)
+    assert "emulated" in note and flag in note and ("bf16" if dtype == torch.bfloat16 else "fp16") in note
+
+
+def test_unknown_support_gives_no_note(monkeypatch):
+    monkeypatch.delattr(torch.cpu, "get_capabilities")
+    assert native_support(CPU, torch.bfloat16) is None and slow_precision_note(CPU, torch.bfloat16) is None
+    assert native_support(torch.device("meta"), torch.bfloat16) is None
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_evaluator_logs_the_note_once(monkeypatch, native):
+    with_capabilities(monkeypatch, avx512_bf16=native)
+    cfg = TrainConfig(task="digits", population=8, hidden=(4,), batch_size=4, precision="bf16").resolved()
+    task, _, pm, _ = build(cfg, CPU)
+    lines = []
+    PopulationEvaluator(task, pm, Ranks(), None, "bf16", log=lines.append)
+    assert len(lines) == (0 if native else 1)
+    fp32 = []
+    PopulationEvaluator(task, pm, Ranks(), None, "fp32", log=fp32.append)
+    assert fp32 == []
