@@ -10,6 +10,7 @@ Run: python benchmarks/scale.py [--quick] [--json PATH]
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -93,24 +94,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def processes(task_args: list[str], steps: int) -> dict:
-    """Members per second of 1 process (one thread each, as torchrun's workers) vs 2 processes."""
-    def run(nproc):
-        with tempfile.TemporaryDirectory() as out:
-            launcher = [sys.executable, "-m", "nesgpu"] if nproc == 1 else [
-                sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                f"--master_port={free_port()}", "-m", "nesgpu"]
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            result = subprocess.run([*launcher, "train", *task_args, "--steps", str(steps), "--device", "cpu",
-                                     "--eval-every", str(steps), "--checkpoint-every", str(steps), "--out", out],
-                                    capture_output=True, text=True, env=env)
-            if result.returncode:
-                raise RuntimeError(f"{nproc}-process run failed:\n{result.stderr[-3000:]}")
-            summary = json.loads(result.stdout.strip().splitlines()[-1])
-            population = int(task_args[task_args.index("--population") + 1])
-            return population * steps / summary["seconds"]
-    one, two = run(1), run(2)
-    return {"one_members_per_s": one, "two_members_per_s": two, "speedup": two / one}
+def _launch(nproc: int, task_args: list[str], steps: int, out: str) -> subprocess.Popen:
+    launcher = [sys.executable, "-m", "nesgpu"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}", "-m", "nesgpu"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread per process, as torchrun's workers
+    return subprocess.Popen([*launcher, "train", *task_args, "--steps", str(steps), "--device", "cpu",
+                             "--eval-every", str(steps), "--checkpoint-every", str(steps), "--out", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _steady_members_per_s(proc: subprocess.Popen, out: str, population: int) -> float:
+    """Members per second after the first step (start-up, env creation and warm-up excluded)."""
+    _, err = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"run failed:\n{err[-3000:]}")
+    with open(os.path.join(out, "metrics.csv")) as f:
+        seconds = [float(row["seconds"]) for row in csv.DictReader(f)]
+    return population * (len(seconds) - 1) / (seconds[-1] - seconds[0])
+
+
+def processes(task_args: list[str], steps: int, repeats: int = 3) -> dict:
+    """Members per second of 1 process vs 2 (torchrun), and the machine's ceiling for 2: two independent
+    single-process runs of half the population each, at the same time (no communication at all).
+    Medians over ``repeats`` rounds of the three measurements; every round is kept in ``rounds``."""
+    population = int(task_args[task_args.index("--population") + 1])
+    half = [*task_args]
+    half[half.index("--population") + 1] = str(population // 2)
+    rounds = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as root:
+            dirs = [os.path.join(root, name) for name in ("one", "two", "pair_a", "pair_b")]
+            one = _steady_members_per_s(_launch(1, task_args, steps, dirs[0]), dirs[0], population)
+            two = _steady_members_per_s(_launch(2, task_args, steps, dirs[1]), dirs[1], population)
+            pair = [_launch(1, half, steps, d) for d in dirs[2:]]
+            ceiling = sum(_steady_members_per_s(p, d, population // 2) for p, d in zip(pair, dirs[2:]))
+        rounds.append({"one_members_per_s": one, "two_members_per_s": two, "speedup": two / one,
+                       "ceiling_speedup": ceiling / one, "efficiency_vs_ceiling": two / ceiling})
+    return {**{k: statistics.median(r[k] for r in rounds) for k in rounds[0]}, "rounds": rounds}
 
 
 def main():
@@ -127,7 +148,7 @@ def main():
         "memory": memory_per_member(),
         # env-bound: gymnasium's Pendulum steps each env in Python, so the work grows with the rows
         "processes_env_bound": processes(["--task", "gym:Pendulum-v1", "--strategy", "openai_es", "--population",
-                                          "128", "--hidden", "32"], 3 if args.quick else 6),
+                                          "128", "--hidden", "32"], 4 if args.quick else 12),
         # the torch-batched Pendulum: so cheap per row that fixed per-step costs dominate
         "processes_torch_env": processes(["--task", "pendulum", "--strategy", "openai_es", "--population", "256",
                                           "--hidden", "64", "--episodes", "1"], 6 if args.quick else 20),
