@@ -1,5 +1,6 @@
 """torchrun runs: ranks split the directions, exchange fitness only, and end bit-identical to one process."""
 
+import csv
 import os
 import signal
 import socket
@@ -47,6 +48,11 @@ def test_two_processes_bit_identical_to_one(tmp_path, task):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    # the step statistics summed over the ranks equal those summed over one process's blocks
+    def metrics(run):
+        with open(tmp_path / run / "metrics.csv") as f:
+            return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
+    assert metrics("one") == metrics("two")
     # only rank 0 wrote: one row per step, one summary line on stdout
     rows = (tmp_path / "two" / "metrics.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + 4

@@ -40,21 +40,29 @@ class Ranks:
         size = directions // self.world
         return range(self.rank * size, (self.rank + 1) * size)
 
-    def gather_directions(self, local: torch.Tensor) -> torch.Tensor:
-        """(..., D / world) from every rank -> (..., D), in rank order."""
-        if not self.distributed:
-            return local
-        parts = [torch.empty_like(local) for _ in range(self.world)]
-        dist.all_gather(parts, local.contiguous())
-        return torch.cat(parts, dim=-1)
+    def exchange(self, fitness: torch.Tensor, totals: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        """The step's one collective: fitness (..., D / world) of every rank, concatenated in rank order
+        along the last dimension, and each tensor of ``totals`` summed over the ranks.
 
-    def sum(self, value: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks (a new tensor)."""
+        Both travel in one float64 all_gather (exact for float32 fitness and for counts below 2**53) and
+        come back in their own dtypes and shapes. Alone, returns its arguments.
+        """
         if not self.distributed:
-            return value
-        value = value.clone()
-        dist.all_reduce(value)
-        return value
+            return fitness, totals
+        values = {k: torch.as_tensor(v, device=fitness.device) for k, v in totals.items()}
+        flat = torch.cat([fitness.reshape(-1).double(), *(v.reshape(-1).double() for v in values.values())])
+        parts = [torch.empty_like(flat) for _ in range(self.world)]
+        dist.all_gather(parts, flat)
+        n = fitness.numel()
+        gathered = torch.cat([part[:n].view(fitness.shape) for part in parts], dim=-1).to(fitness.dtype)
+        summed = parts[0][n:]
+        for part in parts[1:]:  # in rank order, as one process adds its blocks
+            summed = summed + part[n:]
+        out, offset = {}, 0
+        for key, v in values.items():
+            out[key] = summed[offset : offset + v.numel()].view(v.shape).to(v.dtype)
+            offset += v.numel()
+        return gathered, out
 
 
 def init_from_environment(device: torch.device, timeout_s: float = 300.0) -> Ranks:

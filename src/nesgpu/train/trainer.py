@@ -71,16 +71,16 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None):
     return task, model, pm, strategy
 
 
-def _merge(infos: list[tuple[int, dict]], ranks: Ranks, directions: int) -> dict:
-    """Combine per-block infos (weighted by the block's directions) and then the ranks' infos."""
-    merged = {}
+def _block_totals(infos: list[tuple[int, dict]]) -> dict:
+    """This rank's step statistics from its blocks: additive ones summed, the others weighted by the
+    block's directions (divided by the population once the ranks' totals are summed)."""
+    totals = {}
     for key in infos[0][1]:
         if key in ADDITIVE:
-            merged[key] = ranks.sum(sum(info[key] for _, info in infos))
+            totals[key] = sum(info[key] for _, info in infos)
         else:
-            weighted = sum(size * torch.as_tensor(info[key], dtype=torch.float64) for size, info in infos)
-            merged[key] = ranks.sum(weighted) / directions
-    return merged
+            totals[key] = sum(size * torch.as_tensor(info[key], dtype=torch.float64) for size, info in infos)
+    return totals
 
 
 class PopulationEvaluator:
@@ -129,11 +129,11 @@ class PopulationEvaluator:
                                     else fitness.dtype))
             infos.append((len(block), info))
         try:
-            fitness = self.ranks.gather_directions(torch.cat(parts, dim=1))
-            info = _merge(infos, self.ranks, self.pm.directions)
+            fitness, info = self.ranks.exchange(torch.cat(parts, dim=1), _block_totals(infos))
         except RuntimeError as e:
             raise RuntimeError(f"rank {self.ranks.rank}: exchanging fitness at step {step} failed; another "
                                f"process died or hung ({e})") from e
+        info = {k: v if k in ADDITIVE else v / self.pm.directions for k, v in info.items()}
         self.task.finish_step(self.pm, info)
         return fitness, info
 
