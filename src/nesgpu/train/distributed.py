@@ -1,9 +1,10 @@
 """Multi-process runs through torch.distributed, launched by torchrun (the OpenAI-ES design).
 
-Ranks evaluate disjoint blocks of directions and exchange only fitness values, with the step's few
-summed statistics (loss, observation sums), in one all_gather per step; every rank then computes the same update from the same seeds, so no parameters or noise cross the wire. Gloo on
-CPU, NCCL on GPU; multi-node through torchrun's rendezvous. Collectives time out after ``timeout_s``,
-so a rank that dies or hangs ends the job with an error instead of a silent stall.
+Ranks evaluate disjoint blocks of directions and exchange only fitness values, with the step's few summed
+statistics (loss, observation sums), in one all_gather per step; every rank then computes the same update
+from the same seeds, so no parameters or noise cross the wire. Gloo on CPU, NCCL on GPU; multi-node through
+torchrun's rendezvous. Collectives time out after ``timeout_s``, so a rank that dies or hangs ends the job
+with an error instead of a silent stall.
 """
 
 from __future__ import annotations
