@@ -83,6 +83,51 @@ def test_observation_norm_matches_batch_statistics():
     assert norm(torch.full((1, 3), 1e6)).max() == 5.0  # clipped
 
 
+def test_observation_norm_forward_follows_every_change_of_its_buffers():
+    norm = ObservationNorm(3)
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
+
+    def expected(m):
+        return ((x.double() - m.mean) / (m.var + m.eps).sqrt()).clamp(-5, 5).float()
+
+    torch.testing.assert_close(norm(x), x.clamp(-5, 5))
+    batch = torch.randn(9, 3, dtype=torch.float64) * 2 + 3
+    norm.update(batch.sum(0), batch.square().sum(0), torch.tensor(9.0, dtype=torch.float64))  # in place
+    torch.testing.assert_close(norm(x), expected(norm))
+    other = ObservationNorm(3)
+    other.load_state_dict({"mean": torch.full((3,), -2.0, dtype=torch.float64),
+                           "var": torch.full((3,), 4.0, dtype=torch.float64),
+                           "count": torch.tensor(1.0, dtype=torch.float64)})
+    norm.load_state_dict(other.state_dict())  # copied into the same buffers
+    torch.testing.assert_close(norm(x), expected(other))
+    norm.load_state_dict({k: v * 2 for k, v in other.state_dict().items()}, assign=True)  # new tensors
+    torch.testing.assert_close(norm(x), expected(norm))
+    assert norm(x.double()).dtype == torch.float64
+    with torch.inference_mode():
+        fresh = ObservationNorm(3)
+        torch.testing.assert_close(fresh(x), x.clamp(-5, 5))
+
+
+def test_rollout_observation_statistics_count_each_live_row_once_per_step():
+    task = make_task("cartpole", seed=2)
+    policy = task.make_model((4,))
+    seen = []
+
+    def act(obs):
+        seen.append(obs.double())
+        return policy(obs)
+
+    groups = torch.arange(6)
+    with torch.no_grad():
+        _, lengths, stats = rollout(CartPole(6), act, groups, seed=3, max_steps=500, obs_stats=True)
+    assert lengths.min() < lengths.max()  # some episodes end early, so masking matters
+    alive = torch.stack([lengths > t for t in range(len(seen))]).unsqueeze(2)  # (T, n, 1)
+    obs = torch.stack(seen)
+    torch.testing.assert_close(stats["sum"], (obs * alive).sum((0, 1)))
+    torch.testing.assert_close(stats["sum_sq"], (obs.square() * alive).sum((0, 1)))
+    assert stats["count"] == lengths.sum()
+
+
 def test_rl_task_fitness_layout_and_stats():
     task = make_task("pendulum", episodes=2)
     model = nesgpu.convert(task.make_model((8,)), "flipout")

@@ -71,6 +71,7 @@ class PerturbedLayer(nn.Module):
         self._source: NoiseSource | None = None
         self._range = (0, 0)
         self._active: tuple[float, bool] | None = None  # (sigma, antithetic) during a population call
+        self._scale: tuple[tuple, torch.Tensor] | None = None  # the last repeat_scale and its key
 
     # ----- noise -------------------------------------------------------------------------------------
     @property
@@ -137,6 +138,14 @@ class PerturbedLayer(nn.Module):
         if self._cast is None or self._cast[0] != dtype:
             self._cast = (dtype, {k: t.to(dtype) if t.is_floating_point() else t for k, t in noise.items()})
         return self._cast[1]
+
+    def _repeat_scale(self, repeats: int, like: torch.Tensor) -> torch.Tensor:
+        """``repeat_scale`` for this call, kept while repeats, sigma, dtype and device stay the same (an RL
+        rollout calls the layer hundreds of times per step with the same ones). Read-only."""
+        key = (repeats, *self._active, like.dtype, like.device)
+        if self._scale is None or self._scale[0] != key:
+            self._scale = (key, repeat_scale(repeats, *self._active, like))
+        return self._scale[1]
 
     @contextmanager
     def perturbing(self, sigma: float, antithetic: bool):
@@ -245,7 +254,7 @@ class PerturbedLinearBase(PerturbedLayer):
         r, d = self._population_shape(rows, "rows")
         y = F.linear(x, self.weight, self.bias)
         noise = self._noise_in(y.dtype)  # y is bf16/fp16 under autocast: perturb in that dtype
-        scale = repeat_scale(r, *self._active, y)
+        scale = self._repeat_scale(r, y)
         y3 = y.view(r, d, self.out_features)
         self._add_weight_perturbation(x.to(y.dtype).reshape(r, d, self.in_features), y3, scale, noise)
         if self.bias is not None:
@@ -287,7 +296,7 @@ class PerturbedConv2dBase(PerturbedLayer):
         r, d = self._population_shape(x.shape[0], "rows")
         y = self._conv_forward(x, self.weight, self.bias)
         noise = self._noise_in(y.dtype)
-        scale = repeat_scale(r, *self._active, y)
+        scale = self._repeat_scale(r, y)
         y5 = y.view(r, d, *y.shape[1:])
         self._add_weight_perturbation(x.to(y.dtype).reshape(r, d, *x.shape[1:]), y5, scale, noise)
         if self.bias is not None:

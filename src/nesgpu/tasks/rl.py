@@ -26,8 +26,24 @@ class ObservationNorm(nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        std = (self.var + self.eps).sqrt()
-        return ((x - self.mean.to(x.dtype)) / std.to(x.dtype)).clamp(-self.clip, self.clip)
+        mean, inv_std = self._affine(x.dtype)
+        return ((x - mean) * inv_std).clamp(-self.clip, self.clip)
+
+    def _affine(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, 1 / std) in ``dtype``, recomputed only when the buffers change (an update, a state-dict
+        load or a move): a rollout calls forward at every environment step."""
+        def compute():
+            return self.mean.to(dtype), (self.var + self.eps).rsqrt().to(dtype)
+
+        mean, var = self.mean, self.var
+        if mean.is_inference() or var.is_inference():  # no version counters to watch: no cache
+            return compute()
+        # the same tensor objects (held here, so never recycled), unmodified since (version counters)
+        key = (dtype, mean._version, var._version)
+        cached = getattr(self, "_cached_affine", None)
+        if cached is None or cached[0] is not mean or cached[1] is not var or cached[2] != key:
+            cached = self._cached_affine = (mean, var, key, compute())
+        return cached[3]
 
     @torch.no_grad()
     def update(self, total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor) -> None:
@@ -83,15 +99,14 @@ def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int, obs_stats
     total = torch.zeros(n, dtype=torch.float64, device=device)
     lengths = torch.zeros(n, dtype=torch.long, device=device)
     alive = torch.ones(n, dtype=torch.bool, device=device)
-    stats = {"sum": torch.zeros(obs.shape[1], dtype=torch.float64, device=device),
-             "sum_sq": torch.zeros(obs.shape[1], dtype=torch.float64, device=device),
-             "count": torch.zeros((), dtype=torch.float64, device=device)}
+    # observation sums per row, reduced over rows once at the end (fewer ops in the loop)
+    row_sum = torch.zeros(n, obs.shape[1], dtype=torch.float64, device=device) if obs_stats else None
+    row_sum_sq = torch.zeros_like(row_sum) if obs_stats else None
     for t in range(max_steps):
         if obs_stats:
-            live = obs.double() * alive.unsqueeze(1)
-            stats["sum"] += live.sum(0)
-            stats["sum_sq"] += (live * obs.double()).sum(0)
-            stats["count"] += alive.sum()
+            live = obs.double().mul_(alive.unsqueeze(1))
+            row_sum += live
+            row_sum_sq.addcmul_(live, live)  # alive is 0 or 1, so live * live = alive * obs^2
         action = act(obs)
         if action.is_floating_point():  # a bf16/fp16 policy under autocast: environments take float32
             action = action.float()
@@ -101,6 +116,9 @@ def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int, obs_stats
         alive &= ~terminated.to(device)
         if t % 16 == 15 and not alive.any():
             break
+    stats = {}
+    if obs_stats:  # every row counts one observation for each step it was alive: its length
+        stats = {"sum": row_sum.sum(0), "sum_sq": row_sum_sq.sum(0), "count": lengths.sum().double()}
     return total, lengths, stats
 
 
