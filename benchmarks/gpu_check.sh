@@ -2,7 +2,10 @@
 # One short script for a session that is lent a GPU: the GPU tests, then the benchmarks whose targets need a
 # GPU, printed as short tables. Run from the repository root: bash benchmarks/gpu_check.sh
 set -euo pipefail
-PY=${PY:-.venv/bin/python}
+# the repo's .venv where there is one; else a python3 that has torch (a GPU image), with the source on the path
+if [ -z "${PY:-}" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"; fi
+fi
 mkdir -p "${OUT:-benchmarks/results}"
 OUT=${OUT:-benchmarks/results}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true

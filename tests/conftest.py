@@ -49,6 +49,10 @@ CONV_GEOMETRIES = [
 ]
 
 
+# where the layer tests run: the CPU always, and CUDA when this machine has it (benchmarks/gpu_check.sh)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 def case_id(case):
     cls, options = case
     return cls.__name__ + "".join(f"-{k}={v}" for k, v in options.items())

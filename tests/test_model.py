@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import CONV_CASES, LINEAR_CASES, case_id, randomize_
+from conftest import CONV_CASES, DEVICES, LINEAR_CASES, case_id, randomize_
 from torch import nn
 
 import nesgpu
@@ -13,23 +13,24 @@ def small_cnn():
     return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 5 * 5, 3))
 
 
-def make(case, directions, **kw):
+def make(case, directions, device="cpu", **kw):
     cls, options = case
     layer = cls(3, 4, 3, **options) if issubclass(cls, nn.Conv2d) else cls(6, 5, **options)
-    randomize_(layer.double())
+    randomize_(layer.double()).to(device)
     return layer, nesgpu.PerturbedModel(layer, directions, **kw)
 
 
 # ----- update ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", LINEAR_CASES + CONV_CASES, ids=case_id)
 @pytest.mark.parametrize("antithetic", [False, True])
-def test_update_equals_formula(case, antithetic):
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_equals_formula(case, antithetic, device):
     directions, repeats, sigma = 6, 4, 0.25
-    layer, pm = make(case, directions, sigma=sigma, antithetic=antithetic)
+    layer, pm = make(case, directions, device, sigma=sigma, antithetic=antithetic)
     pm.set_noise()
     z = pm.dense_noise()
-    w = torch.randn(repeats, directions, dtype=torch.float64)
-    signs = torch.tensor([1.0, 1.0, -1.0, -1.0] if antithetic else [1.0] * 4, dtype=torch.float64)
+    w = torch.randn(repeats, directions, dtype=torch.float64).to(device)
+    signs = torch.tensor([1.0, 1.0, -1.0, -1.0] if antithetic else [1.0] * 4, dtype=torch.float64).to(device)
     w_d = (signs[:, None] * w).mean(0)
     pm.update(w)
     for name in z:
@@ -37,7 +38,7 @@ def test_update_equals_formula(case, antithetic):
         torch.testing.assert_close(getattr(layer, name).grad, expected, rtol=1e-12, atol=1e-12)
     # a (D,) update adds onto the existing .grad
     before = {name: getattr(layer, name).grad.clone() for name in z}
-    v = torch.randn(directions, dtype=torch.float64)
+    v = torch.randn(directions, dtype=torch.float64).to(device)
     pm.update(v)
     for name in z:
         expected = before[name] + torch.einsum("d,d...->...", v, z[name]) / (directions * sigma)

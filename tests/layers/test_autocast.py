@@ -4,35 +4,36 @@ per set_noise."""
 
 import pytest
 import torch
-from conftest import CONV_CASES, LINEAR_CASES, case_id, randomize_
+from conftest import CONV_CASES, DEVICES, LINEAR_CASES, case_id, randomize_
 
 import nesgpu
 
 DTYPES = {torch.bfloat16: 3e-2, torch.float16: 5e-3}  # dtype -> tolerance relative to the output's scale
 
 
-def population(cls, options, directions=6):
+def population(cls, options, directions=6, device="cpu"):
     if issubclass(cls, torch.nn.Conv2d):
         layer, x = cls(4, 8, 3, padding=1, **options), torch.randn(2 * directions, 4, 6, 6)
     else:
         layer, x = cls(24, 16, **options), torch.randn(2 * directions, 24)
-    pm = nesgpu.PerturbedModel(randomize_(layer), directions, sigma=0.5, antithetic=True, seed=2)
+    pm = nesgpu.PerturbedModel(randomize_(layer).to(device), directions, sigma=0.5, antithetic=True, seed=2)
     pm.set_noise()
-    return layer, pm, x
+    return layer, pm, x.to(device)
 
 
 @pytest.mark.parametrize("case", LINEAR_CASES + CONV_CASES, ids=case_id)
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
-def test_autocast_forward_matches_fp32_in_the_autocast_dtype(case, dtype):
-    layer, pm, x = population(*case)
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_forward_matches_fp32_in_the_autocast_dtype(case, dtype, device):
+    layer, pm, x = population(*case, device=device)
     expected = pm(x)
-    with torch.autocast("cpu", dtype=dtype):
+    with torch.autocast(device, dtype=dtype):
         got = pm(x)
     assert got.dtype == dtype
     scale = expected.abs().max()
     torch.testing.assert_close(got.float(), expected, rtol=0, atol=DTYPES[dtype] * scale)
     # the perturbation term itself, not just the base GEMM, comes out right
-    with torch.autocast("cpu", dtype=dtype):
+    with torch.autocast(device, dtype=dtype):
         plain = layer(x)
     torch.testing.assert_close((got.float() - plain.float()), expected - layer(x), rtol=0,
                                atol=DTYPES[dtype] * scale)

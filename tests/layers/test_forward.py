@@ -4,7 +4,7 @@ theta + sigma * s_r * z_d, in float64."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import CONV_CASES, CONV_GEOMETRIES, LINEAR_CASES, case_id, randomize_
+from conftest import CONV_CASES, CONV_GEOMETRIES, DEVICES, LINEAR_CASES, case_id, randomize_
 
 import nesgpu
 
@@ -26,13 +26,14 @@ def reference_rows(layer, x, z, repeats, directions, antithetic, apply):
 @pytest.mark.parametrize("case", LINEAR_CASES, ids=case_id)
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_matches_per_direction_reference(case, antithetic, bias):
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_matches_per_direction_reference(case, antithetic, bias, device):
     cls, options = case
     directions, repeats = 5, 4
-    layer = randomize_(cls(7, 6, bias=bias, dtype=torch.float64, **options))
+    layer = randomize_(cls(7, 6, bias=bias, dtype=torch.float64, **options)).to(device)
     pm = nesgpu.PerturbedModel(layer, directions, sigma=SIGMA, antithetic=antithetic, seed=3)
     pm.set_noise()
-    x = torch.randn(repeats * directions, 7, dtype=torch.float64)
+    x = torch.randn(repeats * directions, 7, dtype=torch.float64).to(device)
     expected = reference_rows(layer, x, pm.dense_noise(), repeats, directions, antithetic, F.linear)
     torch.testing.assert_close(pm(x), expected, rtol=1e-12, atol=1e-12)
 
@@ -53,14 +54,15 @@ def test_linear_flattens_leading_dimensions(case):
 @pytest.mark.parametrize("case", CONV_CASES, ids=case_id)
 @pytest.mark.parametrize("geometry", CONV_GEOMETRIES, ids=lambda g: str(g[3]) or "plain")
 @pytest.mark.parametrize("antithetic", [False, True])
-def test_conv_matches_per_direction_reference(case, geometry, antithetic):
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_matches_per_direction_reference(case, geometry, antithetic, device):
     cls, options = case
     c_in, c_out, kernel, conv_args = geometry
     directions, repeats = 3, 2
-    layer = randomize_(cls(c_in, c_out, kernel, dtype=torch.float64, **conv_args, **options))
+    layer = randomize_(cls(c_in, c_out, kernel, dtype=torch.float64, **conv_args, **options)).to(device)
     pm = nesgpu.PerturbedModel(layer, directions, sigma=SIGMA, antithetic=antithetic, seed=5)
     pm.set_noise()
-    x = torch.randn(repeats * directions, c_in, 7, 6, dtype=torch.float64)
+    x = torch.randn(repeats * directions, c_in, 7, 6, dtype=torch.float64).to(device)
     expected = reference_rows(layer, x, pm.dense_noise(), repeats, directions, antithetic, layer._conv_forward)
     torch.testing.assert_close(pm(x), expected, rtol=1e-12, atol=1e-12)
 
