@@ -6,6 +6,8 @@ import pytest
 import torch
 from conftest import CONV_CASES, DEVICES, LINEAR_CASES, case_id, randomize_
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 import nesgpu
 
 DTYPES = {torch.bfloat16: 3e-2, torch.float16: 5e-3}  # dtype -> tolerance relative to the output's scale
@@ -37,6 +39,31 @@ def test_autocast_forward_matches_fp32_in_the_autocast_dtype(case, dtype, device
         plain = layer(x)
     torch.testing.assert_close((got.float() - plain.float()), expected - layer(x), rtol=0,
                                atol=DTYPES[dtype] * scale)
+
+
+class _FloatOutputs(TorchDispatchMode):
+    """Records the dtype of every floating tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                self.dtypes.add(t.dtype)
+        return out
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES + CONV_CASES, ids=case_id)
+def test_autocast_forward_computes_nothing_in_fp32(case):
+    _, pm, x = population(*case)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pm(x)  # the noise cast happens on the first call
+        with _FloatOutputs() as seen:
+            pm(x)
+    assert seen.dtypes == {torch.bfloat16}
 
 
 @pytest.mark.parametrize("case", [LINEAR_CASES[-1], CONV_CASES[-1]], ids=case_id)

@@ -111,21 +111,33 @@ def test_observation_norm_forward_follows_every_change_of_its_buffers():
 def test_rollout_observation_statistics_count_each_live_row_once_per_step():
     task = make_task("cartpole", seed=2)
     policy = task.make_model((4,))
-    seen = []
+    env = CartPole(6)
+    seen, ended = [], []
+    env_step = env.step
+
+    def step(action):  # record what the environment says, independently of the rollout's bookkeeping
+        obs, reward, terminated = env_step(action)
+        ended.append(terminated.clone())
+        return obs, reward, terminated
+
+    env.step = step
 
     def act(obs):
         seen.append(obs.double())
         return policy(obs)
 
-    groups = torch.arange(6)
     with torch.no_grad():
-        _, lengths, stats = rollout(CartPole(6), act, groups, seed=3, max_steps=500, obs_stats=True)
+        _, lengths, stats = rollout(env, act, torch.arange(6), seed=3, max_steps=500, obs_stats=True)
     assert lengths.min() < lengths.max()  # some episodes end early, so masking matters
-    alive = torch.stack([lengths > t for t in range(len(seen))]).unsqueeze(2)  # (T, n, 1)
+    alive, masks = torch.ones(6, dtype=torch.bool), []
+    for terminated in ended:  # a row observes at step t if it had not terminated before t
+        masks.append(alive.clone())
+        alive &= ~terminated
+    mask = torch.stack(masks).unsqueeze(2)  # (T, n, 1)
     obs = torch.stack(seen)
-    torch.testing.assert_close(stats["sum"], (obs * alive).sum((0, 1)))
-    torch.testing.assert_close(stats["sum_sq"], (obs.square() * alive).sum((0, 1)))
-    assert stats["count"] == lengths.sum()
+    torch.testing.assert_close(stats["sum"], (obs * mask).sum((0, 1)))
+    torch.testing.assert_close(stats["sum_sq"], (obs.square() * mask).sum((0, 1)))
+    assert stats["count"] == mask.sum()
 
 
 def test_rl_task_fitness_layout_and_stats():

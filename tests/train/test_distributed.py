@@ -84,3 +84,49 @@ def test_dead_rank_ends_the_job_with_a_clear_error_and_resume_continues(tmp_path
     resumed = nesgpu("train", "--resume", str(out), "--steps", "12", "--chunk-size", "4")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert '"steps": 12' in resumed.stdout
+
+
+# ----- the exchange itself, in a real 3-process gloo group -------------------------------------------------
+def _rank_data(rank):
+    fitness = torch.arange(4, dtype=torch.float32).view(2, 2) + 10 * rank
+    totals = {
+        "float32": torch.tensor([1.0, 2.0**-24, 2.0**-24][rank]),  # float32 adds round at every step
+        "int64": torch.tensor(2**40 + rank),
+        "vector": torch.tensor([0.1, 0.2], dtype=torch.float64) * (rank + 1),
+        "python_float": 0.1 * (rank + 1),
+        "python_int": rank + 7,
+    }
+    return fitness, totals
+
+
+def _exchange_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+
+    from nesgpu.train.distributed import Ranks
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        fitness, totals = Ranks(rank, world).exchange(*_rank_data(rank))
+        torch.save({"fitness": fitness, **totals}, f"{out_dir}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_exchange_equals_one_process_adding_its_blocks_in_order(tmp_path):
+    world = 3
+    torch.multiprocessing.spawn(_exchange_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world)
+    data = [_rank_data(r) for r in range(world)]
+    expected = {"fitness": torch.cat([f for f, _ in data], dim=-1)}
+    for key in data[0][1]:
+        values = [torch.as_tensor(t[key], dtype=torch.float64 if isinstance(t[key], float) else None)
+                  for _, t in data]
+        total = values[0]
+        for v in values[1:]:
+            total = total + v
+        expected[key] = total
+    assert expected["float32"] == 1.0  # the case a float64 sum rounded once would get wrong
+    for rank in range(world):
+        got = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        assert got.keys() == expected.keys()
+        for key, value in expected.items():
+            assert got[key].dtype == value.dtype and torch.equal(got[key], value), (rank, key)

@@ -11,8 +11,8 @@ from nesgpu.train.trainer import PopulationEvaluator, build
 CPU = torch.device("cpu")
 
 
-def with_capabilities(monkeypatch, **flags):
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx2": True, **flags})
+def with_capabilities(monkeypatch, architecture="x86_64", **flags):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"architecture": architecture, "avx2": True, **flags})
 
 
 @pytest.mark.parametrize("dtype,flag", [(torch.bfloat16, "avx512_bf16"), (torch.bfloat16, "amx_bf16"),
@@ -24,6 +24,23 @@ def test_native_support_follows_the_cpu_flags(monkeypatch, dtype, flag):
     assert native_support(CPU, dtype) is False
     note = slow_precision_note(CPU, dtype)
     assert "emulated" in note and flag in note and ("bf16" if dtype == torch.bfloat16 else "fp16") in note
+
+
+def test_other_architectures_are_not_judged_by_x86_flags(monkeypatch):
+    with_capabilities(monkeypatch, architecture="aarch64", bf16=True)
+    assert native_support(CPU, torch.bfloat16) is None and slow_precision_note(CPU, torch.bfloat16) is None
+
+
+@pytest.mark.parametrize("capability,bf16,fp16", [((7, 0), False, True), ((7, 5), False, True),
+                                                  ((8, 0), True, True), ((9, 0), True, True), ((6, 1), False, False)])
+def test_cuda_support_follows_the_compute_capability(monkeypatch, capability, bf16, fp16):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cuda = torch.device("cuda")
+    assert native_support(cuda, torch.bfloat16) is bf16 and native_support(cuda, torch.float16) is fp16
+    note = slow_precision_note(cuda, torch.bfloat16)
+    assert (note is None) == bf16
+    if note:
+        assert "8.0" in note and "bf16" in note
 
 
 def test_unknown_support_gives_no_note(monkeypatch):

@@ -131,6 +131,8 @@ class PerturbedLayer(nn.Module):
         Under autocast the base GEMM returns bf16/fp16; the perturbation then runs in that dtype too
         instead of promoting every product to fp32. The cast is made once per ``set_noise`` and kept, so
         an RL rollout's hundreds of forwards pay for it once. The update always uses the fp32 noise.
+        Like the noise, sigma is then rounded to that dtype (by at most 2**-9 of itself in bf16): the
+        population sees sigma * (1 + eps) while the update divides by sigma, a bias far below ES's noise.
         """
         noise = self._require_noise()
         if all(t.dtype == dtype or not t.is_floating_point() for t in noise.values()):

@@ -38,8 +38,9 @@ class ObservationNorm(nn.Module):
         mean, var = self.mean, self.var
         if mean.is_inference() or var.is_inference():  # no version counters to watch: no cache
             return compute()
-        # the same tensor objects (held here, so never recycled), unmodified since (version counters)
-        key = (dtype, mean._version, var._version)
+        # the same tensor objects (held here, so never recycled), unmodified since (version counters; the
+        # storage pointers catch a `.data = ...` swap, which the counters do not see)
+        key = (dtype, mean._version, var._version, mean.data_ptr(), var.data_ptr())
         cached = getattr(self, "_cached_affine", None)
         if cached is None or cached[0] is not mean or cached[1] is not var or cached[2] != key:
             cached = self._cached_affine = (mean, var, key, compute())
@@ -104,11 +105,11 @@ def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int, obs_stats
     row_sum_sq = torch.zeros_like(row_sum) if obs_stats else None
     for t in range(max_steps):
         if obs_stats:
-            live = obs.double().mul_(alive.unsqueeze(1))
+            live = obs.to(torch.float64, copy=True).mul_(alive.unsqueeze(1))  # never the env's own tensor
             row_sum += live
             row_sum_sq.addcmul_(live, live)  # alive is 0 or 1, so live * live = alive * obs^2
         action = act(obs)
-        if action.is_floating_point():  # a bf16/fp16 policy under autocast: environments take float32
+        if action.dtype in (torch.bfloat16, torch.float16):  # a policy under autocast: numpy has no bf16
             action = action.float()
         obs, reward, terminated = env.step(action)
         total += reward.to(device) * alive

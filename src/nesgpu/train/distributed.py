@@ -41,29 +41,37 @@ class Ranks:
         size = directions // self.world
         return range(self.rank * size, (self.rank + 1) * size)
 
-    def exchange(self, fitness: torch.Tensor, totals: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    def exchange(self, fitness: torch.Tensor, totals: dict) -> tuple[torch.Tensor, dict]:
         """The step's one collective: fitness (..., D / world) of every rank, concatenated in rank order
-        along the last dimension, and each tensor of ``totals`` summed over the ranks.
+        along the last dimension, and each of ``totals`` (tensors or numbers) summed over the ranks.
 
-        Both travel in one float64 all_gather (exact for float32 fitness and for counts below 2**53) and
-        come back in their own dtypes and shapes. Alone, returns its arguments.
+        Both travel in one float64 all_gather, exact for float32/float64 values and for integers below
+        2**53. Each rank's totals are cast back to their own dtype and added in rank order, as one process
+        adds its blocks, so N ranks give what one process gives with N blocks. Alone, returns its arguments.
         """
         if not self.distributed:
             return fitness, totals
-        values = {k: torch.as_tensor(v, device=fitness.device) for k, v in totals.items()}
+        values = {k: _as_tensor(v, fitness.device) for k, v in totals.items()}
         flat = torch.cat([fitness.reshape(-1).double(), *(v.reshape(-1).double() for v in values.values())])
         parts = [torch.empty_like(flat) for _ in range(self.world)]
         dist.all_gather(parts, flat)
         n = fitness.numel()
         gathered = torch.cat([part[:n].view(fitness.shape) for part in parts], dim=-1).to(fitness.dtype)
-        summed = parts[0][n:]
-        for part in parts[1:]:  # in rank order, as one process adds its blocks
-            summed = summed + part[n:]
-        out, offset = {}, 0
+        out, offset = {}, n
         for key, v in values.items():
-            out[key] = summed[offset : offset + v.numel()].view(v.shape).to(v.dtype)
+            rank_values = [part[offset : offset + v.numel()].view(v.shape).to(v.dtype) for part in parts]
+            out[key] = rank_values[0]
+            for value in rank_values[1:]:
+                out[key] = out[key] + value
             offset += v.numel()
         return gathered, out
+
+
+def _as_tensor(value, device: torch.device) -> torch.Tensor:
+    """A total as a tensor; Python numbers keep full precision (float64 / int64)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    return torch.as_tensor(value, dtype=torch.float64 if isinstance(value, float) else None, device=device)
 
 
 def init_from_environment(device: torch.device, timeout_s: float = 300.0) -> Ranks:

@@ -13,16 +13,22 @@ import torch
 _CPU_FEATURES = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
 
 
+# the first CUDA compute capability with tensor cores for each dtype (fp16: Volta; bf16: Ampere)
+_CUDA_CAPABILITY = {torch.bfloat16: (8, 0), torch.float16: (7, 0)}
+
+
 def native_support(device: torch.device, dtype: torch.dtype) -> bool | None:
     """Whether ``device`` has GEMM units for ``dtype``; None when torch cannot tell."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported() if dtype == torch.bfloat16 else True
-    if device.type != "cpu" or dtype not in _CPU_FEATURES:
+    if dtype not in _CPU_FEATURES:
         return None
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= _CUDA_CAPABILITY[dtype]
     get_capabilities = getattr(torch.cpu, "get_capabilities", None)  # not in every torch version
-    if get_capabilities is None:
+    if device.type != "cpu" or get_capabilities is None:
         return None
     capabilities = get_capabilities()
+    if capabilities.get("architecture") != "x86_64":  # the flags below are x86 ones (ARM reports others)
+        return None
     return any(capabilities.get(flag, False) for flag in _CPU_FEATURES[dtype])
 
 
@@ -31,6 +37,9 @@ def slow_precision_note(device: torch.device, dtype: torch.dtype) -> str | None:
     if native_support(device, dtype) is not False:
         return None
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    flags = " / ".join(_CPU_FEATURES.get(dtype, ())) or "native support"
-    return (f"note: this {device.type.upper()} has no {flags} units, so {name} matrix products are emulated and "
-            f"the forward will be slower than fp32; --precision {name} still halves activation memory")
+    if device.type == "cuda":
+        units = f"{name} tensor cores (compute capability {'.'.join(map(str, _CUDA_CAPABILITY[dtype]))}+)"
+    else:
+        units = " / ".join(_CPU_FEATURES[dtype]) + " units"
+    return (f"note: this {device.type.upper()} has no {units}, so {name} matrix products are emulated and the "
+            f"forward will be slower than fp32; --precision {name} still halves activation memory")
