@@ -38,3 +38,13 @@ for dtype in (torch.float32, torch.bfloat16):
     lowrank_ms[dtype] = lr
 print(f"bf16 low-rank population forward: {lowrank_ms[torch.float32] / lowrank_ms[torch.bfloat16]:.2f}x fp32 (target >= 1.5)")
 PYEOF
+# throughput against population and chunk size, and bf16 vs fp32 for whole ES steps (issue 4)
+$PY benchmarks/scale.py --device cuda --quick --json "$OUT/scale_cuda.json" > /dev/null
+$PY - "$OUT/scale_cuda.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("members/s by population:", {row["population"]: round(row["members_per_s"]) for row in r["population"]})
+print("chunk vs unchunked:", {row["chunk"]: round(row["vs_unchunked"], 2) for row in r["chunk"]})
+p = r["precision"]
+print(f"ES step, P = {p['population']}: bf16 {p['bf16_speed_vs_fp32']:.2f}x fp32")
+PYEOF

@@ -4,7 +4,7 @@ per member, and 1 vs 2 processes.
 Each measurement times whole ES steps (ask, population forward, tell) after warm-up steps and reports the
 median over repeats. Throughput = population members evaluated per second.
 
-Run: python benchmarks/scale.py [--quick] [--json PATH]
+Run: python benchmarks/scale.py [--quick] [--device cpu|cuda] [--json PATH]
 """
 
 from __future__ import annotations
@@ -31,46 +31,51 @@ from nesgpu.train.trainer import PopulationEvaluator, build
 def step_time(cfg: TrainConfig, steps: int, warmup: int = 2) -> float:
     """Median seconds of one ES step of ``cfg`` (one process)."""
     cfg = cfg.resolved()
-    task, model, pm, strategy = build(cfg, torch.device("cpu"))
+    device = torch.device(cfg.device)
+    task, _, pm, strategy = build(cfg, device)
     evaluate = PopulationEvaluator(task, pm, Ranks(), cfg.chunk_size, cfg.precision, log=lambda *a: None)
     times = []
     for step in range(1, warmup + steps + 1):
         t0 = time.perf_counter()
         strategy.ask()
         fitness, _ = evaluate(step)
-        strategy.tell(fitness)
+        strategy.tell(fitness)  # reads the fitness statistics, so the step has run on the device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         if step > warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def digits(**kw) -> TrainConfig:
-    return TrainConfig(task="digits", device="cpu", **{"hidden": (256, 256), "batch_size": 32, **kw})
+def digits(device: str = "cpu", **kw) -> TrainConfig:
+    return TrainConfig(task="digits", device=device, **{"hidden": (256, 256), "batch_size": 32, **kw})
 
 
-def throughput_vs_population(steps):
+def throughput_vs_population(steps, device="cpu"):
     rows = []
-    for population in (128, 512, 2048, 8192):
-        t = step_time(digits(population=population), steps)
+    for population in (128, 512, 2048, 8192) + ((32768,) if device != "cpu" else ()):
+        t = step_time(digits(device, population=population), steps)
         rows.append({"population": population, "step_s": t, "members_per_s": population / t})
     return rows
 
 
-def throughput_vs_chunk(steps, population=2048):
+def throughput_vs_chunk(steps, device="cpu"):
+    population = 2048 if device == "cpu" else 16384
     rows = []
     base = None
     for chunk in (None, 512, 256, 64):
-        t = step_time(digits(population=population, chunk_size=chunk), steps)
+        t = step_time(digits(device, population=population, chunk_size=chunk), steps)
         base = base or t
         rows.append({"chunk": chunk or population // 2, "step_s": t, "members_per_s": population / t,
                      "vs_unchunked": base / t})
     return rows
 
 
-def precision(steps, population=1024):
-    fp32 = step_time(digits(population=population), steps)
-    bf16 = step_time(digits(population=population, precision="bf16"), steps)
-    return {"fp32_step_s": fp32, "bf16_step_s": bf16, "bf16_speed_vs_fp32": fp32 / bf16}
+def precision(steps, device="cpu"):
+    population = 1024 if device == "cpu" else 16384
+    fp32 = step_time(digits(device, population=population), steps)
+    bf16 = step_time(digits(device, population=population, precision="bf16"), steps)
+    return {"population": population, "fp32_step_s": fp32, "bf16_step_s": bf16, "bf16_speed_vs_fp32": fp32 / bf16}
 
 
 def memory_per_member(directions=1024):
@@ -137,23 +142,29 @@ def processes(task_args: list[str], steps: int, repeats: int = 3) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the process scaling runs on CPU only)")
     parser.add_argument("--json")
     args = parser.parse_args()
     steps = 3 if args.quick else 7
     results = {
-        "date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "population": throughput_vs_population(steps),
-        "chunk": throughput_vs_chunk(steps),
-        "precision": precision(steps),
+        "date": time.strftime("%Y-%m-%d"), "device": args.device, "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "population": throughput_vs_population(steps, args.device),
+        "chunk": throughput_vs_chunk(steps, args.device),
+        "precision": precision(steps, args.device),
         "memory": memory_per_member(),
-        # env-bound: gymnasium's Pendulum steps each env in Python, so the work grows with the rows
-        "processes_env_bound": processes(["--task", "gym:Pendulum-v1", "--strategy", "openai_es", "--population",
-                                          "128", "--hidden", "32"], 4 if args.quick else 12),
-        # the torch-batched Pendulum: so cheap per row that fixed per-step costs dominate
-        "processes_torch_env": processes(["--task", "pendulum", "--strategy", "openai_es", "--population", "256",
-                                          "--hidden", "64", "--episodes", "1"], 6 if args.quick else 20),
-        "processes_supervised": processes(["--task", "digits", "--population", "512"], 20 if args.quick else 60),
     }
+    if args.device == "cpu":
+        results.update({
+            # env-bound: gymnasium's Pendulum steps each env in Python, so the work grows with the rows
+            "processes_env_bound": processes(["--task", "gym:Pendulum-v1", "--strategy", "openai_es",
+                                              "--population", "128", "--hidden", "32"], 4 if args.quick else 12),
+            # the torch-batched Pendulum: so cheap per row that fixed per-step costs dominate
+            "processes_torch_env": processes(["--task", "pendulum", "--strategy", "openai_es", "--population",
+                                              "256", "--hidden", "64", "--episodes", "1"], 6 if args.quick else 20),
+            "processes_supervised": processes(["--task", "digits", "--population", "512"],
+                                              20 if args.quick else 60),
+        })
     print(json.dumps(results, indent=2))
     if args.json:
         with open(args.json, "w") as f:
