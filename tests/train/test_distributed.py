@@ -59,6 +59,23 @@ def test_two_processes_bit_identical_to_one(tmp_path, task):
     assert two.stdout.count('"task"') == 1 and '"processes": 2' in two.stdout
 
 
+def test_two_nodes_through_c10d_rendezvous_bit_identical_to_one_process(tmp_path):
+    # two torchrun launchers, one process each, meeting at a c10d rendezvous: how a multi-node job starts
+    port = free_port()
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=nesgpu-test", "-m", "nesgpu",
+              "train", *ARGS["digits"], "--device", "cpu", "--out", str(tmp_path / "nodes")]
+    nodes = [subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    assert all(node.returncode == 0 for node in nodes), [err[-2000:] for _, err in outputs]
+    one = nesgpu("train", *ARGS["digits"], "--device", "cpu", "--chunk-size", "4", "--out", str(tmp_path / "one"),
+                 env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "nodes" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert sum(out.count('"processes": 2') for out, _ in outputs) == 1  # one summary, from global rank 0
+
+
 def test_dead_rank_ends_the_job_with_a_clear_error_and_resume_continues(tmp_path):
     out = tmp_path / "run"
     port = free_port()
