@@ -218,7 +218,16 @@ def test_chunked_run_equals_unchunked(tmp_path, name, strategy):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
 
 
-def test_auto_chunk_recovers_from_out_of_memory(tmp_path, monkeypatch):
+# what torch raises when a device runs out of memory: CUDA's error, and the CPU allocator's RuntimeError
+OUT_OF_MEMORY = {
+    "cuda": lambda: torch.OutOfMemoryError("CUDA out of memory (simulated)"),
+    "cpu": lambda: RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                                "memory: you tried to allocate 35184372088832 bytes. Error code 12 (simulated)"),
+}
+
+
+@pytest.mark.parametrize("device", sorted(OUT_OF_MEMORY))
+def test_auto_chunk_recovers_from_out_of_memory(tmp_path, monkeypatch, device):
     from nesgpu.tasks import ClassificationTask
 
     original = ClassificationTask.fitness
@@ -227,7 +236,7 @@ def test_auto_chunk_recovers_from_out_of_memory(tmp_path, monkeypatch):
     def small_memory(self, pm, step):
         calls.append(pm.local_directions)
         if pm.local_directions > 4:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            raise OUT_OF_MEMORY[device]()
         return original(self, pm, step)
 
     monkeypatch.setattr(ClassificationTask, "fitness", small_memory)
@@ -240,6 +249,17 @@ def test_auto_chunk_recovers_from_out_of_memory(tmp_path, monkeypatch):
     a = load_file(tmp_path / "auto" / "model.safetensors")
     b = load_file(tmp_path / "fixed" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)  # no step lost or repeated
+
+
+def test_other_errors_are_not_taken_for_out_of_memory(tmp_path, monkeypatch):
+    from nesgpu.tasks import ClassificationTask
+
+    def broken(self, pm, step):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(ClassificationTask, "fitness", broken)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        train(TrainConfig(**FAST["digits"], chunk_size="auto", out=str(tmp_path)), log=quiet)
 
 
 @pytest.mark.parametrize("task", ["cartpole", "gym:Pendulum-v1"])

@@ -83,6 +83,13 @@ def _block_totals(infos: list[tuple[int, dict]]) -> dict:
     return totals
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    """CUDA (and other accelerators) raise OutOfMemoryError; the CPU allocator raises a RuntimeError."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(error)
+
+
 class PopulationEvaluator:
     """Evaluates this rank's share of the population in blocks and gathers the fitness of all ranks.
 
@@ -106,8 +113,8 @@ class PopulationEvaluator:
         while True:
             try:
                 return self._evaluate(step)
-            except torch.OutOfMemoryError:
-                if not self.auto or self.chunk == 1:
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if not _out_of_memory(e) or not self.auto or self.chunk == 1:
                     raise
                 self.pm.free_memory()
                 if torch.cuda.is_available():
