@@ -63,10 +63,11 @@ def test_rl_step_reads_fitness_and_checks_termination_every_16_env_steps(host_re
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_no_device_sync_on_gpu_outside_the_fitness_read():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_no_device_sync_on_gpu_outside_the_fitness_read(precision):
     cfg = TrainConfig(task="digits", population=64, hidden=(16,), batch_size=16, steps=2, device="cuda").resolved()
     task, model, pm, strategy = build(cfg, torch.device("cuda"))
-    evaluate = PopulationEvaluator(task, pm, Ranks(), None, "fp32")
+    evaluate = PopulationEvaluator(task, pm, Ranks(), None, precision)
     strategy.ask()
     torch.cuda.set_sync_debug_mode("error")
     try:
