@@ -1,8 +1,9 @@
 """Reduced-precision population forwards: whether the hardware runs them natively.
 
-Autocast to bf16/fp16 pays off only where the matrix units take that dtype: on a CPU, AVX512-BF16 or
-AMX for bf16 and AVX512-FP16 or AMX-FP16 for fp16; elsewhere oneDNN converts to fp32 around every
-GEMM, and the forward is slower than in fp32 (see BENCHMARKS.md). The trainer says so once per run.
+Autocast to bf16/fp16 pays off only where the matrix units take that dtype: on an x86 CPU, AVX512-BF16
+or AMX for bf16 and AVX512-FP16 or AMX-FP16 for fp16 (elsewhere oneDNN converts to fp32 around every GEMM
+and the forward is slower than in fp32, see BENCHMARKS.md); on a GPU, tensor cores for that dtype. The
+trainer says so once per run when they are missing.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import torch
 
 # CPU feature flags (torch.cpu.get_capabilities) that give native GEMMs in each dtype
 _CPU_FEATURES = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
-
-
 # the first CUDA compute capability with tensor cores for each dtype (fp16: Volta; bf16: Ampere)
 _CUDA_CAPABILITY = {torch.bfloat16: (8, 0), torch.float16: (7, 0)}
 
