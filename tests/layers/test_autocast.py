@@ -5,7 +5,6 @@ per set_noise."""
 import pytest
 import torch
 from conftest import CONV_CASES, DEVICES, LINEAR_CASES, case_id, randomize_
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import nesgpu
