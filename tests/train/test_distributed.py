@@ -65,8 +65,14 @@ def test_two_nodes_through_c10d_rendezvous_bit_identical_to_one_process(tmp_path
     launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=nesgpu-test", "-m", "nesgpu",
               "train", *ARGS["digits"], "--device", "cpu", "--out", str(tmp_path / "nodes")]
-    nodes = [subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = [node.communicate(timeout=300) for node in nodes]
+    nodes = [subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) for _ in range(2)]
+    try:
+        outputs = [node.communicate(timeout=300) for node in nodes]
+    finally:  # never leave a launcher and its workers behind
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
     assert all(node.returncode == 0 for node in nodes), [err[-2000:] for _, err in outputs]
     one = nesgpu("train", *ARGS["digits"], "--device", "cpu", "--chunk-size", "4", "--out", str(tmp_path / "one"),
                  env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -66,6 +66,11 @@ class Ranks:
             offset += v.numel()
         return gathered, out
 
+    def barrier(self) -> None:
+        """Wait for every rank (alone: return)."""
+        if self.distributed:
+            dist.barrier()
+
 
 def _as_tensor(value, device: torch.device) -> torch.Tensor:
     """A total as a tensor; Python numbers keep full precision (float64 / int64)."""

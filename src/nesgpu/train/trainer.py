@@ -167,8 +167,10 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         torch.cuda.set_device(device)
     ranks = init_from_environment(device, cfg.dist_timeout)
     try:
-        return _train(cfg, out, device, ranks, resume, log if ranks.is_main else (lambda *a, **k: None))
-    finally:
+        summary = _train(cfg, out, device, ranks, resume, log if ranks.is_main else (lambda *a, **k: None))
+        ranks.barrier()  # tear the group down together, once rank 0 has written its files
+        return summary
+    finally:  # after an error, without the barrier: a dead peer would make it wait for the timeout
         shutdown()
 
 
