@@ -171,11 +171,12 @@ class RLTask:
         once the whole population (every chunk, every rank) has run with the same normalisation."""
         signs, e, d = (2 if pm.antithetic else 1), self.episodes, pm.local_directions
         groups = torch.arange(e, device=self.device).view(1, e, 1).expand(signs, e, d).reshape(-1)
+        normalizing = self._norm(pm) is not None
         returns, lengths, stats = rollout(self._env_for(groups.numel()), pm, groups,
                                           derive_seed(self.seed, step, _ENV_STREAM), self.max_steps,
-                                          self._norm(pm) is not None, count=e)
+                                          normalizing, count=e)
         info = {"env_steps": lengths.sum(), "episode_return": returns.mean()}
-        if self._norm(pm) is not None:
+        if normalizing:
             info.update(obs_sum=stats["sum"], obs_sum_sq=stats["sum_sq"], obs_count=stats["count"])
         return returns.view(signs * e, d), info
 

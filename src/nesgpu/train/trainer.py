@@ -103,9 +103,9 @@ class PopulationEvaluator:
         self.chunk = len(self.share) if chunk in (None, "auto") else chunk
         self.auto = chunk == "auto"
         device = next(pm.model.parameters()).device
-        dtype = PRECISIONS[precision]
-        self.autocast = (lambda: torch.autocast(device.type, dtype=getattr(torch, dtype))) if dtype else None
-        note = slow_precision_note(device, getattr(torch, dtype)) if dtype else None
+        dtype = getattr(torch, PRECISIONS[precision]) if PRECISIONS[precision] else None
+        self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
+        note = slow_precision_note(device, dtype) if dtype else None
         if note:
             log(note)
 
@@ -113,7 +113,7 @@ class PopulationEvaluator:
         while True:
             try:
                 return self._evaluate(step)
-            except (torch.OutOfMemoryError, RuntimeError) as e:
+            except RuntimeError as e:  # torch.OutOfMemoryError is one too
                 if not _out_of_memory(e) or not self.auto or self.chunk == 1:
                     raise
                 self.pm.free_memory()
