@@ -86,7 +86,7 @@ def memory_per_member(directions=1024):
                                              nn.Linear(256, 10)), kind)
         pm = nesgpu.PerturbedModel(model, directions)
         pm.set_noise()
-        total = sum(t.numel() * t.element_size() for layer in pm.layers.values() for t in layer._noise.values())
+        total = pm.noise_bytes()
         rows[kind] = {"bytes_per_member": total / directions, "params": pm.num_perturbed}
     return rows
 

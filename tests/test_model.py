@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import CONV_CASES, DEVICES, LINEAR_CASES, case_id, randomize_
+from conftest import CONV_CASES, DEVICES, LINEAR_CASES, antithetic_or_skip, case_id, needs_antithetic, randomize_
 from torch import nn
 
 import nesgpu
@@ -17,6 +17,7 @@ def make(case, directions, device="cpu", **kw):
     cls, options = case
     layer = cls(3, 4, 3, **options) if issubclass(cls, nn.Conv2d) else cls(6, 5, **options)
     randomize_(layer.double()).to(device)
+    kw["antithetic"] = antithetic_or_skip(case, kw.get("antithetic", needs_antithetic(*case)))
     return layer, nesgpu.PerturbedModel(layer, directions, **kw)
 
 
@@ -104,21 +105,21 @@ def test_plain_model_stays_unperturbed_and_methods_run_perturbed():
     z = pm.dense_noise()
     expected = torch.stack([F.linear(x[d], net.fc.weight + 0.5 * z["fc.weight"][d],
                                      net.fc.bias + 0.5 * z["fc.bias"][d]) for d in range(8)]).argmax(-1)
-    assert torch.equal(pm.act(x), expected)
-    torch.testing.assert_close(pm.fc(x), pm(x))  # submodules are callables too: they run perturbed
-    assert pm.training is net.training  # other attributes pass through
+    with pm.perturbing():
+        assert torch.equal(net.act(x), expected)  # any method runs perturbed inside the block
+        torch.testing.assert_close(net.fc(x), pm(x))  # submodules too
     assert not pm(x).requires_grad  # the population runs without autograd
 
 
 def test_free_memory_drops_noise_and_forward_then_needs_set_noise():
     net = nesgpu.convert(small_cnn(), "permuted")
-    pm = nesgpu.PerturbedModel(net, 4)
+    pm = nesgpu.PerturbedModel(net, 4, antithetic=True)
     pm.set_noise()
-    pm(torch.randn(4, 2, 5, 5))
+    pm(torch.randn(8, 2, 5, 5))
     pm.free_memory()
-    assert all(layer._noise is None for layer in pm.layers.values())
+    assert pm.noise_range is None and pm.noise_bytes() == 0
     with pytest.raises(ValueError, match="set_noise"):
-        pm(torch.randn(4, 2, 5, 5))
+        pm(torch.randn(8, 2, 5, 5))
     with pytest.raises(ValueError, match="set_noise"):
         pm.update(torch.zeros(4))
 
@@ -129,12 +130,13 @@ def test_convert_keeps_weights_and_options():
     x = torch.randn(5, 2, 5, 5)
     expected = plain(x)
     net = nesgpu.convert(plain, "lowrank", directions=4, rank=2)
-    assert isinstance(net[0], nesgpu.LowRankConv2d) and isinstance(net[3], nesgpu.LowRankLinear)
-    assert net[0].rank == 2 and net[0].directions == 4 and net[0].padding == (1, 1)
+    assert isinstance(net[0], nesgpu.PerturbedConv2d) and isinstance(net[3], nesgpu.PerturbedLinear)
+    assert net[0].kind == nesgpu.kinds.LowRank(rank=2) and net[3].kind == net[0].kind
+    assert net[0].directions == 4 and net[0].padding == (1, 1)
     torch.testing.assert_close(net(x), expected, rtol=0, atol=0)
     assert "rank=2" in repr(net)
     single = nesgpu.convert(nn.Linear(3, 2), "sparse", k=1)
-    assert isinstance(single, nesgpu.SparsePerturbedLinear) and single.k == 1
+    assert isinstance(single, nesgpu.PerturbedLinear) and single.kind == nesgpu.kinds.Sparse(k=1)
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "sparse", "permuted", "flipout", "lowrank"])
@@ -144,10 +146,10 @@ def test_noise_memory_matches_design(kind):
     layer = nesgpu.convert(nn.Linear(inp, out), kind, directions=d, **({"permutation": "in"} if kind == "permuted" else {}))
     pm = nesgpu.PerturbedModel(layer, d, antithetic=True)
     pm.set_noise()
-    sizes = {k: v.numel() for k, v in layer._noise.items()}
-    assert sizes.pop("bias") == d * out
+    assert {k: v.numel() for k, v in layer.noise_record("bias").tensors.items()} == {"z": d * out}
+    sizes = {k: v.numel() for k, v in layer.noise_record("weight").tensors.items()}
     expected = {
-        "gaussian": {"weight": d * out * inp},
+        "gaussian": {"z": d * out * inp},
         "sparse": {"columns": d * 8, "values": d * out * 8},
         "permuted": {"shared": out * inp, "in_index": d * inp},
         "flipout": {"shared": out * inp, "in_signs": d * inp, "out_signs": d * out},
@@ -166,7 +168,7 @@ def test_rows_not_a_multiple_of_directions():
     pmc.set_noise()
     with pytest.raises(ValueError, match=r"expected a multiple of directions=4"):
         pmc(torch.randn(5, 3, 6, 6, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"expected input of shape \(repeats \* directions, 3, H, W\)"):
+    with pytest.raises(ValueError, match=r"expected input of shape \(repeats \* directions, 3, 2 spatial dims\)"):
         pmc(torch.randn(4, 2, 6, 6, dtype=torch.float64))
 
 
@@ -197,7 +199,7 @@ def test_weights_of_the_wrong_shape():
 
 
 def test_bad_constructor_arguments():
-    with pytest.raises(ValueError, match="no perturbed layers"):
+    with pytest.raises(ValueError, match="no perturbed parameters"):
         nesgpu.PerturbedModel(nn.Linear(2, 2), 4)
     with pytest.raises(ValueError, match="sigma must be a positive number; got 0"):
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 4, sigma=0)
@@ -207,7 +209,9 @@ def test_bad_constructor_arguments():
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2, directions=3), 4)
     with pytest.raises(ValueError, match="unknown kind 'lowrnk'"):
         nesgpu.convert(nn.Linear(2, 2), "lowrnk")
-    with pytest.raises(ValueError, match="kind 'sparse' has no Conv2d layer"):
+    with pytest.raises(ValueError, match="kind 'sparse' has no conv product"):
+        nesgpu.PerturbedConv2d(2, 4, 3, kind="sparse")
+    with pytest.warns(UserWarning, match=r"0 \(Conv2d\): kind 'sparse' has no conv product; it takes IID Gaussian"):
         nesgpu.convert(small_cnn(), "sparse")
     with pytest.raises(ValueError, match="permutation must be one of"):
         nesgpu.PermutedLinear(4, 4, permutation="rows")
@@ -230,7 +234,7 @@ def test_bad_constructor_arguments():
 def test_noise_sq_norms_match_dense_noise(case):
     cls, options = case
     layer = cls(4, 6, 3, groups=2, **options) if issubclass(cls, nn.Conv2d) else cls(6, 5, **options)
-    pm = nesgpu.PerturbedModel(layer.double(), 7)
+    pm = nesgpu.PerturbedModel(layer.double(), 7, antithetic=needs_antithetic(*case))
     pm.set_noise()
     dense = sum(z.flatten(1).pow(2).sum(1) for z in pm.dense_noise().values())
     torch.testing.assert_close(pm.noise_sq_norms(), dense, rtol=1e-12, atol=1e-12)

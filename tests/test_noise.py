@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import CONV_CASES, LINEAR_CASES, case_id
+from conftest import CONV_CASES, LINEAR_CASES, case_id, needs_antithetic
 from torch import nn
 
 import nesgpu
@@ -12,7 +12,7 @@ from nesgpu.noise import BLOCK, NoiseSource, derive_seed, random_subsets
 def make(case, directions=70, seed=0):
     cls, options = case
     layer = cls(6, 8, 3, **options) if issubclass(cls, nn.Conv2d) else cls(6, 8, **options)
-    return nesgpu.PerturbedModel(layer, directions, seed=seed)
+    return nesgpu.PerturbedModel(layer, directions, seed=seed, antithetic=needs_antithetic(*case))
 
 
 @pytest.mark.parametrize("case", LINEAR_CASES + CONV_CASES, ids=case_id)

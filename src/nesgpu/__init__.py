@@ -1,23 +1,10 @@
 """nesgpu: evolution strategies for PyTorch, with the whole population in one batched forward pass."""
 
-from .layers import (
-    FlipoutConv2d,
-    FlipoutLinear,
-    LowRankConv2d,
-    LowRankLinear,
-    PermutedConv2d,
-    PermutedLinear,
-    PerturbedConv2d,
-    PerturbedLayer,
-    PerturbedLinear,
-    SparsePerturbedLinear,
-)
+from . import kinds
+from .layers import *  # noqa: F403
+from .layers import __all__ as _layers
 from .model import PerturbedModel, convert
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "PerturbedModel", "convert", "PerturbedLayer",
-    "PerturbedLinear", "PerturbedConv2d", "SparsePerturbedLinear", "PermutedLinear", "PermutedConv2d",
-    "FlipoutLinear", "FlipoutConv2d", "LowRankLinear", "LowRankConv2d",
-]
+__all__ = ["PerturbedModel", "convert", "kinds", *_layers]

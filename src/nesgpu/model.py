@@ -1,17 +1,19 @@
-"""PerturbedModel: runs a whole ES population through a model in one batched forward pass."""
+"""PerturbedModel: runs a whole ES population through a model in one batched forward pass; convert."""
 
 from __future__ import annotations
 
-import functools
+import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
 
-from .layers import KINDS, PerturbedLayer
+from .kinds import Gaussian, Kind, make_kind
+from .layers import PerturbedModule, functional_fallback
 from .layers.base import repeat_signs
+from .layers.registry import PATH_SWAPS, conversion_for
 
 
 def direction_blocks(directions: range, size: int | None) -> list[range]:
@@ -20,23 +22,30 @@ def direction_blocks(directions: range, size: int | None) -> list[range]:
     return [range(a, min(a + size, directions.stop)) for a in range(directions.start, directions.stop, size)]
 
 
-class PerturbedModel:
-    """Wraps a model whose parameterised layers are perturbed layers (see :func:`convert`).
+def uncovered_parameters(model: nn.Module) -> list[str]:
+    """Names of the trainable parameters of ``model`` that no perturbed module perturbs."""
+    covered = {id(p) for m in model.modules() if isinstance(m, PerturbedModule)
+               for p in m.perturbed_parameters().values()}
+    return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in covered]
 
-    ``model(x)`` stays the plain, unperturbed model. ``pm(x)``, or ``pm.any_method(...)``, runs the model
-    in population mode (without autograd): its input is laid out as (repeats, directions, ...) and
-    flattened on the leading dimension, row ``n`` evaluating ``theta + sigma * s_r * z_d`` with
-    ``d = n % D`` and ``r = n // D``; ``s_r = -1`` for ``r >= R/2`` with ``antithetic=True``, else +1.
+
+class PerturbedModel:
+    """Wraps a model whose parameterised modules are perturbed modules (see :func:`convert`).
+
+    ``model(x)`` stays the plain, unperturbed model. ``pm(x)``, or any method of the model inside
+    ``with pm.perturbing():``, runs the model in population mode (without autograd): its input is laid out
+    as (repeats, directions, ...) on the first dimension, row ``n`` evaluating ``theta + sigma * s_r * z_d``
+    with ``d = n % D`` and ``r = n // D``; ``s_r = -1`` for ``r >= R/2`` with ``antithetic=True``, else +1.
 
     Args:
-        model: the model; it must contain at least one perturbed layer.
+        model: the model; every trainable parameter must be perturbed by one of its perturbed modules.
         directions: population size D (number of noise directions).
         sigma: noise scale.
         antithetic: evaluate each direction with both signs (the input's repeats R must be even).
-        seed: noise seed. Direction d's noise depends only on (seed, step, layer, d).
+        seed: noise seed. Direction d's noise depends only on (seed, step, module, d).
 
     Example:
-        >>> net = convert(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), "lowrank", directions=64)
+        >>> net = convert(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), "lowrank")
         >>> pm = PerturbedModel(net, directions=64, sigma=0.05)
         >>> opt = torch.optim.Adam(net.parameters(), lr=1e-2)
         >>> pm.set_noise()
@@ -56,14 +65,22 @@ class PerturbedModel:
         self.antithetic = bool(antithetic)
         self.seed = int(seed)
         self.step = 0
-        self.layers: dict[str, PerturbedLayer] = {
-            name: m for name, m in model.named_modules() if isinstance(m, PerturbedLayer)
+        self.layers: dict[str, PerturbedModule] = {
+            name: m for name, m in model.named_modules() if isinstance(m, PerturbedModule)
         }
-        if not self.layers:
-            raise ValueError("model has no perturbed layers; call nesgpu.convert(model, kind, directions) first")
+        if not any(layer.perturbed_parameters() for layer in self.layers.values()):
+            raise ValueError("model has no perturbed parameters; call nesgpu.convert(model, kind) first")
+        missing = uncovered_parameters(model)
+        if missing:
+            raise ValueError(f"trainable parameters {missing} are not perturbed by any perturbed module; convert the "
+                             f"model with nesgpu.convert, or freeze them (requires_grad=False)")
         for name, layer in self.layers.items():
             if layer.directions not in (None, directions):
-                raise ValueError(f"layer {name!r} was built for directions={layer.directions}; expected {directions}")
+                raise ValueError(f"module {name!r} was built for directions={layer.directions}; expected {directions}")
+            if layer.needs_antithetic and not self.antithetic:
+                raise ValueError(f"module {name!r} uses kind {layer.kind!r}, whose directions of one step share "
+                                 f"their noise and are biased without antithetic sampling; expected "
+                                 f"antithetic=True (or another kind)")
             layer.directions = directions
             layer.layer_key = zlib.crc32(name.encode())  # stable across processes and runs
 
@@ -76,6 +93,10 @@ class PerturbedModel:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"sigma must be a positive number; got {value!r}")
         self._sigma = float(value)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Every perturbed parameter (what the ES update writes .grad into)."""
+        return [p for layer in self.layers.values() for p in layer.perturbed_parameters().values()]
 
     # ----- noise -------------------------------------------------------------------------------------
     def set_noise(self, step: int | None = None, directions: range | None = None) -> None:
@@ -96,7 +117,7 @@ class PerturbedModel:
             layer.set_noise(self.seed, step, directions.start, directions.stop)
 
     def free_memory(self) -> None:
-        """Drop every layer's noise (e.g. before saving); the next population call needs ``set_noise``."""
+        """Drop every module's noise (e.g. before saving); the next population call needs ``set_noise``."""
         for layer in self.layers.values():
             layer.free_memory()
 
@@ -107,40 +128,42 @@ class PerturbedModel:
 
     def noise_sq_norms(self) -> torch.Tensor:
         """||z_d||^2 over all perturbed parameters, per local direction: shape (D,)."""
-        return sum(layer.noise_sq_norms() for layer in self.layers.values())
+        return sum(layer.noise_sq_norms() for layer in self.layers.values() if layer.perturbed_parameters())
+
+    def noise_bytes(self) -> int:
+        """Memory of every module's current noise tensors, in bytes."""
+        return sum(layer.noise_bytes() for layer in self.layers.values())
 
     @property
     def num_perturbed(self) -> int:
         """How many scalar parameters are perturbed (the dimension of z_d)."""
-        return sum(p.numel() for layer in self.layers.values() for p in (layer.weight, layer.bias) if p is not None)
+        return sum(p.numel() for p in self.parameters())
 
     # ----- population forward ------------------------------------------------------------------------
     @contextmanager
     def perturbing(self) -> Iterator[None]:
-        """Inside this block, calls of the model evaluate the population."""
+        """Inside this block (and without autograd), calls of the model, or of any of its methods,
+        evaluate the population. On leaving it, every perturbed module must have used its noise: a module
+        whose parent reads its parameters directly (bypassing its forward) is an error, not a silent
+        random walk."""
         with ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
             for layer in self.layers.values():
                 stack.enter_context(layer.perturbing(self.sigma, self.antithetic))
             yield
+            unused = [name for name, layer in self.layers.items()
+                      if layer.perturbed_parameters() and layer.population_calls == 0]
+            if unused and len(unused) < sum(1 for layer in self.layers.values() if layer.perturbed_parameters()):
+                raise RuntimeError(
+                    f"perturbed modules {unused} were not used by this population call: a parent module reads their "
+                    f"parameters without calling them, so their noise never reaches the output. Convert the parent "
+                    f"with nesgpu.layers.functional_fallback before convert(), or freeze them "
+                    f"(convert(..., freeze=[...])); a method that uses only part of the model should run with the "
+                    f"unused part frozen")
 
     def __call__(self, *args, **kwargs):
-        with self.perturbing(), torch.no_grad():
+        with self.perturbing():
             return self.model(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        # pm.<method>(...) runs model.<method> in population mode. Only reached for names not found on pm.
-        if name.startswith("_") or "model" not in self.__dict__:
-            raise AttributeError(name)
-        attr = getattr(self.model, name)
-        if not callable(attr):
-            return attr
-
-        @functools.wraps(attr)
-        def population_call(*args, **kwargs):
-            with self.perturbing(), torch.no_grad():
-                return attr(*args, **kwargs)
-
-        return population_call
 
     # ----- estimator ---------------------------------------------------------------------------------
     def update(self, weights: torch.Tensor) -> None:
@@ -165,13 +188,13 @@ class PerturbedModel:
             raise ValueError(f"weights must have shape ({local},) or (R, {local}); got {tuple(weights.shape)}")
         coef = weights / (self.directions * self.sigma)
         for layer in self.layers.values():
-            layer.accumulate_grad(coef)
+            if layer.perturbed_parameters():
+                layer.accumulate_grad(coef)
 
     @property
     def noise_range(self) -> range | None:
         """The directions the current noise covers (None before set_noise or after free_memory)."""
-        layer = next(iter(self.layers.values()))
-        return range(*layer._range) if layer._noise is not None else None
+        return next(iter(self.layers.values())).noise_range
 
     def has_noise(self, step: int, directions: range) -> bool:
         """Whether the current noise is that of ``directions`` at ``step`` (so it need not be drawn again)."""
@@ -190,49 +213,106 @@ class PerturbedModel:
                 f"seed={self.seed}, step={self.step},\n  model={self.model!r})")
 
 
-def convert(model: nn.Module, kind: str = "lowrank", directions: int | None = None, **options) -> nn.Module:
-    """Swap every nn.Linear / nn.Conv2d in ``model`` for the perturbed layer of ``kind``, keeping weights.
+def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | None = None,
+            freeze: Iterable[str] = (), **options) -> nn.Module:
+    """Make every trainable parameter of ``model`` perturbable, keeping its weights.
+
+    Linear, Conv1d/2d/3d, Embedding, MultiheadAttention, LSTM/GRU/RNN become perturbed modules whose
+    matrices take ``kind``; LayerNorm, RMSNorm, GroupNorm and BatchNorm perturb their affine parameters
+    (BatchNorm keeps members apart); transformer layers take their unfused path in population mode. A
+    module of another type with trainable parameters of its own runs through the exact (slow) torch.func
+    fallback, with a warning. Where ``kind`` has no product for a module (e.g. "permuted" for an
+    Embedding, "sparse" for a convolution), that module takes IID Gaussian noise, with a warning.
 
     Args:
-        model: converted in place (a bare nn.Linear / nn.Conv2d is returned as a new layer).
-        kind: one of ``"gaussian"``, ``"sparse"`` (Linear only), ``"permuted"``, ``"flipout"``, ``"lowrank"``.
+        model: converted in place (a bare module is returned as a new one).
+        kind: a :class:`~nesgpu.kinds.Kind` or its name: ``"gaussian"``, ``"sparse"``, ``"permuted"``,
+            ``"flipout"``, ``"lowrank"``.
         directions: population size (may be left to :class:`PerturbedModel`).
+        freeze: parameter names (``"0.weight"``) or module names (``"embed"``: all its parameters) to keep
+            fixed; they get ``requires_grad=False``. Parameters that already have it stay fixed too.
         **options: the kind's options, e.g. ``rank=2`` or ``in_sparsity=0.1``.
 
     Returns:
         the converted model. Its parameters are new objects: build the optimizer after converting.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; expected one of {sorted(KINDS)}")
-    linear_cls, conv_cls = KINDS[kind]
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
+    kind = make_kind(kind, **options)
+    _freeze(model, freeze)
+    notes: list[str] = []
 
-    def swap(module: nn.Module) -> nn.Module:
-        if isinstance(module, PerturbedLayer):
+    def swap(module: nn.Module, name: str) -> nn.Module:
+        if isinstance(module, PerturbedModule):
             return module
-        if isinstance(module, nn.Linear):
-            args = dict(in_features=module.in_features, out_features=module.out_features)
-            return _rebuild(linear_cls, module, args, directions, options)
-        if isinstance(module, nn.Conv2d):
-            if conv_cls is None:
-                raise ValueError(f"kind {kind!r} has no Conv2d layer; for convolutions use one of "
-                                 f"{sorted(k for k, (_, c) in KINDS.items() if c is not None)}")
-            args = dict(in_channels=module.in_channels, out_channels=module.out_channels,
-                        kernel_size=module.kernel_size, stride=module.stride, padding=module.padding,
-                        dilation=module.dilation, groups=module.groups, padding_mode=module.padding_mode)
-            return _rebuild(conv_cls, module, args, directions, options)
-        for name, child in module.named_children():
-            setattr(module, name, swap(child))
+        if isinstance(module, nn.TransformerEncoder):  # nested tensors cannot carry population rows
+            module.enable_nested_tensor = module.use_nested_tensor = False
+        if not any(p.requires_grad for p in module.parameters()) and not any(
+                isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+            return module  # nothing to perturb, and no batch statistics to keep apart: it runs as it is
+        if type(module) in PATH_SWAPS:
+            module.__class__ = PATH_SWAPS[type(module)]
+        conversion = conversion_for(module)
+        if conversion is not None:
+            module_kind = kind
+            if conversion.product is not None and not kind.supports(conversion.product):
+                module_kind = Gaussian()
+                notes.append(f"{name or 'model'} ({type(module).__name__}): kind {kind.name!r} has no "
+                             f"{conversion.product} product; it takes IID Gaussian noise")
+            extra = {} if conversion.product is None else {"kind": module_kind}
+            try:
+                return _rebuild(conversion.target, module, {**conversion.args(module), **extra}, directions)
+            except ValueError as e:
+                params = [f"{name}.{n}" if name else n for n, p in module.named_parameters() if p.requires_grad]
+                raise ValueError(f"cannot perturb parameters {params} of {name or 'model'} ({type(module).__name__}): "
+                                 f"{e}; freeze them with convert(..., freeze=[{name!r}])") from e
+        if any(p.requires_grad for p in module.parameters(recurse=False)):
+            notes.append(f"{name or 'model'} ({type(module).__name__}) has no batched perturbed version; it runs "
+                         f"through the exact torch.func fallback, member by member (slow)")
+            return functional_fallback(module, directions)
+        for child_name, child in module.named_children():
+            setattr(module, child_name, swap(child, f"{name}.{child_name}" if name else child_name))
         return module
 
-    return swap(model)
+    model = swap(model, "")
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    missing = uncovered_parameters(model)
+    if missing:  # a safety net: every conversion declares all its trainable parameters
+        raise ValueError(f"convert could not perturb trainable parameters {missing}; freeze them with "
+                         f"convert(..., freeze=[...])")
+    return model
 
 
-def _rebuild(cls, module, args, directions, options):
-    weight = module.weight
+def _freeze(model: nn.Module, names: Iterable[str]) -> None:
+    if isinstance(names, str):
+        raise TypeError(f"freeze must be a list of parameter or module names; got the string {names!r}")
+    names = list(names)
+    params = dict(model.named_parameters())
+    for name in names:
+        matched = [p for n, p in params.items() if n == name or n.startswith(name + ".")]
+        if not matched:
+            raise ValueError(f"freeze: {name!r} names no parameter or module of the model; expected one of "
+                             f"{sorted(params)} or their module prefixes")
+        for p in matched:
+            p.requires_grad_(False)
+    if names and not any(p.requires_grad for p in params.values()):
+        raise ValueError(f"freeze={names} leaves no trainable parameter; expected at least one to evolve")
+
+
+def _rebuild(cls, module, args, directions):
+    tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
+    device = tensors[0].device if tensors else torch.device("cpu")
     # Built on "meta" so that no initialisation runs (and no global RNG is consumed), then filled in.
-    layer = cls(**args, bias=module.bias is not None, device="meta", dtype=weight.dtype,
-                directions=directions, **options)
-    layer = layer.to_empty(device=weight.device)
+    layer = cls(**args, device="meta", dtype=dtype, directions=directions)
+    layer = layer.to_empty(device=device)
     layer.load_state_dict(module.state_dict())
+    trainable = {n: p.requires_grad for n, p in module.named_parameters()}
+    for n, p in layer.named_parameters():
+        p.requires_grad_(trainable.get(n, True))
+    for m in layer.modules():
+        if isinstance(m, PerturbedModule):
+            m.declare_parameters()  # frozen parameters (requires_grad=False) get no noise
     layer.train(module.training)
     return layer

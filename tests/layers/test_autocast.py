@@ -68,19 +68,20 @@ def test_autocast_forward_computes_nothing_in_fp32(case):
 @pytest.mark.parametrize("case", [LINEAR_CASES[-1], CONV_CASES[-1]], ids=case_id)
 def test_noise_is_cast_once_per_set_noise_and_the_update_stays_fp32(case):
     layer, pm, x = population(*case)
+    record = layer.noise_record("weight")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         pm(x)
-        first = layer._cast[1]
+        first = record.to(torch.bfloat16)
         pm(x)
-        assert layer._cast[1] is first  # kept across forwards (an RL rollout's hundreds of calls)
-    assert all(t.dtype == torch.bfloat16 for t in first.values() if t.is_floating_point())
-    assert all(t.dtype == torch.float32 for t in layer._noise.values() if t.is_floating_point())
+        assert record.to(torch.bfloat16) is first  # kept across forwards (an RL rollout's hundreds of calls)
+    assert all(t.dtype == torch.bfloat16 for t in first.tensors.values() if t.is_floating_point())
+    assert all(t.dtype == torch.float32 for t in record.tensors.values() if t.is_floating_point())
     coef = torch.randn(pm.directions)
     pm.update(coef)
     assert layer.weight.grad.dtype == torch.float32
     torch.testing.assert_close(layer.weight.grad, torch.tensordot(coef, pm.dense_noise()["weight"], 1)
                                / (pm.sigma * pm.directions), rtol=1e-5, atol=1e-5)
     pm.set_noise(step=1)
-    assert layer._cast is None  # a new draw drops the old cast
+    assert layer.noise_record("weight") is not record  # a new draw is a new record (and drops the old cast)
     pm.free_memory()
-    assert layer._noise is None and layer._cast is None
+    assert layer.noise_record("weight") is None

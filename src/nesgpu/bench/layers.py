@@ -93,16 +93,16 @@ def time_call(fn: Callable[[], object], repeats: int, warmup: int, device: torch
     return statistics.median(times)
 
 
-def noise_mib(layer: nesgpu.PerturbedLayer) -> float:
+def noise_mib(layer: nesgpu.PerturbedModule) -> float:
     """Memory of the layer's current noise tensors in MiB."""
-    return sum(t.numel() * t.element_size() for t in (layer._noise or {}).values()) / 2**20
+    return layer.noise_bytes() / 2**20
 
 
 # ----- one table ----------------------------------------------------------------------------------
 def make_layer(kind: str, cls: type[nn.Module], options: dict, size, population: int | None, device) -> nn.Module:
     """A layer of ``kind`` ("linear" / "conv") and ``size``: ``cls`` is nn.Linear / nn.Conv2d or a perturbed
     class (then built with ``directions=population`` and ``options``)."""
-    extra = {} if population is None else {"directions": population, **options}
+    extra = {} if population is None else options
     if kind == "linear":
         out_features, in_features = size
         return cls(in_features, out_features, device=device, **extra)
@@ -125,7 +125,10 @@ def bench_size(kind: str, size, population: int, repeats: int, warmup: int, devi
     ms, mib = {}, {}
     for label, cls, options in ROWS[kind]:
         layer = make_layer(kind, cls, options, size, population, device)
-        pm = nesgpu.PerturbedModel(layer, directions=population, sigma=SIGMA)
+        # the permuted kind needs antithetic pairs: the same P rows are then 2 repeats of P / 2 directions
+        antithetic = layer.needs_antithetic
+        pm = nesgpu.PerturbedModel(layer, directions=population // 2 if antithetic else population, sigma=SIGMA,
+                                   antithetic=antithetic)
         pm.set_noise()  # once, outside the timer
         mib[label] = noise_mib(layer)
         ms[label] = time_call(lambda: pm(x), repeats, warmup, device)

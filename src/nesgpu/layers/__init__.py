@@ -1,23 +1,21 @@
-"""Perturbed layers: one file per perturbation kind, each for Linear and (where it exists) Conv2d."""
+"""Perturbed modules: one file per module family, each a thin torch subclass over the kinds' functions."""
 
-from .base import PerturbedConv2dBase, PerturbedLayer, PerturbedLinearBase
-from .flipout import FlipoutConv2d, FlipoutLinear
-from .gaussian import PerturbedConv2d, PerturbedLinear
-from .lowrank import LowRankConv2d, LowRankLinear
-from .permuted import PermutedConv2d, PermutedLinear
-from .sparse import SparsePerturbedLinear
-
-# kind name -> (Linear class, Conv2d class or None)
-KINDS: dict[str, tuple[type[PerturbedLayer], type[PerturbedLayer] | None]] = {
-    "gaussian": (PerturbedLinear, PerturbedConv2d),
-    "sparse": (SparsePerturbedLinear, None),
-    "permuted": (PermutedLinear, PermutedConv2d),
-    "flipout": (FlipoutLinear, FlipoutConv2d),
-    "lowrank": (LowRankLinear, LowRankConv2d),
-}
+from ..kinds import KINDS
+from .attention import PerturbedMultiheadAttention, PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer
+from .base import PerturbedModule, Slot
+from .conv import FlipoutConv2d, LowRankConv2d, PermutedConv2d, PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
+from .embedding import PerturbedEmbedding
+from .functional import FunctionalPerturbed, functional_fallback
+from .linear import FlipoutLinear, LowRankLinear, PermutedLinear, PerturbedLinear, SparsePerturbedLinear
+from .norm import (PerturbedBatchNorm1d, PerturbedBatchNorm2d, PerturbedBatchNorm3d, PerturbedGroupNorm,
+                   PerturbedLayerNorm, PerturbedRMSNorm)
+from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
 
 __all__ = [
-    "KINDS", "PerturbedLayer", "PerturbedLinearBase", "PerturbedConv2dBase",
-    "PerturbedLinear", "PerturbedConv2d", "SparsePerturbedLinear", "PermutedLinear", "PermutedConv2d",
-    "FlipoutLinear", "FlipoutConv2d", "LowRankLinear", "LowRankConv2d",
+    "KINDS", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed", "LowRankConv2d", "LowRankLinear",
+    "PermutedConv2d", "PermutedLinear", "PerturbedBatchNorm1d", "PerturbedBatchNorm2d", "PerturbedBatchNorm3d",
+    "PerturbedConv1d", "PerturbedConv2d", "PerturbedConv3d", "PerturbedEmbedding", "PerturbedGRU",
+    "PerturbedGroupNorm", "PerturbedLSTM", "PerturbedLayerNorm", "PerturbedLinear", "PerturbedModule",
+    "PerturbedMultiheadAttention", "PerturbedRMSNorm", "PerturbedRNN", "PerturbedTransformerDecoderLayer",
+    "PerturbedTransformerEncoderLayer", "Slot", "SparsePerturbedLinear", "functional_fallback",
 ]

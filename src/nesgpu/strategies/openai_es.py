@@ -40,7 +40,6 @@ class OpenAIES(Strategy):
 
     def before_optimizer_step(self):
         if self.weight_decay:
-            for layer in self.pm.layers.values():
-                for p in (layer.weight, layer.bias):
-                    if p is not None and p.grad is not None:
-                        p.grad.add_(p.detach(), alpha=self.weight_decay)
+            for p in self.pm.parameters():
+                if p.grad is not None:
+                    p.grad.add_(p.detach(), alpha=self.weight_decay)

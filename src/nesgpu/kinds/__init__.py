@@ -1,0 +1,32 @@
+"""Perturbation kinds: one file per kind, each a frozen dataclass of options over plain functions."""
+
+from .base import Kind, Noise
+from .flipout import Flipout
+from .gaussian import Gaussian
+from .lowrank import LowRank
+from .ops import LINEAR, ConvOp, Geometry, LinearOp, Op
+from .permuted import Permuted
+from .sparse import Sparse
+
+KINDS: dict[str, type[Kind]] = {k.name: k for k in (Gaussian, Sparse, Permuted, Flipout, LowRank)}
+
+
+def make_kind(kind: str | Kind, **options) -> Kind:
+    """A kind from its name and options (``make_kind("lowrank", rank=2)``), or a Kind as given."""
+    if isinstance(kind, Kind):
+        if options:
+            raise ValueError(f"options {sorted(options)} given with a Kind instance {kind!r}; set them on it")
+        return kind
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {sorted(KINDS)}")
+    cls = KINDS[kind]
+    try:
+        return cls(**options)
+    except TypeError as e:
+        import dataclasses
+        fields = [f.name for f in dataclasses.fields(cls)]
+        raise TypeError(f"kind {kind!r} takes options {fields}; got {sorted(options)}") from e
+
+
+__all__ = ["KINDS", "ConvOp", "Flipout", "Gaussian", "Geometry", "Kind", "LINEAR", "LinearOp", "LowRank", "Noise",
+           "Op", "Permuted", "Sparse", "make_kind"]

@@ -1,0 +1,109 @@
+"""The noise record and the interface every perturbation kind implements.
+
+A kind is a small frozen dataclass of options (``LowRank(rank=2)``) whose methods are plain functions of
+a :class:`Noise` record: draw, apply (the population product), grad (the estimator), dense z_d, squared
+norms. It holds no state: the record carries the drawn tensors, the layer carries the record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from .ops import Geometry, Op
+
+
+def randn(like: torch.Tensor, *shape: int, gen: torch.Generator) -> torch.Tensor:
+    """Unit Gaussians of ``shape`` on ``like``'s device and dtype, from ``gen``."""
+    return torch.randn(*shape, generator=gen, device=like.device, dtype=like.dtype)
+
+
+@dataclass
+class Noise:
+    """The noise of one parameter for ``directions`` consecutive directions of one step.
+
+    Args:
+        geometry: the parameter as a matrix (None for parameters perturbed elementwise, e.g. vectors).
+        shape: the parameter's shape.
+        tensors: what the kind drew: per-direction tensors have ``directions`` rows first; shared ones
+            (used by every direction) do not.
+        directions: how many directions this record covers.
+    """
+
+    geometry: Geometry | None
+    shape: tuple[int, ...]
+    tensors: dict[str, torch.Tensor]
+    directions: int
+    _cast: dict = field(default_factory=dict, repr=False)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors
+
+    def to(self, dtype: torch.dtype) -> Noise:
+        """The record with floating tensors in ``dtype`` (the forward's compute dtype under autocast).
+
+        Made once per dtype and kept, so an RL rollout's hundreds of forwards cast once. The update always
+        uses the record as drawn (fp32)."""
+        if all(t.dtype == dtype or not t.is_floating_point() for t in self.tensors.values()):
+            return self
+        if dtype not in self._cast:
+            tensors = {k: t.to(dtype) if t.is_floating_point() else t for k, t in self.tensors.items()}
+            self._cast[dtype] = Noise(self.geometry, self.shape, tensors, self.directions)
+        return self._cast[dtype]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A perturbation kind: how direction d's unit-scale noise z_d is drawn and applied.
+
+    Every entry of z_d has mean 0 and variance 1. ``apply_`` adds ``scale_r * (x * z_d)`` for the
+    product the op defines; ``grad`` returns ``sum_d coef_d z_d``; ``dense`` the stacked z_d.
+    """
+
+    name: ClassVar[str]
+    products: ClassVar[frozenset[str]] = frozenset({"linear", "conv"})
+    needs_antithetic: ClassVar[bool] = False  # a kind whose z_d has a non-zero mean within one step
+
+    def supports(self, product: str) -> bool:
+        """Whether this kind implements ``product`` ("linear", "conv" or "embedding")."""
+        return product in self.products
+
+    def check(self, geometry: Geometry) -> None:
+        """Raise ValueError if this kind's options do not fit a parameter of this geometry."""
+
+    def draw_shared(self, gen: torch.Generator, geometry: Geometry, like: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Noise every direction of a step shares (none by default)."""
+        return {}
+
+    def draw_directions(self, gen: torch.Generator, n: int, geometry: Geometry,
+                        like: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-direction noise of ``n`` directions: tensors with ``n`` rows first."""
+        raise NotImplementedError
+
+    def apply_(self, op: Op, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, noise: Noise) -> None:
+        """y (R, D, ...) += scale_r * (x_{r,d} times z_d), the product ``op`` defines."""
+        raise NotImplementedError
+
+    def embed_(self, index: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, noise: Noise) -> None:
+        """y (R, D, M, dim) += scale_r * z_d[index_{r,d}] for an embedding table z_d of shape (num, dim)."""
+        raise NotImplementedError(f"kind {self.name!r} has no embedding product")
+
+    def grad(self, noise: Noise, coef: torch.Tensor) -> torch.Tensor:
+        """sum_d coef_d z_d, in the parameter's shape."""
+        raise NotImplementedError
+
+    def dense(self, noise: Noise) -> torch.Tensor:
+        """z_d of every direction, (D, *shape)."""
+        raise NotImplementedError
+
+    def sq_norms(self, noise: Noise) -> torch.Tensor:
+        """||z_d||^2 per direction, (D,), without densifying."""
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.name

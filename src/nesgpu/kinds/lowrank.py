@@ -1,0 +1,99 @@
+"""Low-rank noise (EGGROLL, arXiv 2511.16652): direction d's noise is ``z_d = A_d B_d^T / sqrt(r)``.
+
+A_d (out x r) and B_d (in x r) are unit Gaussians; dividing by sqrt(r) gives every entry of z_d unit
+variance, and E[z_d z_d^T] = I entrywise, so the estimator is unbiased. The forward never builds a
+per-direction weight: it applies ``(x B_d) A_d^T``, two thin products.
+
+Layouts: a matrix (Linear, an embedding table (num, dim), attention and recurrent weights) stores
+a (D, r, out) and b (D, r, in). A convolution kernel (out, C/g, *kernel) is a matrix of out rows by
+(C/g * prod(kernel)) columns per channel group: b holds r full-size filters per group (D, g, r, C/g,
+*kernel) and a (D, g, out/g, r) mixes those r feature maps into the outputs (a per-direction 1x1 mix).
+An embedding lookup of rows ``i`` gathers ``A_d[i]`` and multiplies by B_d: no per-direction table.
+
+Noise memory: D * r * (out + in * prod(kernel)) values per parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .base import Kind, randn
+
+ELEMENTWISE_MAX_RANK = 4
+"""Ranks up to this take r fused elementwise passes (on the CPU these beat a batched matmul whose D
+batches are matrix-vector products); higher ranks use two batched matmuls."""
+
+
+@dataclass(frozen=True)
+class LowRank(Kind):
+    """Args: rank: r, the rank of each direction's noise (default 1)."""
+
+    name = "lowrank"
+    products = frozenset({"linear", "conv", "embedding"})
+    rank: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"rank must be a positive int; got {self.rank!r}")
+
+    def draw_directions(self, gen, n, geometry, like):
+        g, r = geometry, self.rank
+        if g.is_matrix:
+            a = randn(like, n, r, g.out, gen=gen).div_(math.sqrt(r))
+            return {"a": a, "b": randn(like, n, r, g.in_, gen=gen)}
+        a = randn(like, n, g.groups, g.out // g.groups, r, gen=gen).div_(math.sqrt(r))
+        return {"a": a, "b": randn(like, n, g.groups, r, *g.shape[1:], gen=gen)}
+
+    def apply_(self, op, x, y, scale, noise):
+        a, b, g = noise["a"], noise["b"], noise.geometry
+        if g.is_matrix:
+            d = a.shape[0]
+            rows = op.per_repeat(scale, x)
+            if self.rank <= ELEMENTWISE_MAX_RANK:
+                for k in range(self.rank):
+                    t = (x * op.per_channel(b[:, k], x)).sum(op.channel_dim, keepdim=True).mul_(rows)
+                    y.addcmul_(t, op.per_channel(a[:, k], y))
+                return
+            t = op.per_direction(x, b, 1).mul_(rows)  # (R, D, M, r)
+            y.add_(torch.einsum("rdmk,dko->rdmo", t, a.view(d, self.rank, -1)))
+            return
+        # convolution: r filters per group, then a per-direction mix of the r maps into the outputs
+        d, r_ = a.shape[0], x.shape[0]
+        t = op.per_direction(x, b.reshape(d, g.groups * self.rank, *b.shape[3:]), g.groups)
+        t = t.view(r_, d, g.groups, self.rank, -1).mul_(scale.view(-1, 1, 1, 1, 1))
+        y_groups = y.view(r_, d, g.groups, g.out // g.groups, -1)
+        if self.rank <= ELEMENTWISE_MAX_RANK:  # r fused passes over y, no temporary
+            for k in range(self.rank):
+                y_groups.addcmul_(t[:, :, :, k : k + 1], a[..., k].unsqueeze(-1))
+        else:
+            y_groups.add_(torch.einsum("rdgkp,dgok->rdgop", t, a))
+
+    def embed_(self, index, y, scale, noise):
+        a, b = noise["a"], noise["b"]  # (D, r, num), (D, r, dim)
+        d = a.shape[0]
+        t = a.transpose(1, 2)[torch.arange(d, device=index.device).view(1, d, 1), index]  # (R, D, M, r)
+        y.add_(torch.einsum("rdmk,dkj->rdmj", t.mul_(scale.view(-1, 1, 1, 1)), b))
+
+    def grad(self, noise, coef):
+        a, b, g = noise["a"], noise["b"], noise.geometry
+        d = coef.shape[0]
+        if g.is_matrix:  # sum_d coef_d a_d^T b_d as one GEMM over the D * r rank-one factors
+            return (a * coef.view(d, 1, 1)).reshape(d * self.rank, g.out).t() @ b.reshape(d * self.rank, g.in_)
+        grad = torch.einsum("dgok,dgkf->gof", a * coef.view(d, 1, 1, 1), b.flatten(3))
+        return grad.reshape(g.shape)
+
+    def dense(self, noise):
+        a, b, g = noise["a"], noise["b"], noise.geometry
+        if g.is_matrix:
+            return a.transpose(1, 2) @ b
+        return torch.einsum("dgok,dgkf->dgof", a, b.flatten(3)).reshape(a.shape[0], *g.shape)
+
+    def sq_norms(self, noise):
+        a, b, g = noise["a"], noise["b"], noise.geometry
+        if g.is_matrix:  # ||sum_k a_k b_k^T||^2 = sum_{k,l} (a_k . a_l)(b_k . b_l)
+            return ((a @ a.transpose(1, 2)) * (b @ b.transpose(1, 2))).sum((1, 2))
+        b = b.flatten(3)  # (D, G, r, F); a is (D, G, out_g, r)
+        return ((a.transpose(2, 3) @ a) * (b @ b.transpose(2, 3))).sum((1, 2, 3))

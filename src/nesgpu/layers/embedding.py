@@ -1,0 +1,65 @@
+"""Perturbed nn.Embedding: the lookup adds each direction's noise of the looked-up rows only."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kinds import Geometry, make_kind
+from .base import PerturbedModule
+
+
+class PerturbedEmbedding(PerturbedModule, nn.Embedding):
+    """nn.Embedding whose population lookup of row i adds z_d[i] (kinds "gaussian" and "lowrank").
+
+    The table is a matrix of ``num_embeddings`` rows by ``embedding_dim`` columns. IID Gaussian noise
+    keeps a (D, num, dim) table; low-rank noise z_d = A_d B_d^T / sqrt(r) gathers A_d's looked-up rows
+    and multiplies by B_d, so it never builds a per-direction table. The ``padding_idx`` row is never
+    perturbed (its noise is zero), as autograd never updates it.
+
+    Args:
+        as for :class:`torch.nn.Embedding` (``max_norm`` is not supported: it rewrites the table during
+        the forward), plus ``kind``, its ``**options`` and ``directions``.
+
+    Shape:
+        population input: indices (R * D, *) -> (R * D, *, embedding_dim); row n uses direction n % D.
+    """
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
+                 scale_grad_by_freq=False, sparse=False, _weight=None, _freeze=False, device=None, dtype=None, *,
+                 kind="gaussian", directions=None, **options):
+        if max_norm is not None:
+            raise ValueError(f"max_norm={max_norm}: a perturbed embedding cannot renormalise its table during "
+                             f"the forward; expected max_norm=None")
+        nn.Embedding.__init__(self, num_embeddings, embedding_dim, padding_idx, max_norm, norm_type,
+                              scale_grad_by_freq, sparse, _weight, _freeze, device, dtype)
+        self._init_perturbation(make_kind(kind, **options), directions,
+                                {"weight": Geometry(num_embeddings, embedding_dim)}, "embedding")
+
+    def population_forward(self, index: torch.Tensor) -> torch.Tensor:
+        if index.dim() < 1 or index.is_floating_point():
+            raise ValueError(f"{type(self).__name__}: expected integer indices of shape (repeats * directions, ...); "
+                             f"got {index.dtype} of shape {tuple(index.shape)}")
+        y = F.embedding(index, self.weight, self.padding_idx)
+        pop = self._population(index.shape[0], y)
+        noise = self._noise_of("weight", y.dtype)
+        if noise is None:
+            return y
+        rows = index.reshape(pop.repeats, pop.directions, -1)
+        y4 = y.view(pop.repeats, pop.directions, rows.shape[-1], self.embedding_dim)
+        self.kind.embed_(rows, y4, pop.scale, noise)
+        if self.padding_idx is not None:  # the padding row stays as it is
+            y4[rows == self.padding_idx] = self.weight[self.padding_idx].to(y.dtype)
+        return y
+
+    def _mask_grad(self, name, grad):
+        if self.padding_idx is not None:
+            grad[self.padding_idx] = 0
+        return grad
+
+    def _mask_dense(self, name, dense):
+        if self.padding_idx is not None:
+            dense = dense.clone()
+            dense[:, self.padding_idx] = 0
+        return dense

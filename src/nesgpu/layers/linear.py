@@ -1,0 +1,82 @@
+"""Perturbed nn.Linear: any kind; the classic names (LowRankLinear, ...) fix the kind."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kinds import LINEAR, Flipout, Geometry, LowRank, Permuted, Sparse, make_kind
+from .base import PerturbedModule
+
+
+def rows_view(t: torch.Tensor, repeats: int, directions: int) -> torch.Tensor:
+    """(R * D, ..., C) -> (R, D, M, C): every dimension between the rows and the channels is per member."""
+    return t.view(repeats, directions, -1, t.shape[-1])
+
+
+class PerturbedLinear(PerturbedModule, nn.Linear):
+    """nn.Linear whose population forward adds each direction's weight noise (IID Gaussian by default).
+
+    Args:
+        in_features, out_features, bias, device, dtype: as for :class:`torch.nn.Linear`.
+        kind: a :class:`~nesgpu.kinds.Kind` or its name ("gaussian", "sparse", "permuted", "flipout",
+            "lowrank"); ``**options`` are the kind's options when given by name.
+        directions: population size D (set by :class:`~nesgpu.PerturbedModel` when None).
+
+    Shape:
+        population input (R * D, *, in) -> (R * D, *, out); row n uses direction n % D, and every
+        position of a row (e.g. of a sequence) the same direction.
+
+    Example:
+        >>> layer = PerturbedLinear(8, 4, kind="lowrank", rank=2, directions=16)
+    """
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, kind="gaussian",
+                 directions=None, **options):
+        nn.Linear.__init__(self, in_features, out_features, bias, device, dtype)
+        self._init_perturbation(make_kind(kind, **options), directions,
+                                {"weight": Geometry(out_features, in_features)}, "linear")
+
+    def population_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
+                             f"{self.in_features}); got {tuple(x.shape)}")
+        pop = self._population(x.shape[0], x)
+        y = F.linear(x, self.weight, self.bias)
+        y4 = rows_view(y, pop.repeats, pop.directions)
+        self._product_("weight", LINEAR, rows_view(x.to(y.dtype), pop.repeats, pop.directions), y4, pop.scale)
+        if self.bias is not None:
+            self._add_vector_("bias", LINEAR, y4, pop.scale)
+        return y
+
+
+class SparsePerturbedLinear(PerturbedLinear):
+    """PerturbedLinear with kind :class:`~nesgpu.kinds.Sparse`: direction d perturbs ``k`` input columns."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, directions=None, k=None):
+        super().__init__(in_features, out_features, bias, device, dtype, kind=Sparse(k), directions=directions)
+
+
+class PermutedLinear(PerturbedLinear):
+    """PerturbedLinear with kind :class:`~nesgpu.kinds.Permuted` (shared noise, per-direction permutations)."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, directions=None,
+                 permutation="auto", in_sparsity=None, out_sparsity=None):
+        super().__init__(in_features, out_features, bias, device, dtype, directions=directions,
+                         kind=Permuted(permutation, in_sparsity, out_sparsity))
+
+
+class FlipoutLinear(PerturbedLinear):
+    """PerturbedLinear with kind :class:`~nesgpu.kinds.Flipout` (shared noise, per-direction sign flips)."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, directions=None,
+                 signs="both"):
+        super().__init__(in_features, out_features, bias, device, dtype, kind=Flipout(signs), directions=directions)
+
+
+class LowRankLinear(PerturbedLinear):
+    """PerturbedLinear with kind :class:`~nesgpu.kinds.LowRank`: z_d = A_d B_d^T / sqrt(r)."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, directions=None, rank=1):
+        super().__init__(in_features, out_features, bias, device, dtype, kind=LowRank(rank), directions=directions)

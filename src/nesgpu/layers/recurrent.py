@@ -1,0 +1,137 @@
+"""Perturbed nn.LSTM and nn.GRU: a population-batched recurrence.
+
+cuDNN's fused recurrent kernel takes one set of weights, so the population forward runs the recurrence
+itself: each layer's input projection for all time steps at once (one perturbed product), then one
+perturbed hidden-to-hidden product per step. Gates follow torch's definitions (LSTM: i, f, g, o; GRU: r,
+z, n with the reset gate applied to the hidden product including its bias). Every weight matrix takes
+the module's kind; biases are per-member vectors. ``proj_size`` and packed sequences are not supported.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kinds import LINEAR, Geometry, make_kind
+from .base import Population, PerturbedModule
+from .linear import rows_view
+
+
+class _PerturbedRNN(PerturbedModule):
+    gates: int
+
+    def _init_rnn(self, kind, directions, options) -> None:
+        if getattr(self, "proj_size", 0):
+            raise ValueError(f"{type(self).__name__}: proj_size={self.proj_size} is not supported; expected 0")
+        matrices = {}
+        for name in self._flat_weights_names:
+            if name.startswith("weight_"):
+                shape = getattr(self, name).shape
+                matrices[name] = Geometry(shape[0], shape[1])
+        self._init_perturbation(make_kind(kind, **options), directions, matrices, "linear")
+
+    def _linear(self, x: torch.Tensor, suffix: str, part: str, pop: Population) -> torch.Tensor:
+        """x (N, ..., in) through weight_{part}_{suffix} and its bias, perturbed."""
+        weight, bias = f"weight_{part}_{suffix}", f"bias_{part}_{suffix}"
+        y = F.linear(x, getattr(self, weight), getattr(self, bias) if self.bias else None)
+        y4 = rows_view(y, pop.repeats, pop.directions)
+        self._product_(weight, LINEAR, rows_view(x.to(y.dtype), pop.repeats, pop.directions), y4, pop.scale)
+        if self.bias:
+            self._add_vector_(bias, LINEAR, y4, pop.scale)
+        return y
+
+    def population_forward(self, input, hx=None):
+        if isinstance(input, nn.utils.rnn.PackedSequence) or input.dim() != 3:
+            raise ValueError(f"{type(self).__name__}: a population call needs a padded batch of 3 dimensions "
+                             f"(no PackedSequence); got {type(input).__name__} "
+                             f"{tuple(input.shape) if isinstance(input, torch.Tensor) else ''}")
+        x = input if self.batch_first else input.transpose(0, 1)  # (N, T, in)
+        n, steps = x.shape[:2]
+        pop = self._population(n, x)
+        sides = 2 if self.bidirectional else 1
+        lstm = self.gates == 4
+        if hx is None:
+            zeros = x.new_zeros(self.num_layers * sides, n, self.hidden_size)
+            hx = (zeros, zeros) if lstm else zeros
+        h0, c0 = hx if lstm else (hx, None)
+        last_h, last_c = [], []
+        for layer in range(self.num_layers):
+            outputs = []
+            for side in range(sides):
+                suffix = f"l{layer}" + ("_reverse" if side else "")
+                inputs = self._linear(x, suffix, "ih", pop)  # every time step at once: (N, T, G * H)
+                h = h0[layer * sides + side]
+                c = c0[layer * sides + side] if lstm else None
+                out = [None] * steps
+                for t in (reversed(range(steps)) if side else range(steps)):
+                    hidden = self._linear(h, suffix, "hh", pop)
+                    if self.gates == 1:
+                        h = self._activation(inputs[:, t] + hidden)
+                    elif lstm:
+                        i, f, g, o = (inputs[:, t] + hidden).chunk(4, dim=-1)
+                        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                        h = torch.sigmoid(o) * torch.tanh(c)
+                    else:
+                        xr, xz, xn = inputs[:, t].chunk(3, dim=-1)
+                        hr, hz, hn = hidden.chunk(3, dim=-1)
+                        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+                        h = (1 - z) * torch.tanh(xn + r * hn) + z * h
+                    out[t] = h
+                outputs.append(torch.stack(out, 1))
+                last_h.append(h)
+                last_c.append(c)
+            x = outputs[0] if sides == 1 else torch.cat(outputs, -1)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                x = F.dropout(x, self.dropout, training=True)
+        output = x if self.batch_first else x.transpose(0, 1)
+        h_n = torch.stack(last_h)
+        return (output, (h_n, torch.stack(last_c))) if lstm else (output, h_n)
+
+
+class PerturbedLSTM(_PerturbedRNN, nn.LSTM):
+    """nn.LSTM with a population-batched recurrence (see the module docstring).
+
+    Args:
+        as for :class:`torch.nn.LSTM` (without ``proj_size``), plus ``kind``, its ``**options`` and
+        ``directions`` (keyword-only).
+
+    Shape:
+        population input (R * D, T, in) with ``batch_first``, else (T, R * D, in); row n uses direction n % D.
+    """
+
+    gates = 4
+
+    def __init__(self, *args, kind="gaussian", directions=None, **kwargs):
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RNN_ARGS}
+        nn.LSTM.__init__(self, *args, **kwargs)
+        self._init_rnn(kind, directions, options)
+
+
+class PerturbedGRU(_PerturbedRNN, nn.GRU):
+    """nn.GRU with a population-batched recurrence (see :class:`PerturbedLSTM`)."""
+
+    gates = 3
+
+    def __init__(self, *args, kind="gaussian", directions=None, **kwargs):
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RNN_ARGS}
+        nn.GRU.__init__(self, *args, **kwargs)
+        self._init_rnn(kind, directions, options)
+
+
+class PerturbedRNN(_PerturbedRNN, nn.RNN):
+    """nn.RNN (tanh or relu) with a population-batched recurrence (see :class:`PerturbedLSTM`)."""
+
+    gates = 1
+
+    def __init__(self, *args, kind="gaussian", directions=None, **kwargs):
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RNN_ARGS}
+        nn.RNN.__init__(self, *args, **kwargs)
+        self._init_rnn(kind, directions, options)
+
+    def _activation(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) if self.nonlinearity == "tanh" else torch.relu(x)
+
+
+_RNN_ARGS = {"input_size", "hidden_size", "num_layers", "nonlinearity", "bias", "batch_first", "dropout",
+             "bidirectional", "proj_size", "device", "dtype"}
