@@ -3,6 +3,7 @@
     nesgpu train [options]            train with ES (no options: digits, low-rank MLP)
     nesgpu eval DIR                   evaluate a finished run
     nesgpu bench layers [options]     forward-pass benchmark of the perturbed layers
+    nesgpu bench modules [options]    the same for attention, embedding, norms, recurrent layers, fallback
 
 Each command module provides ``add_parser(subparsers)``, which registers its subcommand and sets
 ``func`` (called with the parsed arguments, returns the exit status). To add a command (e.g. ``train``),
@@ -18,6 +19,7 @@ from . import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     from .bench import layers as bench_layers
+    from .bench import modules as bench_modules
     from .train.cli import add_eval_parser, add_train_parser
 
     parser = argparse.ArgumentParser(prog="nesgpu", description="Evolution strategies for PyTorch.")
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks", description="Benchmarks.")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     bench_layers.add_parser(benchmarks)
+    bench_modules.add_parser(benchmarks)
 
     return parser
 

@@ -73,9 +73,16 @@ class LowRank(Kind):
 
     def embed_(self, index, y, scale, noise):
         a, b = noise["a"], noise["b"]  # (D, r, num), (D, r, dim)
-        d = a.shape[0]
-        t = a.transpose(1, 2)[torch.arange(d, device=index.device).view(1, d, 1), index]  # (R, D, M, r)
-        y.add_(torch.einsum("rdmk,dkj->rdmj", t.mul_(scale.view(-1, 1, 1, 1)), b))
+        d, r, num = a.shape
+        # A_d's looked-up entries through one flat index_select: row (d, i) of a (D * num, r) table
+        flat = (index + torch.arange(d, device=index.device).view(1, d, 1) * num).reshape(-1)
+        t = a.transpose(1, 2).reshape(d * num, r).index_select(0, flat).view(*index.shape, r)
+        t.mul_(scale.view(-1, 1, 1, 1))
+        if r <= ELEMENTWISE_MAX_RANK:  # r fused passes over y, no temporary
+            for k in range(r):
+                y.addcmul_(t[..., k : k + 1], b[:, k].unsqueeze(0).unsqueeze(2))
+            return
+        y.add_(torch.einsum("rdmk,dkj->rdmj", t, b))
 
     def grad(self, noise, coef):
         a, b, g = noise["a"], noise["b"], noise.geometry

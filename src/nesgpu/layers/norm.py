@@ -28,12 +28,16 @@ class _ElementwiseAffine(PerturbedModule):
 
     def _affine(self, normalised: torch.Tensor, pop: Population, shape: tuple[int, ...]) -> torch.Tensor:
         """normalised viewed as (R, D, *shape) per the caller; weight / bias broadcast on ``shape``."""
-        y = normalised
-        if getattr(self, "weight", None) is not None:
-            y = y * self._member_values("weight", pop, y.dtype).view(pop.repeats, pop.directions, *shape)
-        if getattr(self, "bias", None) is not None:
-            y = y + self._member_values("bias", pop, y.dtype).view(pop.repeats, pop.directions, *shape)
-        return y
+        view = (pop.repeats, pop.directions, *shape)
+        weight = self._member_values("weight", pop, normalised.dtype).view(view) \
+            if getattr(self, "weight", None) is not None else None
+        bias = self._member_values("bias", pop, normalised.dtype).view(view) \
+            if getattr(self, "bias", None) is not None else None
+        if weight is not None and bias is not None:
+            return torch.addcmul(bias, normalised, weight)  # one fused pass
+        if weight is not None:
+            return normalised * weight
+        return normalised + bias if bias is not None else normalised
 
 
 class PerturbedLayerNorm(_ElementwiseAffine, nn.LayerNorm):
