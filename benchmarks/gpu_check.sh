@@ -34,10 +34,10 @@ for dtype in (torch.float32, torch.bfloat16):
     pm = nesgpu.PerturbedModel(net, P, sigma=0.01); pm.set_noise()
     with torch.no_grad(), torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
         base = t(lambda: plain(x)); lr = t(lambda: pm(x))
-        # the other path of add_lowrank_linear_: two batched matmuls instead of r elementwise passes
-        nesgpu.layers.lowrank._ELEMENTWISE_MAX_RANK, saved = 0, nesgpu.layers.lowrank._ELEMENTWISE_MAX_RANK
+        # the other path of LowRank.apply_: two batched matmuls instead of r elementwise passes
+        nesgpu.kinds.lowrank.ELEMENTWISE_MAX_RANK, saved = 0, nesgpu.kinds.lowrank.ELEMENTWISE_MAX_RANK
         lr_bmm = t(lambda: pm(x))
-        nesgpu.layers.lowrank._ELEMENTWISE_MAX_RANK = saved
+        nesgpu.kinds.lowrank.ELEMENTWISE_MAX_RANK = saved
     print(f"{dtype}: plain {base:.3f} ms, low-rank population {lr:.3f} ms ({100 * base / lr:.0f}% of plain); "
           f"batched-matmul path {lr_bmm:.3f} ms ({100 * base / lr_bmm:.0f}%)")
     lowrank_ms[dtype] = lr
