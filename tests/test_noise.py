@@ -73,7 +73,7 @@ def test_derive_seed_mixes_every_key():
 
 def test_per_direction_draws_whole_blocks():
     src = NoiseSource(seed=0, layer=0, device=torch.device("cpu"))
-    draw = lambda gen, n: {"z": torch.randn(n, 3, generator=gen)}  # noqa: E731
+    draw = lambda gen, n: {"z": torch.randn(n, 3, generator=gen)}
     whole = src.per_direction(2, 0, 3 * BLOCK, draw)["z"]
     part = src.per_direction(2, BLOCK - 2, BLOCK + 5, draw)["z"]
     torch.testing.assert_close(part, whole[BLOCK - 2 : BLOCK + 5], rtol=0, atol=0)

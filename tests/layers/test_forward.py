@@ -4,8 +4,16 @@ theta + sigma * s_r * z_d, in float64."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import (CONV_CASES, CONV_GEOMETRIES, DEVICES, LINEAR_CASES, antithetic_or_skip, case_id,
-                      needs_antithetic, randomize_)
+from conftest import (
+    CONV_CASES,
+    CONV_GEOMETRIES,
+    DEVICES,
+    LINEAR_CASES,
+    antithetic_or_skip,
+    case_id,
+    needs_antithetic,
+    randomize_,
+)
 
 import nesgpu
 

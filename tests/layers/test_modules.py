@@ -2,7 +2,9 @@
 transformer layers, recurrent layers, the torch.func fallback) against a per-member dense reference in
 float64: member (sign, d) runs the plain module with theta + sigma * s * z_d on its own rows."""
 
+import contextlib
 import copy
+import warnings
 
 import pytest
 import torch
@@ -130,7 +132,7 @@ def test_module_matches_per_member_reference(name, kind, antithetic):
         pytest.skip("refused without antithetic sampling (tests/test_estimator.py)")
     factory, _, row_dim = ZOO[name]
     with pytest.warns(UserWarning) if name.startswith("fallback") or (
-            kind in ("flipout", "permuted") and name.startswith("embedding")) else _no_warning():
+            kind in ("flipout", "permuted") and name.startswith("embedding")) else _warnings("error"):
         module = nesgpu.convert(_randomize(factory().double()), kind, rank=2) if kind == "lowrank" else \
             nesgpu.convert(_randomize(factory().double()), kind)
     pm = nesgpu.PerturbedModel(module, D, sigma=SIGMA, antithetic=antithetic, seed=2)
@@ -144,15 +146,12 @@ def test_module_matches_per_member_reference(name, kind, antithetic):
     torch.testing.assert_close(_first(got), expected, rtol=1e-10, atol=1e-10)
 
 
-class _no_warning:
-    def __enter__(self):
-        import warnings
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
-        warnings.simplefilter("error")
-
-    def __exit__(self, *exc):
-        return self._w.__exit__(*exc)
+@contextlib.contextmanager
+def _warnings(action: str):
+    """Within the block, warnings are errors ("error") or ignored ("ignore")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter(action)
+        yield
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -161,7 +160,7 @@ def test_module_update_equals_formula_and_outside_population_is_plain(name):
     plain = _randomize(factory().double())
     inputs, kwargs = _inputs(name, 2 * D), _kwargs(name)
     expected = _first(copy.deepcopy(plain)(*inputs, **kwargs))
-    with _warnings_allowed():
+    with _warnings("ignore"):
         module = nesgpu.convert(plain, "lowrank")
     torch.testing.assert_close(_first(module(*inputs, **kwargs)), expected, rtol=0, atol=0)
     pm = nesgpu.PerturbedModel(module, D, sigma=SIGMA, antithetic=True)
@@ -172,17 +171,6 @@ def test_module_update_equals_formula_and_outside_population_is_plain(name):
     for n, z in pm.dense_noise().items():
         grad = module.get_parameter(n).grad
         torch.testing.assert_close(grad, torch.einsum("d,d...->...", w_d, z) / (D * SIGMA), rtol=1e-12, atol=1e-12)
-
-
-class _warnings_allowed:
-    def __enter__(self):
-        import warnings
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
-        warnings.simplefilter("ignore")
-
-    def __exit__(self, *exc):
-        return self._w.__exit__(*exc)
 
 
 def test_embedding_never_perturbs_its_padding_row():
@@ -271,7 +259,7 @@ def test_estimator_recovers_autograds_gradient(name, kind):
     parameters (the estimate is then exact up to sampling error); for attention and recurrent layers a
     small sigma with antithetic pairs makes it a central difference."""
     directions, samples, steps = 1024, 2, 4
-    with _warnings_allowed():
+    with _warnings("ignore"):
         module = nesgpu.convert(_randomize(ZOO[name][0]().double()), kind)
     x = _inputs(name, samples)
     kwargs = _kwargs(name)

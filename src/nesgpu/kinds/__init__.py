@@ -28,5 +28,19 @@ def make_kind(kind: str | Kind, **options) -> Kind:
         raise TypeError(f"kind {kind!r} takes options {fields}; got {sorted(options)}") from e
 
 
-__all__ = ["KINDS", "ConvOp", "Flipout", "Gaussian", "Geometry", "Kind", "LINEAR", "LinearOp", "LowRank", "Noise",
-           "Op", "Permuted", "Sparse", "make_kind"]
+__all__ = [
+    "KINDS",
+    "LINEAR",
+    "ConvOp",
+    "Flipout",
+    "Gaussian",
+    "Geometry",
+    "Kind",
+    "LinearOp",
+    "LowRank",
+    "Noise",
+    "Op",
+    "Permuted",
+    "Sparse",
+    "make_kind",
+]

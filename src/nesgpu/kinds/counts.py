@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def resolve_count(value: float | int | None, total: int, name: str) -> int:
+def resolve_count(value: float | None, total: int, name: str) -> int:
     """A count in [1, total] from a fraction (float in (0, 1]) or a count (int in [1, total]); None is all."""
     if value is None:
         return total

@@ -7,8 +7,14 @@ from .conv import FlipoutConv2d, LowRankConv2d, PermutedConv2d, PerturbedConv1d,
 from .embedding import PerturbedEmbedding
 from .functional import FunctionalPerturbed, functional_fallback
 from .linear import FlipoutLinear, LowRankLinear, PermutedLinear, PerturbedLinear, SparsePerturbedLinear
-from .norm import (PerturbedBatchNorm1d, PerturbedBatchNorm2d, PerturbedBatchNorm3d, PerturbedGroupNorm,
-                   PerturbedLayerNorm, PerturbedRMSNorm)
+from .norm import (
+                   PerturbedBatchNorm1d,
+                   PerturbedBatchNorm2d,
+                   PerturbedBatchNorm3d,
+                   PerturbedGroupNorm,
+                   PerturbedLayerNorm,
+                   PerturbedRMSNorm,
+)
 from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
 
 __all__ = [

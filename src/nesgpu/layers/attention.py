@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import LINEAR, Geometry, make_kind
-from .base import Population, PerturbedModule
+from .base import PerturbedModule, Population
 from .linear import PerturbedLinear, rows_view
 
 
@@ -116,7 +116,7 @@ class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
             mask = _additive_mask(_causal(length, k.shape[1] - len(extra), q.device), None, n, self.num_heads,
                                   length, k.shape[1] - len(extra), q.dtype)
             mask = F.pad(mask, (0, len(extra)))
-        heads = lambda t: t.reshape(n, t.shape[1], self.num_heads, -1).transpose(1, 2)  # noqa: E731
+        heads = lambda t: t.reshape(n, t.shape[1], self.num_heads, -1).transpose(1, 2)
         q, k, v = heads(q), heads(k), heads(v)
         dropout = self.dropout if self.training else 0.0
         weights = None

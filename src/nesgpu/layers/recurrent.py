@@ -14,12 +14,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import LINEAR, Geometry, make_kind
-from .base import Population, PerturbedModule
+from .base import PerturbedModule, Population
 from .linear import rows_view
 
 
 class _PerturbedRNN(PerturbedModule):
     gates: int
+    parent: type[nn.RNNBase]
+
+    def __init__(self, *args, kind="gaussian", directions=None, **kwargs):
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RNN_ARGS}  # the kind's options
+        self.parent.__init__(self, *args, **kwargs)
+        self._init_rnn(kind, directions, options)
 
     def _init_rnn(self, kind, directions, options) -> None:
         if getattr(self, "proj_size", 0):
@@ -102,10 +108,7 @@ class PerturbedLSTM(_PerturbedRNN, nn.LSTM):
 
     gates = 4
 
-    def __init__(self, *args, kind="gaussian", directions=None, **kwargs):
-        options = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RNN_ARGS}
-        nn.LSTM.__init__(self, *args, **kwargs)
-        self._init_rnn(kind, directions, options)
+    parent = nn.LSTM
 
 
 class PerturbedGRU(_PerturbedRNN, nn.GRU):
@@ -113,10 +116,7 @@ class PerturbedGRU(_PerturbedRNN, nn.GRU):
 
     gates = 3
 
-    def __init__(self, *args, kind="gaussian", directions=None, **kwargs):
-        options = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RNN_ARGS}
-        nn.GRU.__init__(self, *args, **kwargs)
-        self._init_rnn(kind, directions, options)
+    parent = nn.GRU
 
 
 class PerturbedRNN(_PerturbedRNN, nn.RNN):
@@ -124,10 +124,7 @@ class PerturbedRNN(_PerturbedRNN, nn.RNN):
 
     gates = 1
 
-    def __init__(self, *args, kind="gaussian", directions=None, **kwargs):
-        options = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RNN_ARGS}
-        nn.RNN.__init__(self, *args, **kwargs)
-        self._init_rnn(kind, directions, options)
+    parent = nn.RNN
 
     def _activation(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x) if self.nonlinearity == "tanh" else torch.relu(x)

@@ -10,8 +10,14 @@ from .attention import PerturbedMultiheadAttention, PerturbedTransformerDecoderL
 from .conv import PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .embedding import PerturbedEmbedding
 from .linear import PerturbedLinear
-from .norm import (PerturbedBatchNorm1d, PerturbedBatchNorm2d, PerturbedBatchNorm3d, PerturbedGroupNorm,
-                   PerturbedLayerNorm, PerturbedRMSNorm)
+from .norm import (
+    PerturbedBatchNorm1d,
+    PerturbedBatchNorm2d,
+    PerturbedBatchNorm3d,
+    PerturbedGroupNorm,
+    PerturbedLayerNorm,
+    PerturbedRMSNorm,
+)
 from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
 
 
