@@ -100,6 +100,7 @@ def _cosine(a, b):
 def test_permuted_kind_with_antithetic_recovers_the_gradient_at_many_steps(layer):
     # the case: PermutedConv2d(3, 4, 3) permutes its 4 output channels; with antithetic pairs the
     # part of the gradient that is constant along the permuted axis is estimated too
-    loss = LinearLoss(nesgpu.PerturbedLinear, {}, antithetic=True, directions=64, layer=layer())
+    layer = layer()
+    loss = LinearLoss(type(layer), {}, antithetic=True, directions=64, layer=layer)
     with torch.no_grad():
         assert _cosine(loss.estimate(steps=256), loss.true) > 0.95

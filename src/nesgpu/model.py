@@ -9,6 +9,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from .kinds import Gaussian, Kind, make_kind
 from .layers import PerturbedModule, functional_fallback
@@ -70,6 +71,14 @@ class PerturbedModel:
         }
         if not any(layer.perturbed_parameters() for layer in self.layers.values()):
             raise ValueError("model has no perturbed parameters; call nesgpu.convert(model, kind) first")
+        owners: dict[int, str] = {}
+        for name, layer in self.layers.items():
+            for pname, p in layer.perturbed_parameters().items():
+                full = f"{name}.{pname}" if name else pname
+                if id(p) in owners:
+                    raise ValueError(f"parameter {full!r} is perturbed twice (also as {owners[id(p)]!r}): nested "
+                                     f"perturbed modules or tied weights; expected each parameter in one module")
+                owners[id(p)] = full
         missing = uncovered_parameters(model)
         if missing:
             raise ValueError(f"trainable parameters {missing} are not perturbed by any perturbed module; convert the "
@@ -137,7 +146,7 @@ class PerturbedModel:
     @property
     def num_perturbed(self) -> int:
         """How many scalar parameters are perturbed (the dimension of z_d)."""
-        return sum(p.numel() for p in self.parameters())
+        return sum(layer.perturbed_numel() for layer in self.layers.values())
 
     # ----- population forward ------------------------------------------------------------------------
     @contextmanager
@@ -153,7 +162,7 @@ class PerturbedModel:
             yield
             unused = [name for name, layer in self.layers.items()
                       if layer.perturbed_parameters() and layer.population_calls == 0]
-            if unused and len(unused) < sum(1 for layer in self.layers.values() if layer.perturbed_parameters()):
+            if unused:
                 raise RuntimeError(
                     f"perturbed modules {unused} were not used by this population call: a parent module reads their "
                     f"parameters without calling them, so their noise never reaches the output. Convert the parent "
@@ -240,6 +249,7 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
     kind = make_kind(kind, **options)
     _freeze(model, freeze)
+    _refuse_tied(model)
     notes: list[str] = []
 
     def swap(module: nn.Module, name: str) -> nn.Module:
@@ -250,9 +260,21 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         if not any(p.requires_grad for p in module.parameters()) and not any(
                 isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
             return module  # nothing to perturb, and no batch statistics to keep apart: it runs as it is
-        if type(module) in PATH_SWAPS:
-            module.__class__ = PATH_SWAPS[type(module)]
+        if parametrize.is_parametrized(module):
+            raise ValueError(f"{name or 'model'} ({type(module).__name__}) has parametrized weights (weight_norm, "
+                             f"spectral_norm, ...), which convert cannot perturb; remove the parametrization or freeze "
+                             f"it with convert(..., freeze=[{name!r}])")
+        path_swap = next((cls for base, cls in PATH_SWAPS.items() if isinstance(module, base)), None)
+        if path_swap is not None:
+            if type(module).forward is not path_swap.__mro__[1].forward:
+                raise ValueError(f"{name or 'model'} ({type(module).__name__}) overrides the forward of "
+                                 f"{path_swap.__mro__[1].__name__}, whose fused path reads every weight at once; "
+                                 f"expected the torch class or a subclass that keeps its forward")
+            module.__class__ = path_swap if type(module) is path_swap.__mro__[1] else type(
+                f"Perturbed{type(module).__name__}", (path_swap, type(module)), {"__module__": type(module).__module__})
         conversion = conversion_for(module)
+        if conversion is not None and type(module).forward is not conversion.source.forward:
+            conversion = None  # a subclass with its own forward: only the exact fallback keeps its maths
         if conversion is not None:
             module_kind = kind
             if conversion.product is not None and not kind.supports(conversion.product):
@@ -265,8 +287,12 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
             except ValueError as e:
                 params = [f"{name}.{n}" if name else n for n, p in module.named_parameters() if p.requires_grad]
                 raise ValueError(f"cannot perturb parameters {params} of {name or 'model'} ({type(module).__name__}): "
-                                 f"{e}; freeze them with convert(..., freeze=[{name!r}])") from e
+                                 f"{e}; freeze them with convert(..., freeze=[...])") from e
         if any(p.requires_grad for p in module.parameters(recurse=False)):
+            if any(isinstance(m, (nn.modules.batchnorm._BatchNorm, PerturbedModule)) for m in module.modules()):
+                raise ValueError(f"{name or 'model'} ({type(module).__name__}) needs the torch.func fallback, but "
+                                 f"contains a BatchNorm or a perturbed module, which it cannot evaluate member by "
+                                 f"member; freeze it with convert(..., freeze=[{name!r}])")
             notes.append(f"{name or 'model'} ({type(module).__name__}) has no batched perturbed version; it runs "
                          f"through the exact torch.func fallback, member by member (slow)")
             return functional_fallback(module, directions)
@@ -282,6 +308,16 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         raise ValueError(f"convert could not perturb trainable parameters {missing}; freeze them with "
                          f"convert(..., freeze=[...])")
     return model
+
+
+def _refuse_tied(model: nn.Module) -> None:
+    """Tied weights (one tensor in two modules) would be rebuilt as two parameters drawing two noises."""
+    seen: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p.requires_grad and id(p) in seen:
+            raise ValueError(f"parameters {seen[id(p)]!r} and {name!r} are one tensor (tied weights), which convert "
+                             f"would split into two; untie them, or freeze one side with convert(..., freeze=[...])")
+        seen.setdefault(id(p), name)
 
 
 def _freeze(model: nn.Module, names: Iterable[str]) -> None:

@@ -277,3 +277,192 @@ def test_estimator_recovers_autograds_gradient(name, kind):
     estimate = torch.cat([p.grad.flatten() for p in params]) / steps
     cosine = float(estimate @ true / (estimate.norm() * true.norm()))
     assert cosine > 0.9, cosine
+
+
+def _member_rows(d, repeats=4, directions=D, half=0):
+    """Rows of member (sign half, d) when the repeats are split in two signs."""
+    return [r * directions + d for r in range(half * repeats // 2, (half + 1) * repeats // 2)]
+
+
+def _per_member(pm, module, fn, repeats=4):
+    """fn(member parameters) for every member (sign, d): {(half, d): output}."""
+    z = pm.dense_noise()
+    params = dict(module.named_parameters())
+    return {(h, d): fn({n: p + SIGMA * (1 - 2 * h) * z[n][d] if n in z else p for n, p in params.items()})
+            for h in range(2) for d in range(D)}
+
+
+def test_lstm_hidden_states_and_initial_state_match_the_reference():
+    module = nesgpu.convert(_randomize(nn.LSTM(3, 4, num_layers=2, batch_first=True).double()), "lowrank")
+    pm = nesgpu.PerturbedModel(module, D, sigma=SIGMA, antithetic=True, seed=1)
+    pm.set_noise()
+    rows = 4 * D
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(rows, 5, 3, generator=gen, dtype=torch.float64)
+    h0, c0 = (torch.randn(2, rows, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    out, (h_n, c_n) = pm(x, (h0, c0))
+    for (h, d), _ in _per_member(pm, module, lambda p: None).items():
+        rows_ = torch.tensor(_member_rows(d, half=h))
+        params = _per_member(pm, module, lambda p: p)[(h, d)]
+        ref_out, (ref_h, ref_c) = functional_call(module, params, (x[rows_], (h0[:, rows_], c0[:, rows_])))
+        torch.testing.assert_close(out[rows_], ref_out, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(h_n[:, rows_], ref_h, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(c_n[:, rows_], ref_c, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match=r"hidden states of shape \(2, 12, 4\)"):
+        pm(x, (h0[:, :4], c0[:, :4]))
+
+
+def test_attention_weights_padding_mask_and_causal_flag_match_the_reference():
+    module = nesgpu.convert(_randomize(nn.MultiheadAttention(8, 2, batch_first=True).double()), "lowrank")
+    pm = nesgpu.PerturbedModel(module, D, sigma=SIGMA, antithetic=True, seed=1)
+    pm.set_noise()
+    rows = 4 * D
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(rows, 5, 8, generator=gen, dtype=torch.float64)
+    padding = torch.zeros(rows, 5, dtype=torch.bool)
+    padding[:, 3:] = True
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    out, weights = pm(x, x, x, key_padding_mask=padding, is_causal=True, attn_mask=None,
+                      average_attn_weights=False)
+    same, _ = pm(x, x, x, key_padding_mask=padding, attn_mask=causal, need_weights=False)
+    torch.testing.assert_close(out, same, rtol=1e-10, atol=1e-10)
+    params = _per_member(pm, module, lambda p: p)
+    for (h, d), p in params.items():
+        r = torch.tensor(_member_rows(d, half=h))
+        ref, ref_w = functional_call(module, p, (x[r], x[r], x[r]), {"key_padding_mask": padding[r],
+                                                                     "attn_mask": causal,
+                                                                     "average_attn_weights": False})
+        torch.testing.assert_close(out[r], ref, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(weights[r], ref_w, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(12, 5\)"):
+        pm(x, x, x, key_padding_mask=padding[:4])
+    with pytest.raises(ValueError, match=r"attn_mask must have shape \(5, 5\) or \(24, 5, 5\)"):
+        pm(x, x, x, attn_mask=causal[:4])
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("training", [True, False])
+def test_transformer_layer_with_frozen_attention_still_takes_the_population_path(batch_first, training):
+    layer = _randomize(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=batch_first).double())
+    layer.train(training)
+    module = nesgpu.convert(layer, "lowrank", freeze=["self_attn"])
+    pm = nesgpu.PerturbedModel(module, D, sigma=SIGMA, antithetic=True, seed=1)
+    pm.set_noise()
+    x = torch.randn(4 * D, 5, 8, dtype=torch.float64)
+    out = pm(x if batch_first else x.transpose(0, 1))
+    out = out if batch_first else out.transpose(0, 1)
+    for (h, d), p in _per_member(pm, module, lambda p: p).items():
+        r = torch.tensor(_member_rows(d, half=h))
+        xr = x[r] if batch_first else x[r].transpose(0, 1)
+        ref = functional_call(module, p, (xr,))
+        torch.testing.assert_close(out[r], ref if batch_first else ref.transpose(0, 1), rtol=1e-10, atol=1e-10)
+
+
+def test_freezing_one_affine_parameter_keeps_the_other_perturbed():
+    for module, name in ((nn.LayerNorm(4), "weight"), (nn.GroupNorm(2, 4), "bias"), (nn.BatchNorm1d(4), "weight")):
+        converted = nesgpu.convert(_randomize(module.double()), "lowrank", freeze=[name])
+        pm = nesgpu.PerturbedModel(converted, D, sigma=SIGMA, antithetic=True)
+        pm.set_noise()
+        out = pm(torch.randn(4 * D, 4, 3, dtype=torch.float64) if not isinstance(module, nn.LayerNorm)
+                 else torch.randn(4 * D, 4, dtype=torch.float64))
+        assert out.shape[0] == 4 * D and list(pm.dense_noise()) == [n for n in ("weight", "bias") if n != name]
+
+
+def test_bypass_of_the_only_perturbed_module_is_an_error():
+    class ReadsWeight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.lin.weight, self.lin.bias)
+
+    pm = nesgpu.PerturbedModel(nesgpu.convert(ReadsWeight(), "lowrank"), 2)
+    pm.set_noise()
+    with pytest.raises(RuntimeError, match=r"\['lin'\] were not used"):
+        pm(torch.randn(2, 3))
+
+
+def test_tied_weights_parametrized_modules_and_custom_forwards():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(5, 4), nn.Linear(4, 5)
+            self.head.weight = self.embed.weight
+
+    with pytest.raises(ValueError, match="'embed.weight' and 'head.weight' are one tensor"):
+        nesgpu.convert(Tied(), "lowrank")
+    nesgpu.convert(Tied(), "lowrank", freeze=["embed"])  # the shared tensor frozen: nothing is split
+    with pytest.raises(ValueError, match="parametrized weights"):
+        nesgpu.convert(nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(2, 2))), "lowrank")
+
+    class Doubled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    x = torch.randn(4, 3)
+    plain = Doubled(3, 2)
+    expected = plain(x)
+    with pytest.warns(UserWarning, match="torch.func fallback"):
+        converted = nesgpu.convert(plain, "lowrank")
+    torch.testing.assert_close(converted(x), expected)
+    pm = nesgpu.PerturbedModel(converted, 4, sigma=SIGMA)
+    pm.set_noise()
+    z = pm.dense_noise()
+    ref = torch.stack([2 * torch.nn.functional.linear(x[d], plain.weight + SIGMA * z["weight"][d],
+                                                      plain.bias + SIGMA * z["bias"][d]) for d in range(4)])
+    torch.testing.assert_close(pm(x), ref)
+
+
+def test_fallback_batches_keyword_tensors_and_allows_dropout():
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.s = nn.Parameter(torch.ones(3))
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, x, mask=None):
+            return self.drop(x * self.s) * mask
+
+    with pytest.warns(UserWarning, match="fallback"):
+        module = nesgpu.convert(Masked(), "lowrank")
+    pm = nesgpu.PerturbedModel(module, 4, sigma=SIGMA)
+    pm.set_noise()
+    mask = torch.zeros(4, 3)
+    mask[1] = 1
+    out = pm(torch.ones(4, 3), mask=mask)
+    assert out.shape == (4, 3) and out[[0, 2, 3]].abs().sum() == 0
+    with pytest.raises(ValueError, match="contains a BatchNorm"):
+        nesgpu.convert(_BareWithBatchNorm(), "lowrank")
+
+
+class _BareWithBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.s = nn.Parameter(torch.ones(3))
+        self.bn = nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        return self.bn(x * self.s)
+
+
+def test_embedding_padding_row_is_left_out_of_norms_and_counts():
+    module = nesgpu.convert(nn.Embedding(6, 3, padding_idx=1), "lowrank")
+    pm = nesgpu.PerturbedModel(module, 4)
+    pm.set_noise()
+    dense = pm.dense_noise()["weight"]
+    torch.testing.assert_close(pm.noise_sq_norms(), dense.pow(2).flatten(1).sum(1))
+    assert pm.num_perturbed == 5 * 3
+
+
+def test_bad_inputs_name_expected_and_got():
+    gn = nesgpu.convert(nn.GroupNorm(2, 4), "lowrank")
+    pm = nesgpu.PerturbedModel(gn, 2)
+    pm.set_noise()
+    with pytest.raises(ValueError, match=r"expected input of shape \(repeats \* directions, 4, \*\); got \(2, 6\)"):
+        pm(torch.randn(2, 6))
+    mha = nesgpu.convert(nn.MultiheadAttention(4, 1, batch_first=True), "lowrank")
+    pm = nesgpu.PerturbedModel(mha, 2)
+    pm.set_noise()
+    with pytest.raises(ValueError, match="need the same rows"):
+        pm(torch.randn(2, 3, 4), torch.randn(4, 3, 4), torch.randn(4, 3, 4))

@@ -21,10 +21,16 @@ from dataclasses import dataclass
 import torch
 
 from .base import Kind, randn
+from .ops import LinearOp
 
 ELEMENTWISE_MAX_RANK = 4
 """Ranks up to this take r fused elementwise passes (on the CPU these beat a batched matmul whose D
 batches are matrix-vector products); higher ranks use two batched matmuls."""
+
+BATCHED_MIN_POSITIONS = 8
+"""Rows with at least this many positions (sequences) use batched matmuls whatever the rank: each of the
+R * D batches is then a real (positions x in) product, and the elementwise path's full-size temporary
+would cost a pass over the input."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,13 @@ class LowRank(Kind):
         if g.is_matrix:
             d = a.shape[0]
             rows = op.per_repeat(scale, x)
+            if isinstance(op, LinearOp) and x.shape[2] >= BATCHED_MIN_POSITIONS and y.is_contiguous():
+                # many positions per row (a sequence): one batched matmul per factor, accumulated in place
+                r_ = x.shape[0]
+                t = torch.matmul(x, b.transpose(1, 2)).mul_(rows)  # (R, D, M, r), no copy of x
+                a_rows = a.unsqueeze(0).expand(r_, d, self.rank, g.out).reshape(r_ * d, self.rank, g.out)
+                y.view(r_ * d, -1, g.out).baddbmm_(t.view(r_ * d, -1, self.rank), a_rows)
+                return
             if self.rank <= ELEMENTWISE_MAX_RANK:
                 for k in range(self.rank):
                     t = (x * op.per_channel(b[:, k], x)).sum(op.channel_dim, keepdim=True).mul_(rows)

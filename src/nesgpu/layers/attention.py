@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kinds import LINEAR, Geometry, make_kind
-from .base import PerturbedModule, Population
-from .linear import PerturbedLinear, rows_view
+from ..kinds import Geometry, make_kind
+from .base import PerturbedModule, compute_dtype
+from .linear import PerturbedLinear
 
 
 class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
@@ -47,27 +47,8 @@ class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
                      "v_proj_weight": Geometry(e, self.vdim)})
         self._init_perturbation(kind, directions, matrices, "linear")
 
-    @contextmanager
-    def batch_first_as(self, value: bool):
-        """Within this block, treat inputs as batch-first or not (for the transformer layers)."""
-        saved = self.batch_first
-        self.batch_first = value
-        try:
-            yield
-        finally:
-            self.batch_first = saved
-
-    def _project(self, x: torch.Tensor, name: str, part: slice, pop: Population) -> torch.Tensor:
-        """x (N, L, in) times projection ``name`` (rows ``part`` of the in-projection bias) -> (N, L, out)."""
-        weight = getattr(self, name)
-        bias = None if self.in_proj_bias is None else self.in_proj_bias[part]
-        y = F.linear(x, weight, bias)
-        y4 = rows_view(y, pop.repeats, pop.directions)
-        self._product_(name, LINEAR, rows_view(x.to(y.dtype), pop.repeats, pop.directions), y4, pop.scale)
-        noise = self._noise_of("in_proj_bias", y.dtype) if bias is not None else None
-        if noise is not None:
-            y4.addcmul_(LINEAR.per_channel(noise["z"][:, part], y4), LINEAR.per_repeat(pop.scale, y4))
-        return y
+    def _project(self, x, weight, part, pop):
+        return self._perturbed_linear(x, pop, weight, "in_proj_bias" if self.in_proj_bias is not None else None, part)
 
     def _in_projection(self, q, k, v, pop):
         e = self.embed_dim
@@ -77,7 +58,7 @@ class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
                     self._project(v, "v_proj_weight", thirds[2], pop))
         # one packed (3E, E) matrix: its structured noise does not split by rows for every kind, so each
         # distinct input takes the whole product and keeps its part
-        whole = slice(0, 3 * e)
+        whole = None
         if q is k and k is v:
             return self._project(q, "in_proj_weight", whole, pop).chunk(3, dim=-1)
         q_ = self._project(q, "in_proj_weight", whole, pop)[..., :e]
@@ -99,23 +80,27 @@ class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
             key = query if same_qk else key.transpose(0, 1)
             value = key if same_kv else value.transpose(0, 1)
         n, length, e = query.shape
-        pop = self._population(n, query)
+        pop = self._population(n, compute_dtype(query), query.device)
         q, k, v = self._in_projection(query, key, value, pop)
-        mask = _additive_mask(attn_mask, key_padding_mask, n, self.num_heads, length, k.shape[1], q.dtype)
+        if key.shape[:2] != (n, value.shape[1]) or value.shape[0] != n:
+            raise ValueError(f"{type(self).__name__}: query, key and value need the same rows and key / value the "
+                             f"same length; got query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+                             f"{tuple(value.shape)} (batch-first)")
+        source = key.shape[1]
+        if is_causal and attn_mask is None and (key_padding_mask is not None or need_weights or self.bias_k is not None
+                                                or self.add_zero_attn):
+            attn_mask, is_causal = _causal(length, source, query.device), False  # sdpa's flag cannot combine
+        mask = _additive_mask(attn_mask, key_padding_mask, n, self.num_heads, length, source, q.dtype)
         extra = []
         if self.bias_k is not None:  # one more key / value per member
-            extra.append((self._member_values("bias_k", pop, k.dtype).view(n, 1, e),
-                          self._member_values("bias_v", pop, v.dtype).view(n, 1, e)))
+            extra.append(tuple(self._member_values(name, pop, t.dtype).expand(pop.repeats, pop.directions, 1, 1, e)
+                               .reshape(n, 1, e) for name, t in (("bias_k", k), ("bias_v", v))))
         if self.add_zero_attn:
             extra.append((k.new_zeros(n, 1, e), v.new_zeros(n, 1, e)))
         for k_extra, v_extra in extra:
             k, v = torch.cat([k, k_extra], 1), torch.cat([v, v_extra], 1)
             if mask is not None:
                 mask = F.pad(mask, (0, 1))
-        if is_causal and mask is None and extra:
-            mask = _additive_mask(_causal(length, k.shape[1] - len(extra), q.device), None, n, self.num_heads,
-                                  length, k.shape[1] - len(extra), q.dtype)
-            mask = F.pad(mask, (0, len(extra)))
         heads = lambda t: t.reshape(n, t.shape[1], self.num_heads, -1).transpose(1, 2)
         q, k, v = heads(q), heads(k), heads(v)
         dropout = self.dropout if self.training else 0.0
@@ -124,9 +109,6 @@ class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
             if mask is not None:
                 scores = scores + mask
-            elif is_causal:
-                scores = scores + _additive_mask(_causal(length, k.shape[2], q.device), None, n, self.num_heads,
-                                                 length, k.shape[2], q.dtype)
             weights = F.dropout(scores.softmax(-1), dropout, training=dropout > 0)
             out = weights @ v
             weights = weights.mean(1) if average_attn_weights else weights
@@ -139,6 +121,18 @@ class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
         return out, weights
 
 
+@contextmanager
+def batch_first_as(attention: nn.MultiheadAttention, value: bool):
+    """Within this block, ``attention`` treats its inputs as batch-first or not (the transformer layers run
+    their population path batch-first)."""
+    saved = attention.batch_first
+    attention.batch_first = value
+    try:
+        yield
+    finally:
+        attention.batch_first = saved
+
+
 def _causal(length: int, source: int, device) -> torch.Tensor:
     return torch.ones(length, source, dtype=torch.bool, device=device).triu(1)
 
@@ -146,6 +140,12 @@ def _causal(length: int, source: int, device) -> torch.Tensor:
 def _additive_mask(attn_mask, key_padding_mask, n, heads, length, source, dtype):
     """torch's masks (bool True = not allowed, or float added) as one float mask (n or 1, heads or 1, L, S)."""
     mask = None
+    if attn_mask is not None and tuple(attn_mask.shape) not in ((length, source), (n * heads, length, source)):
+        raise ValueError(f"attn_mask must have shape ({length}, {source}) or ({n * heads}, {length}, {source}) "
+                         f"(rows x heads first); got {tuple(attn_mask.shape)}")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (n, source):
+        raise ValueError(f"key_padding_mask must have shape ({n}, {source}) (rows, source length); got "
+                         f"{tuple(key_padding_mask.shape)}")
     if attn_mask is not None:
         m = attn_mask if attn_mask.is_floating_point() else torch.zeros(
             attn_mask.shape, dtype=dtype, device=attn_mask.device).masked_fill_(attn_mask, float("-inf"))
@@ -164,11 +164,11 @@ class PerturbedTransformerEncoderLayer(nn.TransformerEncoderLayer):
     inside, so that its perturbed attention, linear and norm layers all see the population rows first."""
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        if not _perturbing(self.self_attn):
+        if not _perturbing(self):
             return super().forward(src, src_mask, src_key_padding_mask, is_causal)
         batch_first = self.self_attn.batch_first
         x = src if batch_first else src.transpose(0, 1)
-        with self.self_attn.batch_first_as(True):
+        with batch_first_as(self.self_attn, True):
             if self.norm_first:
                 x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal=is_causal)
                 x = x + self._ff_block(self.norm2(x))
@@ -183,12 +183,12 @@ class PerturbedTransformerDecoderLayer(nn.TransformerDecoderLayer):
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
-        if not _perturbing(self.self_attn):
+        if not _perturbing(self):
             return super().forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
                                    memory_key_padding_mask, tgt_is_causal, memory_is_causal)
         batch_first = self.self_attn.batch_first
         x, mem = (tgt, memory) if batch_first else (tgt.transpose(0, 1), memory.transpose(0, 1))
-        with self.self_attn.batch_first_as(True), self.multihead_attn.batch_first_as(True):
+        with batch_first_as(self.self_attn, True), batch_first_as(self.multihead_attn, True):
             if self.norm_first:
                 x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
                 x = x + self._mha_block(self.norm2(x), mem, memory_mask, memory_key_padding_mask, memory_is_causal)
@@ -200,5 +200,6 @@ class PerturbedTransformerDecoderLayer(nn.TransformerDecoderLayer):
         return x if batch_first else x.transpose(0, 1)
 
 
-def _perturbing(attention: nn.Module) -> bool:
-    return isinstance(attention, PerturbedModule) and attention.is_perturbing
+def _perturbing(layer: nn.Module) -> bool:
+    """Whether a population call is running through ``layer`` (one of its perturbed modules is perturbing)."""
+    return any(isinstance(m, PerturbedModule) and m.is_perturbing for m in layer.modules())

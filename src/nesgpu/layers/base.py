@@ -18,13 +18,26 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from ..kinds import Gaussian, Geometry, Kind, Noise, Op
+from ..kinds import KINDS, LINEAR, Gaussian, Geometry, Kind, Noise, Op
 from ..noise import NoiseSource
 
 VECTOR = Gaussian()
 """The kind of every parameter that is not a matrix: IID Gaussian, elementwise."""
+
+
+def rows_view(t: torch.Tensor, repeats: int, directions: int) -> torch.Tensor:
+    """(R * D, ..., C) -> (R, D, M, C): every dimension between the rows and the channels is per member."""
+    return t.view(repeats, directions, -1, t.shape[-1])
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of ``x`` returns: the autocast dtype when autocast is on for its device."""
+    if x.is_floating_point() and torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 def repeat_scale(repeats: int, sigma: float, antithetic: bool, like: torch.Tensor) -> torch.Tensor:
@@ -83,8 +96,7 @@ class PerturbedModule(nn.Module):
             raise TypeError(f"kind must be a nesgpu.kinds.Kind; got {type(kind).__name__}")
         if matrices and not kind.supports(product):
             raise ValueError(f"kind {kind.name!r} has no {product} product; for {type(self).__name__} use one of "
-                             f"{sorted(k for k in ('gaussian', 'lowrank', 'sparse', 'permuted', 'flipout'))} "
-                             f"that supports it (gaussian always does)")
+                             f"{sorted(k for k, cls in KINDS.items() if product in cls.products)}")
         self.kind = kind
         self.directions = directions
         self.layer_key = 0
@@ -95,7 +107,7 @@ class PerturbedModule(nn.Module):
         self._range = range(0)
         self._active: Active | None = None
         self._scale: tuple[tuple, torch.Tensor] | None = None  # the last repeat_scale and its key
-        self.population_calls = 0  # perturbed products since the last ``perturbing`` began
+        self.population_calls = 0  # noise uses since the last ``perturbing`` began (the bypass check reads it)
 
     # ----- parameters and noise ----------------------------------------------------------------------
     def declare_parameters(self) -> None:
@@ -117,6 +129,10 @@ class PerturbedModule(nn.Module):
     def perturbed_parameters(self) -> dict[str, nn.Parameter]:
         """The parameters this module perturbs, by attribute name."""
         return {slot.name: self.get_parameter(slot.name) for slot in self._slots}
+
+    def perturbed_numel(self) -> int:
+        """How many scalars this module perturbs (the dimension of its part of z_d)."""
+        return sum(p.numel() for p in self.perturbed_parameters().values())
 
     @property
     def needs_antithetic(self) -> bool:
@@ -239,8 +255,9 @@ class PerturbedModule(nn.Module):
     def is_perturbing(self) -> bool:
         return self._active is not None
 
-    def _population(self, rows: int, like: torch.Tensor) -> Population:
-        """Check that ``rows`` is R x D (R even with antithetic sampling) and return R, D and the scale."""
+    def _population(self, rows: int, dtype: torch.dtype, device: torch.device) -> Population:
+        """Check that ``rows`` is R x D (R even with antithetic sampling) and return R, D and the scale in
+        ``dtype``, the dtype the perturbation is added in (see :func:`compute_dtype`)."""
         self._require_noise()
         d = self.local_directions
         if rows % d:
@@ -252,13 +269,21 @@ class PerturbedModule(nn.Module):
                              f"has {rows} rows = {r} repeats x {d} directions")
         # kept while repeats, sigma, dtype and device stay the same (an RL rollout calls the module hundreds
         # of times per step with the same ones); read-only
-        dtype = like.dtype
-        if torch.is_autocast_enabled(like.device.type):  # the products come out in the autocast dtype
-            dtype = torch.get_autocast_dtype(like.device.type)
-        key = (r, *self._active, dtype, like.device)
+        key = (r, *self._active, dtype, device)
         if self._scale is None or self._scale[0] != key:
-            self._scale = (key, repeat_scale(r, *self._active, torch.empty(0, dtype=dtype, device=like.device)))
+            self._scale = (key, repeat_scale(r, *self._active, torch.empty(0, dtype=dtype, device=device)))
         return Population(r, d, self._scale[1])
+
+    def _perturbed_linear(self, x: torch.Tensor, pop: Population, weight: str, bias: str | None,
+                          part: slice | None = None) -> torch.Tensor:
+        """x (R * D, ..., in) through matrix ``weight`` and vector ``bias`` (rows ``part`` of it), both perturbed."""
+        b = None if bias is None else getattr(self, bias)
+        y = F.linear(x, getattr(self, weight), b if b is None or part is None else b[part])
+        y4 = rows_view(y, pop.repeats, pop.directions)
+        self._product_(weight, LINEAR, rows_view(x.to(y.dtype), pop.repeats, pop.directions), y4, pop.scale)
+        if b is not None:
+            self._add_vector_(bias, LINEAR, y4, pop.scale, part)
+        return y
 
     def _noise_of(self, name: str, dtype: torch.dtype) -> Noise | None:
         """The noise of parameter ``name`` in the compute dtype, or None when it is frozen."""
@@ -274,14 +299,16 @@ class PerturbedModule(nn.Module):
         if noise is not None:
             self._slot(name).kind.apply_(op, x, y, scale, noise)
 
-    def _add_vector_(self, name: str, op: Op, y: torch.Tensor, scale: torch.Tensor) -> None:
-        """y += scale_r z_d on the op's channel dimension, for a vector parameter (a bias)."""
+    def _add_vector_(self, name: str, op: Op, y: torch.Tensor, scale: torch.Tensor, part: slice | None = None) -> None:
+        """y += scale_r z_d on the op's channel dimension, for a vector parameter (a bias; entries ``part``)."""
         noise = self._noise_of(name, y.dtype)
         if noise is not None:
-            y.addcmul_(op.per_channel(noise["z"], y), op.per_repeat(scale, y))
+            z = noise["z"] if part is None else noise["z"][:, part]
+            y.addcmul_(op.per_channel(z, y), op.per_repeat(scale, y))
 
     def _member_values(self, name: str, pop: Population, dtype: torch.dtype) -> torch.Tensor:
-        """theta + scale_r z_d for every member: (R, D, *shape). Frozen parameters broadcast as (1, 1, *shape)."""
+        """theta + scale_r z_d for every member: (R, D, *shape); a frozen parameter is (1, 1, *shape), which
+        broadcasts against it."""
         p = self.get_parameter(name)
         noise = self._noise_of(name, dtype)
         if noise is None:

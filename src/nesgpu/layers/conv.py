@@ -22,8 +22,8 @@ class _PerturbedConv(PerturbedModule):
         if x.dim() != dims + 2 or x.shape[1] != self.in_channels:
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, "
                              f"{self.in_channels}, {dims} spatial dims); got {tuple(x.shape)}")
-        pop = self._population(x.shape[0], x)
         y = self._conv_forward(x, self.weight, self.bias)
+        pop = self._population(x.shape[0], y.dtype, y.device)
         y_rows = y.view(pop.repeats, pop.directions, *y.shape[1:])
         self._product_("weight", self.op, x.to(y.dtype).view(pop.repeats, pop.directions, *x.shape[1:]), y_rows,
                       pop.scale)

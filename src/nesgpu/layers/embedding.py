@@ -42,21 +42,38 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
             raise ValueError(f"{type(self).__name__}: expected integer indices of shape (repeats * directions, ...); "
                              f"got {index.dtype} of shape {tuple(index.shape)}")
         y = F.embedding(index, self.weight, self.padding_idx)
-        pop = self._population(index.shape[0], y)
+        pop = self._population(index.shape[0], y.dtype, y.device)
         noise = self._noise_of("weight", y.dtype)
         if noise is None:
             return y
         rows = index.reshape(pop.repeats, pop.directions, -1)
         y4 = y.view(pop.repeats, pop.directions, rows.shape[-1], self.embedding_dim)
         self.kind.embed_(rows, y4, pop.scale, noise)
-        if self.padding_idx is not None:  # the padding row stays as it is
-            y4[rows == self.padding_idx] = self.weight[self.padding_idx].to(y.dtype)
+        if self.padding_idx is not None:  # the padding row stays as it is (torch.where: no host sync)
+            y4.copy_(torch.where((rows == self.padding_idx).unsqueeze(-1), self.weight[self.padding_idx].to(y.dtype),
+                                 y4))
         return y
 
     def _mask_grad(self, name, grad):
         if self.padding_idx is not None:
             grad[self.padding_idx] = 0
         return grad
+
+    def noise_sq_norms(self) -> torch.Tensor:
+        sq = super().noise_sq_norms()
+        noise = self.noise_record("weight")
+        if self.padding_idx is None or noise is None:
+            return sq
+        # minus the padding row's share: z_d[padding_idx], looked up as one token per direction
+        d = noise.directions
+        row = torch.zeros(1, d, 1, self.embedding_dim, dtype=self.weight.dtype, device=self.weight.device)
+        index = torch.full((1, d, 1), self.padding_idx, device=self.weight.device)
+        self.kind.embed_(index, row, torch.ones(1, dtype=row.dtype, device=row.device), noise)
+        return sq - row.pow(2).sum((0, 2, 3))
+
+    def perturbed_numel(self) -> int:
+        return super().perturbed_numel() - (self.embedding_dim if self.padding_idx is not None and
+                                            self.weight.requires_grad else 0)
 
     def _mask_dense(self, name, dense):
         if self.padding_idx is not None:

@@ -28,19 +28,28 @@ class FunctionalPerturbed(PerturbedModule):
             raise ValueError(f"{type(self).__name__}: a population call needs a tensor argument whose first "
                              f"dimension is the rows (repeats * directions); got {[type(a).__name__ for a in args]}")
         n = first.shape[0]
-        pop = self._population(n, first)
+        pop = self._population(n, first.dtype if first.is_floating_point() else torch.get_default_dtype(),
+                               first.device)
         params = {name: self._member_values(name, pop, p.dtype).reshape(n, *p.shape)
                   for name, p in self.perturbed_parameters().items()}
-        batched = [isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == n for a in args]
+        def is_batched(a):
+            return isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == n
+
+        names = list(kwargs)
+        values = [kwargs[k] for k in names]
+        batched = [is_batched(a) for a in (*args, *values)]
 
         def member(member_params, *member_args):
             member_args = [a.unsqueeze(0) if b else a for a, b in zip(member_args, batched)]
-            out = functional_call(self, member_params, tuple(member_args), kwargs)
+            positional, keywords = member_args[:len(args)], dict(zip(names, member_args[len(args):]))
+            out = functional_call(self, member_params, tuple(positional), keywords)
             return tree_map(lambda t: t.squeeze(0) if isinstance(t, torch.Tensor) else t, out)
 
         active, self._active = self._active, None  # the inner calls run the plain forward
         try:
-            return vmap(member, in_dims=(0, *[0 if b else None for b in batched]))(params, *args)
+            # "different": dropout and other random ops draw independently for every member
+            return vmap(member, in_dims=(0, *[0 if b else None for b in batched]), randomness="different")(
+                params, *args, *values)
         finally:
             self._active = active
 

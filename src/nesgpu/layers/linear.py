@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..kinds import LINEAR, Flipout, Geometry, LowRank, Permuted, Sparse, make_kind
-from .base import PerturbedModule
-
-
-def rows_view(t: torch.Tensor, repeats: int, directions: int) -> torch.Tensor:
-    """(R * D, ..., C) -> (R, D, M, C): every dimension between the rows and the channels is per member."""
-    return t.view(repeats, directions, -1, t.shape[-1])
+from ..kinds import Flipout, Geometry, LowRank, Permuted, Sparse, make_kind
+from .base import PerturbedModule, compute_dtype
 
 
 class PerturbedLinear(PerturbedModule, nn.Linear):
@@ -42,13 +36,8 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
         if x.dim() < 2 or x.shape[-1] != self.in_features:
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
                              f"{self.in_features}); got {tuple(x.shape)}")
-        pop = self._population(x.shape[0], x)
-        y = F.linear(x, self.weight, self.bias)
-        y4 = rows_view(y, pop.repeats, pop.directions)
-        self._product_("weight", LINEAR, rows_view(x.to(y.dtype), pop.repeats, pop.directions), y4, pop.scale)
-        if self.bias is not None:
-            self._add_vector_("bias", LINEAR, y4, pop.scale)
-        return y
+        pop = self._population(x.shape[0], compute_dtype(x), x.device)
+        return self._perturbed_linear(x, pop, "weight", "bias")
 
 
 class SparsePerturbedLinear(PerturbedLinear):

@@ -28,11 +28,13 @@ class _ElementwiseAffine(PerturbedModule):
 
     def _affine(self, normalised: torch.Tensor, pop: Population, shape: tuple[int, ...]) -> torch.Tensor:
         """normalised viewed as (R, D, *shape) per the caller; weight / bias broadcast on ``shape``."""
-        view = (pop.repeats, pop.directions, *shape)
-        weight = self._member_values("weight", pop, normalised.dtype).view(view) \
-            if getattr(self, "weight", None) is not None else None
-        bias = self._member_values("bias", pop, normalised.dtype).view(view) \
-            if getattr(self, "bias", None) is not None else None
+        def values(name):  # (R, D, *shape), or (1, 1, *shape) when frozen
+            if getattr(self, name, None) is None:
+                return None
+            t = self._member_values(name, pop, normalised.dtype)
+            return t.view(t.shape[0], t.shape[1], *shape)
+
+        weight, bias = values("weight"), values("bias")
         if weight is not None and bias is not None:
             return torch.addcmul(bias, normalised, weight)  # one fused pass
         if weight is not None:
@@ -50,7 +52,7 @@ class PerturbedLayerNorm(_ElementwiseAffine, nn.LayerNorm):
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         normalised = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
-        pop = self._population(x.shape[0], normalised)
+        pop = self._population(x.shape[0], normalised.dtype, x.device)
         k = math.prod(self.normalized_shape)
         y = self._affine(normalised.view(pop.repeats, pop.directions, -1, k), pop, (1, k))
         return y.view(x.shape)
@@ -66,7 +68,7 @@ class PerturbedRMSNorm(_ElementwiseAffine, nn.RMSNorm):
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         normalised = F.rms_norm(x, self.normalized_shape, None, self.eps)
-        pop = self._population(x.shape[0], normalised)
+        pop = self._population(x.shape[0], normalised.dtype, x.device)
         k = math.prod(self.normalized_shape)
         y = self._affine(normalised.view(pop.repeats, pop.directions, -1, k), pop, (1, k))
         return y.view(x.shape)
@@ -85,8 +87,11 @@ class PerturbedGroupNorm(_ElementwiseAffine, nn.GroupNorm):
         self._init_norm(directions)
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2 or x.shape[1] != self.num_channels:
+            raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, "
+                             f"{self.num_channels}, *); got {tuple(x.shape)}")
         normalised = F.group_norm(x, self.num_groups, None, None, self.eps)
-        pop = self._population(x.shape[0], normalised)
+        pop = self._population(x.shape[0], normalised.dtype, x.device)
         return self._affine(_channels_view(normalised, pop), pop, (self.num_channels, 1)).view(x.shape)
 
 
@@ -102,7 +107,7 @@ class _PerturbedBatchNorm(_ElementwiseAffine):
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        pop = self._population(x.shape[0], x)
+        pop = self._population(x.shape[0], x.dtype, x.device)
         xv = _channels_view(x, pop)  # (R, D, C, L)
         if self.training or self.running_mean is None:
             signs = 2 if self._active.antithetic else 1

@@ -1,4 +1,4 @@
-"""Perturbed nn.LSTM and nn.GRU: a population-batched recurrence.
+"""Perturbed nn.LSTM, nn.GRU and nn.RNN: a population-batched recurrence.
 
 cuDNN's fused recurrent kernel takes one set of weights, so the population forward runs the recurrence
 itself: each layer's input projection for all time steps at once (one perturbed product), then one
@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kinds import LINEAR, Geometry, make_kind
-from .base import PerturbedModule, Population
-from .linear import rows_view
+from ..kinds import Geometry, make_kind
+from .base import PerturbedModule, compute_dtype
 
 
 class _PerturbedRNN(PerturbedModule):
@@ -37,16 +36,6 @@ class _PerturbedRNN(PerturbedModule):
                 matrices[name] = Geometry(shape[0], shape[1])
         self._init_perturbation(make_kind(kind, **options), directions, matrices, "linear")
 
-    def _linear(self, x: torch.Tensor, suffix: str, part: str, pop: Population) -> torch.Tensor:
-        """x (N, ..., in) through weight_{part}_{suffix} and its bias, perturbed."""
-        weight, bias = f"weight_{part}_{suffix}", f"bias_{part}_{suffix}"
-        y = F.linear(x, getattr(self, weight), getattr(self, bias) if self.bias else None)
-        y4 = rows_view(y, pop.repeats, pop.directions)
-        self._product_(weight, LINEAR, rows_view(x.to(y.dtype), pop.repeats, pop.directions), y4, pop.scale)
-        if self.bias:
-            self._add_vector_(bias, LINEAR, y4, pop.scale)
-        return y
-
     def population_forward(self, input, hx=None):
         if isinstance(input, nn.utils.rnn.PackedSequence) or input.dim() != 3:
             raise ValueError(f"{type(self).__name__}: a population call needs a padded batch of 3 dimensions "
@@ -54,24 +43,29 @@ class _PerturbedRNN(PerturbedModule):
                              f"{tuple(input.shape) if isinstance(input, torch.Tensor) else ''}")
         x = input if self.batch_first else input.transpose(0, 1)  # (N, T, in)
         n, steps = x.shape[:2]
-        pop = self._population(n, x)
+        pop = self._population(n, compute_dtype(x), x.device)
         sides = 2 if self.bidirectional else 1
-        lstm = self.gates == 4
+        lstm = isinstance(self, nn.LSTM)
         if hx is None:
             zeros = x.new_zeros(self.num_layers * sides, n, self.hidden_size)
             hx = (zeros, zeros) if lstm else zeros
         h0, c0 = hx if lstm else (hx, None)
+        expected = (self.num_layers * sides, n, self.hidden_size)
+        if x.shape[2] != self.input_size or any(t is not None and tuple(t.shape) != expected for t in (h0, c0)):
+            raise ValueError(f"{type(self).__name__}: expected input (rows, T, {self.input_size}) batch-first and "
+                             f"hidden states of shape {expected}; got input {tuple(x.shape)} (batch-first), hidden "
+                             f"{[tuple(t.shape) for t in (h0, c0) if t is not None]}")
         last_h, last_c = [], []
         for layer in range(self.num_layers):
             outputs = []
             for side in range(sides):
                 suffix = f"l{layer}" + ("_reverse" if side else "")
-                inputs = self._linear(x, suffix, "ih", pop)  # every time step at once: (N, T, G * H)
+                inputs = self._perturbed_linear(x, pop, f"weight_ih_{suffix}", f"bias_ih_{suffix}" if self.bias else None)  # every time step at once: (N, T, G * H)
                 h = h0[layer * sides + side]
                 c = c0[layer * sides + side] if lstm else None
                 out = [None] * steps
                 for t in (reversed(range(steps)) if side else range(steps)):
-                    hidden = self._linear(h, suffix, "hh", pop)
+                    hidden = self._perturbed_linear(h, pop, f"weight_hh_{suffix}", f"bias_hh_{suffix}" if self.bias else None)
                     if self.gates == 1:
                         h = self._activation(inputs[:, t] + hidden)
                     elif lstm:
