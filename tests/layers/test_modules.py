@@ -466,3 +466,24 @@ def test_bad_inputs_name_expected_and_got():
     pm.set_noise()
     with pytest.raises(ValueError, match="need the same rows"):
         pm(torch.randn(2, 3, 4), torch.randn(4, 3, 4), torch.randn(4, 3, 4))
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_chunked_directions_draw_the_same_noise_and_add_up_to_the_full_update(name):
+    with _warnings("ignore"):
+        module = nesgpu.convert(_randomize(ZOO[name][0]().double()), "lowrank")
+    directions = 40  # two noise blocks of 32
+    pm = nesgpu.PerturbedModel(module, directions, sigma=SIGMA, antithetic=True, seed=4)
+    w = torch.randn(2, directions, dtype=torch.float64)
+    pm.set_noise(step=2)
+    full = pm.dense_noise()
+    pm.update(w)
+    grads = {n: p.grad.clone() for n, p in module.named_parameters()}
+    module.zero_grad(set_to_none=True)
+    for lo, hi in [(0, 7), (7, 33), (33, 40)]:
+        pm.set_noise(step=2, directions=range(lo, hi))
+        for n, z in pm.dense_noise().items():
+            torch.testing.assert_close(z, full[n][lo:hi], rtol=0, atol=0)
+        pm.update(w[:, lo:hi])
+    for n, p in module.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-12, atol=1e-12)
