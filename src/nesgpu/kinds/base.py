@@ -89,6 +89,14 @@ class Kind:
         """y (R, D, ...) += scale_r * (x_{r,d} times z_d), the product ``op`` defines."""
         raise NotImplementedError
 
+    def apply_with_bias_(self, op: Op, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, noise: Noise,
+                         bias: torch.Tensor | None) -> None:
+        """``apply_``, plus ``scale_r * bias_d`` on the channels for a bias's noise (D, out) when given. A kind
+        may fold the bias into its own product to save a pass over y."""
+        self.apply_(op, x, y, scale, noise)
+        if bias is not None:
+            y.addcmul_(op.per_channel(bias, y), op.per_repeat(scale, y))
+
     def embed_(self, index: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, noise: Noise) -> None:
         """y (R, D, M, dim) += scale_r * z_d[index_{r,d}] for an embedding table z_d of shape (num, dim)."""
         raise NotImplementedError(f"kind {self.name!r} has no embedding product")

@@ -58,12 +58,8 @@ class LowRank(Kind):
         if g.is_matrix:
             d = a.shape[0]
             rows = op.per_repeat(scale, x)
-            if isinstance(op, LinearOp) and x.shape[2] >= BATCHED_MIN_POSITIONS and y.is_contiguous():
-                # many positions per row (a sequence): one batched matmul per factor, accumulated in place
-                r_ = x.shape[0]
-                t = torch.matmul(x, b.transpose(1, 2)).mul_(rows)  # (R, D, M, r), no copy of x
-                a_rows = a.unsqueeze(0).expand(r_, d, self.rank, g.out).reshape(r_ * d, self.rank, g.out)
-                y.view(r_ * d, -1, g.out).baddbmm_(t.view(r_ * d, -1, self.rank), a_rows)
+            if self._batched(op, x, y):
+                self._batched_linear_(x, y, rows, a, b, None)
                 return
             if self.rank <= ELEMENTWISE_MAX_RANK:
                 for k in range(self.rank):
@@ -83,6 +79,29 @@ class LowRank(Kind):
                 y_groups.addcmul_(t[:, :, :, k : k + 1], a[..., k].unsqueeze(-1))
         else:
             y_groups.add_(torch.einsum("rdgkp,dgok->rdgop", t, a))
+
+    @staticmethod
+    def _batched(op, x, y) -> bool:
+        """Many positions per row (a sequence): batched matmuls beat the elementwise passes."""
+        return isinstance(op, LinearOp) and x.shape[2] >= BATCHED_MIN_POSITIONS and y.is_contiguous()
+
+    def _batched_linear_(self, x, y, rows, a, b, bias) -> None:
+        """y += rows_r (x B_d^T) A_d (+ rows_r bias_d): one batched matmul per factor, accumulated in place.
+        A bias's noise rides along as one more rank-one factor (a column of ones times bias_d)."""
+        r_, d, out = x.shape[0], a.shape[0], a.shape[2]
+        t = torch.matmul(x, b.transpose(1, 2)).mul_(rows)  # (R, D, M, r), no copy of x
+        if bias is not None:
+            t = torch.cat([t, rows.expand(r_, d, x.shape[2], 1)], dim=-1)
+            a = torch.cat([a, bias.unsqueeze(1)], dim=1)
+        k = a.shape[1]
+        a_rows = a.unsqueeze(0).expand(r_, d, k, out).reshape(r_ * d, k, out)
+        y.view(r_ * d, -1, out).baddbmm_(t.view(r_ * d, -1, k), a_rows)
+
+    def apply_with_bias_(self, op, x, y, scale, noise, bias):
+        if noise.geometry.is_matrix and self._batched(op, x, y):
+            self._batched_linear_(x, y, op.per_repeat(scale, x), noise["a"], noise["b"], bias)
+            return
+        super().apply_with_bias_(op, x, y, scale, noise, bias)
 
     def embed_(self, index, y, scale, noise):
         a, b = noise["a"], noise["b"]  # (D, r, num), (D, r, dim)

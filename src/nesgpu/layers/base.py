@@ -280,9 +280,14 @@ class PerturbedModule(nn.Module):
         b = None if bias is None else getattr(self, bias)
         y = F.linear(x, getattr(self, weight), b if b is None or part is None else b[part])
         y4 = rows_view(y, pop.repeats, pop.directions)
-        self._product_(weight, LINEAR, rows_view(x.to(y.dtype), pop.repeats, pop.directions), y4, pop.scale)
-        if b is not None:
-            self._add_vector_(bias, LINEAR, y4, pop.scale, part)
+        bias_noise = None if b is None else self._noise_of(bias, y.dtype)
+        bias_z = None if bias_noise is None else bias_noise["z"] if part is None else bias_noise["z"][:, part]
+        noise = self._noise_of(weight, y.dtype)
+        if noise is not None:
+            x4 = rows_view(x.to(y.dtype), pop.repeats, pop.directions)
+            self._slot(weight).kind.apply_with_bias_(LINEAR, x4, y4, pop.scale, noise, bias_z)
+        elif bias_z is not None:
+            y4.addcmul_(LINEAR.per_channel(bias_z, y4), LINEAR.per_repeat(pop.scale, y4))
         return y
 
     def _noise_of(self, name: str, dtype: torch.dtype) -> Noise | None:
