@@ -35,11 +35,12 @@ class _ElementwiseAffine(PerturbedModule):
             return t.view(t.shape[0], t.shape[1], *shape)
 
         weight, bias = values("weight"), values("bias")
+        # ``normalised`` is this call's own fresh tensor: the affine map overwrites it in one pass
         if weight is not None and bias is not None:
-            return torch.addcmul(bias, normalised, weight)  # one fused pass
+            return torch.addcmul(bias, normalised, weight, out=normalised)
         if weight is not None:
-            return normalised * weight
-        return normalised + bias if bias is not None else normalised
+            return normalised.mul_(weight)
+        return normalised.add_(bias) if bias is not None else normalised
 
 
 class PerturbedLayerNorm(_ElementwiseAffine, nn.LayerNorm):

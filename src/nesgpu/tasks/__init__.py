@@ -7,16 +7,25 @@ import torch
 from .envs import ENVS
 from .gym import GymVectorEnv
 from .rl import ObservationNorm, Policy, RLTask, rollout
+from .sequence import SequenceTask, SequenceTransformer, reverse, sort
 from .streaming import StepBatchSampler, StreamingClassificationTask
-from .supervised import ClassificationTask, digits, mnist1d
+from .supervised import ClassificationTask, Conv1dNet, digits, mnist1d
 
-SUPERVISED = {"digits": digits, "mnist1d": mnist1d}
+SUPERVISED = {"digits": digits, "mnist1d": mnist1d, "reverse": reverse, "sort": sort}
 TASK_NAMES = sorted(SUPERVISED) + sorted(ENVS) + ["gym:<id>"]
+# model architectures per task (make_model's ``model`` argument); the first is the default
+MODELS = {"digits": ("mlp",), "mnist1d": ("mlp", "cnn"), "reverse": ("transformer",), "sort": ("transformer",)}
+
+
+def model_choices(task: str) -> tuple[str, ...]:
+    """The architectures ``make_model`` of a task builds; the first is its default (RL tasks: "mlp")."""
+    return MODELS.get(task, ("mlp",))
 
 
 def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batch_size: int = 64,
               episodes: int = 1, eval_episodes: int = 10):
-    """A task by name: "digits", "mnist1d", "cartpole", "pendulum", "acrobot", "mountaincar" or "gym:<id>"."""
+    """A task by name: "digits", "mnist1d", "reverse", "sort", "cartpole", "pendulum", "acrobot", "mountaincar"
+    or "gym:<id>"."""
     if name in SUPERVISED:
         return SUPERVISED[name](device=device, seed=seed, batch_size=batch_size)
     if name in ENVS:
@@ -36,5 +45,6 @@ def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batc
     raise ValueError(f"unknown task {name!r}; expected one of {TASK_NAMES}")
 
 
-__all__ = ["StepBatchSampler", "StreamingClassificationTask", "ClassificationTask", "ENVS", "GymVectorEnv", "ObservationNorm", "Policy", "RLTask", "TASK_NAMES",
-           "digits", "make_task", "mnist1d", "rollout"]
+__all__ = ["StepBatchSampler", "StreamingClassificationTask", "ClassificationTask", "Conv1dNet", "ENVS", "GymVectorEnv",
+           "MODELS", "ObservationNorm", "Policy", "RLTask", "SequenceTask", "SequenceTransformer", "TASK_NAMES",
+           "digits", "make_task", "mnist1d", "model_choices", "reverse", "rollout", "sort"]

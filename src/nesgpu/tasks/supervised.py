@@ -53,8 +53,20 @@ class ClassificationTask:
         return cls(torch.as_tensor(x_train).float(), torch.as_tensor(y_train), torch.as_tensor(x_test).float(),
                    torch.as_tensor(y_test), **kwargs)
 
-    def make_model(self, hidden: tuple[int, ...] = (64,)) -> nn.Module:
-        """An MLP with tanh hidden layers (inputs are flattened)."""
+    def make_model(self, hidden: tuple[int, ...] = (64,), model: str = "mlp") -> nn.Module:
+        """The classifier.
+
+        Args:
+            hidden: "mlp": hidden layer sizes (tanh; inputs are flattened). "cnn": channels of each Conv1d.
+            model: "mlp", or "cnn" (a :class:`Conv1dNet`; 1-D inputs only).
+        """
+        if model == "cnn":
+            if len(self.input_shape) != 1:
+                raise ValueError(f"model 'cnn' needs 1-D inputs of shape (N, length); got inputs of shape "
+                                 f"(N, {', '.join(map(str, self.input_shape))})")
+            return Conv1dNet(self.input_shape[0], self.num_classes, hidden)
+        if model != "mlp":
+            raise ValueError(f"unknown model {model!r} for task {self.name!r}; expected one of ['cnn', 'mlp']")
         sizes = [int(torch.tensor(self.input_shape).prod()), *hidden]
         layers: list[nn.Module] = [nn.Flatten()]
         for a, b in zip(sizes, sizes[1:]):
@@ -87,6 +99,40 @@ class ClassificationTask:
         for i in range(0, len(self.x_test), batch):
             correct += (model(self.x_test[i:i + batch]).argmax(-1) == self.y_test[i:i + batch]).sum()
         return float(correct) / len(self.x_test)
+
+
+class Conv1dNet(nn.Module):
+    """A 1-D convolutional classifier: each stage a Conv1d (kernel 5, stride 2, padding 2) and a ReLU, then
+    flatten and one Linear.
+
+    Args:
+        length: features per input.
+        num_classes: outputs.
+        channels: output channels of each convolution (at least one).
+
+    Shape:
+        x (N, length) -> logits (N, num_classes); inside, (N, 1, length) -> (N, C, length'). Rows stay on
+        dim 0, so a population of N = R * D rows runs as one batch.
+    """
+
+    def __init__(self, length: int, num_classes: int, channels: tuple[int, ...] = (32, 32, 32)):
+        super().__init__()
+        channels = tuple(int(c) for c in channels)
+        if not channels or min(channels) < 1:
+            raise ValueError(f"channels must be one or more positive sizes; got {channels}")
+        self.length = length
+        stages: list[nn.Module] = []
+        size = length
+        for c_in, c_out in zip((1, *channels), channels):
+            stages += [nn.Conv1d(c_in, c_out, kernel_size=5, stride=2, padding=2), nn.ReLU()]
+            size = (size - 1) // 2 + 1
+        self.features = nn.Sequential(*stages)
+        self.head = nn.Linear(channels[-1] * size, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.length:
+            raise ValueError(f"expected inputs of shape (N, {self.length}); got {tuple(x.shape)}")
+        return self.head(self.features(x.unsqueeze(1)).flatten(1))
 
 
 def digits(device="cpu", seed: int = 0, batch_size: int = 64, test_fraction: float = 0.2) -> ClassificationTask:

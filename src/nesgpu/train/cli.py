@@ -35,9 +35,12 @@ def add_train_parser(commands) -> None:
     p = commands.add_parser("train", help="train a model with ES (default: digits, low-rank MLP)",
                             description="Train with evolution strategies. Unset options take the task's "
                                         "defaults; a --config file sets options, and flags override it.")
-    p.add_argument("--task", help="digits | mnist1d | cartpole | pendulum | acrobot | mountaincar | gym:<id>")
+    p.add_argument("--task", help="digits | mnist1d | reverse | sort | cartpole | pendulum | acrobot | mountaincar "
+                                  "| gym:<id>")
     p.add_argument("--strategy", help=" | ".join(sorted(STRATEGIES)))
     p.add_argument("--layer", help="perturbation kind: " + " | ".join(sorted(KINDS)))
+    p.add_argument("--model", help="architecture: mlp (the default); mnist1d also cnn (Conv1d); reverse, sort: "
+                                   "transformer")
     p.add_argument("--population", type=int, help="members per step, both signs counted")
     p.add_argument("--sigma", type=float, help="noise scale")
     p.add_argument("--lr", type=float, help="learning rate (step size)")
@@ -47,7 +50,8 @@ def add_train_parser(commands) -> None:
     p.add_argument("--out", help="run directory (default runs/default)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR up to --steps")
     p.add_argument("--config", metavar="FILE.yaml", help="options from a YAML file")
-    p.add_argument("--hidden", type=_hidden, help="hidden layer sizes, e.g. 64,64; 0 for a linear model")
+    p.add_argument("--hidden", type=_hidden, help="hidden layer sizes, e.g. 64,64; 0 for a linear model; cnn: "
+                   "channels per Conv1d; transformer: d_model[,n_layers[,n_heads[,dim_feedforward]]]")
     p.add_argument("--batch-size", type=int, dest="batch_size", help="supervised: samples per member per step")
     p.add_argument("--episodes", type=int, help="RL: episodes per member per step")
     p.add_argument("--eval-episodes", type=int, dest="eval_episodes")

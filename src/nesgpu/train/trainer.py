@@ -13,7 +13,7 @@ import torch
 
 from ..model import PerturbedModel, convert, direction_blocks
 from ..strategies import ARS, PGPE, OpenAIES, Schedule, Strategy
-from ..tasks import make_task
+from ..tasks import make_task, model_choices
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
 from .config import PRECISIONS, TrainConfig
 from .distributed import Ranks, init_from_environment, shutdown
@@ -50,9 +50,11 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None):
     """Task, plain model (converted to the perturbed kind), PerturbedModel and strategy of a config."""
     task = make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size, episodes=cfg.episodes,
                      eval_episodes=cfg.eval_episodes)
+    # the task's default architecture is built without naming it: tasks with one model (RL) take no choice
+    default = cfg.model is None or cfg.model == model_choices("gym" if cfg.task.startswith("gym:") else cfg.task)[0]
     with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the caller's RNG alone
         torch.manual_seed(cfg.seed)
-        model = task.make_model(cfg.hidden)
+        model = task.make_model(cfg.hidden) if default else task.make_model(cfg.hidden, model=cfg.model)
     model = convert(model, cfg.layer, **cfg.layer_options).to(device)
     pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
     schedules = dict(
