@@ -13,6 +13,8 @@ register it in :func:`build_parser`.
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 
 from . import __version__
 
@@ -36,14 +38,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning from the command line is one line, like an error (no source file and line)."""
+    print(f"nesgpu: warning: {message}", file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nesgpu`` console script and ``python -m nesgpu``."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ValueError, TypeError, ImportError) as e:  # bad input: one clear line, not a traceback
-        parser.exit(2, f"nesgpu {args.command}: error: {e}\n")
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            return args.func(args)
+        except (ValueError, TypeError, ImportError) as e:  # bad input: one clear line, not a traceback
+            parser.exit(2, f"nesgpu {args.command}: error: {e}\n")
 
 
 if __name__ == "__main__":

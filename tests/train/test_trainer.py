@@ -157,6 +157,7 @@ def test_corrupt_and_mismatched_checkpoints_are_reported(tmp_path):
     ({"population": 17}, "population must be even with antithetic sampling"),
     ({"lr": 0.0}, "lr must be > 0"),
     ({"task": "gym:NoSuchEnv-v0"}, "unknown task 'gym:NoSuchEnv-v0'"),
+    ({"layer": "permuted", "antithetic": False}, "'permuted' is biased without antithetic sampling"),
 ])
 def test_bad_configuration_is_a_clear_error(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
@@ -195,6 +196,15 @@ def test_cli_train_config_file_flags_and_eval(tmp_path, capsys):
         main(["train", "--config", str(config), "--out", str(out)])
     assert exit_info.value.code == 2
     assert "unknown option(s) ['tsak']" in capsys.readouterr().err
+
+
+def test_cli_warnings_are_one_line(tmp_path, capsys):
+    # a kind without an embedding product: the sequence model's embeddings take IID noise, said once each
+    assert main(["train", "--task", "reverse", "--layer", "flipout", "--steps", "1", "--population", "8",
+                 "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert "nesgpu: warning: tokens (Embedding): kind 'flipout' has no embedding product" in err
+    assert "convert(" not in err  # no source line, no traceback
 
 
 def test_python_dash_m_works_like_the_script(tmp_path):

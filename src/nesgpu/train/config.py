@@ -123,6 +123,9 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0; got {self.lr}")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1; got {self.steps}")
+        if KINDS[self.layer].needs_antithetic and not self.antithetic:
+            raise ValueError(f"layer kind {self.layer!r} is biased without antithetic sampling (its directions of "
+                             f"one step share their noise); drop --no-antithetic or choose another kind")
         if self.strategy in ("ars", "pgpe") and not self.antithetic:
             raise ValueError(f"strategy {self.strategy!r} needs antithetic sampling")
         if self.precision not in PRECISIONS:
