@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import DEVICES
 from torch import nn
 from torch.func import functional_call
 
@@ -103,7 +104,7 @@ def _first(out):
 
 
 def _take(t, rows, dim):
-    return t.index_select(dim, torch.tensor(rows))
+    return t.index_select(dim, torch.tensor(rows, device=t.device))
 
 
 def _member_reference(module, inputs, kwargs, z, repeats, antithetic, row_dim):
@@ -127,7 +128,8 @@ def _member_reference(module, inputs, kwargs, z, repeats, antithetic, row_dim):
 @pytest.mark.parametrize("kind", ["gaussian", "lowrank", "flipout", "permuted"])
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("name", list(ZOO))
-def test_module_matches_per_member_reference(name, kind, antithetic):
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_matches_per_member_reference(name, kind, antithetic, device):
     if kind == "permuted" and not antithetic:
         pytest.skip("refused without antithetic sampling (tests/test_estimator.py)")
     factory, _, row_dim = ZOO[name]
@@ -135,10 +137,12 @@ def test_module_matches_per_member_reference(name, kind, antithetic):
             kind in ("flipout", "permuted") and name.startswith("embedding")) else _warnings("error"):
         module = nesgpu.convert(_randomize(factory().double()), kind, rank=2) if kind == "lowrank" else \
             nesgpu.convert(_randomize(factory().double()), kind)
+    module = module.to(device)
     pm = nesgpu.PerturbedModel(module, D, sigma=SIGMA, antithetic=antithetic, seed=2)
     pm.set_noise()
     repeats = 4
-    inputs, kwargs = _inputs(name, repeats * D), _kwargs(name)
+    inputs = tuple(t.to(device) for t in _inputs(name, repeats * D))
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in _kwargs(name).items()}
     got = pm(*inputs, **kwargs)
     z = pm.dense_noise()
     assert set(z) == {n for n, p in module.named_parameters()}  # every parameter is perturbed
@@ -301,9 +305,8 @@ def test_lstm_hidden_states_and_initial_state_match_the_reference():
     x = torch.randn(rows, 5, 3, generator=gen, dtype=torch.float64)
     h0, c0 = (torch.randn(2, rows, 4, generator=gen, dtype=torch.float64) for _ in range(2))
     out, (h_n, c_n) = pm(x, (h0, c0))
-    for (h, d), _ in _per_member(pm, module, lambda p: None).items():
+    for (h, d), params in _per_member(pm, module, lambda p: p).items():
         rows_ = torch.tensor(_member_rows(d, half=h))
-        params = _per_member(pm, module, lambda p: p)[(h, d)]
         ref_out, (ref_h, ref_c) = functional_call(module, params, (x[rows_], (h0[:, rows_], c0[:, rows_])))
         torch.testing.assert_close(out[rows_], ref_out, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(h_n[:, rows_], ref_h, rtol=1e-10, atol=1e-10)
