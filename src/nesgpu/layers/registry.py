@@ -6,19 +6,10 @@ from collections.abc import Callable
 
 from torch import nn
 
-from .attention import PerturbedMultiheadAttention, PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer
-from .conv import PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
-from .embedding import PerturbedEmbedding
-from .linear import PerturbedLinear
-from .norm import (
-    PerturbedBatchNorm1d,
-    PerturbedBatchNorm2d,
-    PerturbedBatchNorm3d,
-    PerturbedGroupNorm,
-    PerturbedLayerNorm,
-    PerturbedRMSNorm,
-)
-from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
+from . import (PerturbedBatchNorm1d, PerturbedBatchNorm2d, PerturbedBatchNorm3d, PerturbedConv1d, PerturbedConv2d,
+               PerturbedConv3d, PerturbedEmbedding, PerturbedGroupNorm, PerturbedGRU, PerturbedLayerNorm,
+               PerturbedLinear, PerturbedLSTM, PerturbedMultiheadAttention, PerturbedRMSNorm, PerturbedRNN,
+               PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer)
 
 
 def _conv(m):
