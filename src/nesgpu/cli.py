@@ -53,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
             return args.func(args)
         except (ValueError, TypeError, ImportError) as e:  # bad input: one clear line, not a traceback
             parser.exit(2, f"nesgpu {args.command}: error: {e}\n")
+        except KeyboardInterrupt:  # a second Ctrl-C, or one outside the training loop
+            parser.exit(130, f"nesgpu {args.command}: interrupted\n")
+        except Exception as e:
+            from .train.trainer import Interrupted
+            if isinstance(e, Interrupted):  # the first Ctrl-C: stopped at a step with a checkpoint
+                parser.exit(130, f"nesgpu {args.command}: {e}\n")
+            raise
 
 
 if __name__ == "__main__":

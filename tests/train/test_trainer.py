@@ -130,7 +130,8 @@ def test_process_killed_mid_save_leaves_a_usable_checkpoint(tmp_path):
 
 def test_corrupt_and_mismatched_checkpoints_are_reported(tmp_path):
     train(TrainConfig(**FAST["cartpole"], out=str(tmp_path / "run")), log=quiet)
-    with pytest.raises(ValueError, match="do not match the model"):
+    with pytest.raises(ValueError, match=r"options that define the run differ from its checkpoint \(hidden: "
+                                         r"\(4,\) -> \(5,\)\)"):
         train(TrainConfig(**{**FAST["cartpole"], "hidden": (5,), "steps": 8}, out=str(tmp_path / "run")),
               resume=True, log=quiet)
     with pytest.raises(ValueError, match="for task 'cartpole', not 'acrobot'"):

@@ -125,6 +125,18 @@ class Strategy:
             state["lr_scheduler"] = self.lr_scheduler.state_dict()
         return state
 
+    def set_lr(self, lr: float) -> None:
+        """A new base step size from the current step on (a schedule keeps scaling it)."""
+        if self.lr_scheduler is None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            return
+        sched = self.lr_scheduler
+        sched.base_lrs = [lr] * len(sched.base_lrs)
+        for group, factor in zip(self.optimizer.param_groups, sched.lr_lambdas):
+            group["initial_lr"] = lr
+            group["lr"] = lr * factor(sched.last_epoch)
+
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         self.pm.sigma = float(state["sigma"])

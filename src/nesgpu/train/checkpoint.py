@@ -8,6 +8,7 @@ where :func:`load_checkpoint` finds it).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -22,8 +23,9 @@ WEIGHTS, STATE = "model.safetensors", "state.pt"
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600: run files are for everyone to read
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -65,6 +67,7 @@ def save_checkpoint(directory: Path, model: nn.Module, state: dict) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
     try:
+        os.chmod(tmp, 0o755)
         save_weights(model, tmp / WEIGHTS)
         with open(tmp / STATE, "wb") as f:
             torch.save(state, f)
@@ -106,5 +109,17 @@ def load_checkpoint(directory: Path, model: nn.Module, validate=None) -> dict:
     return state
 
 
+def _json_safe(value):
+    """NaN and infinities (not JSON) as null, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def write_json(path: Path, values: dict) -> None:
-    atomic_write_text(Path(path), json.dumps(values, indent=2) + "\n")
+    """``values`` as strict JSON (non-finite numbers become null), atomically."""
+    atomic_write_text(Path(path), json.dumps(_json_safe(values), indent=2, allow_nan=False) + "\n")

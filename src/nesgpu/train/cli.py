@@ -49,6 +49,7 @@ def add_train_parser(commands) -> None:
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--out", help="run directory (default runs/default)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR up to --steps")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (else refused)")
     p.add_argument("--config", metavar="FILE.yaml", help="options from a YAML file")
     p.add_argument("--hidden", type=_hidden, help="hidden layer sizes, e.g. 64,64; 0 for a linear model; cnn: "
                    "channels per Conv1d; transformer: d_model[,n_layers[,n_heads[,dim_feedforward]]]")
@@ -100,7 +101,7 @@ def run_train(args: argparse.Namespace) -> int:
     from .trainer import train
 
     cfg, resume = config_from_args(args)
-    summary = train(cfg, resume=resume)
+    summary = train(cfg, resume=resume, overwrite=args.overwrite)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 speaks for the job
         print(json.dumps(summary))
     return 0

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 
+from .. import __version__
 from ..model import PerturbedModel, convert, direction_blocks
 from ..strategies import ARS, PGPE, OpenAIES, Schedule, Strategy
 from ..tasks import make_task, model_choices
+from . import rundir
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
 from .config import PRECISIONS, TrainConfig
 from .distributed import Ranks, init_from_environment, shutdown
@@ -155,11 +160,43 @@ def _progress(total: int, initial: int):
     return tqdm(total=total, initial=initial, disable=not sys.stderr.isatty(), unit="step", dynamic_ncols=True)
 
 
-def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
+class Interrupted(Exception):
+    """The run was stopped (Ctrl-C, SIGTERM) at a step boundary, after writing a checkpoint."""
+
+    def __init__(self, out: Path, step: int):
+        super().__init__(f"interrupted: checkpoint at step {step} in {out}; continue with --resume {out}")
+        self.out, self.step = out, step
+
+
+@contextlib.contextmanager
+def _stop_requests(enabled: bool):
+    """Yields a function telling whether SIGINT / SIGTERM asked the run to stop. The first signal asks to
+    stop at the end of the current step (with a checkpoint); a second one stops at once."""
+    requested: list[int] = []
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+
+    def handler(signum, frame):
+        if requested:
+            raise KeyboardInterrupt
+        requested.append(signum)
+
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield lambda: bool(requested)
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
+
+
+def train(cfg: TrainConfig, resume: bool = False, log=print, overwrite: bool = False) -> dict:
     """Run (or resume) a training run; returns the summary written to ``summary.json``.
 
-    Under torchrun (WORLD_SIZE > 1) every process runs this; ranks split the directions, exchange
-    fitness, and compute the same update. Only rank 0 writes files.
+    A new run refuses an existing run directory unless ``overwrite``; a lock file keeps a second process
+    out of a live run. Ctrl-C (or SIGTERM) stops at the end of the current step with a checkpoint and
+    raises :class:`Interrupted`. Under torchrun (WORLD_SIZE > 1) every process runs this; ranks split the
+    directions, exchange fitness, and compute the same update. Only rank 0 writes files.
     """
     cfg = cfg.resolved()
     out = Path(cfg.out)
@@ -169,32 +206,66 @@ def train(cfg: TrainConfig, resume: bool = False, log=print) -> dict:
         torch.cuda.set_device(device)
     ranks = init_from_environment(device, cfg.dist_timeout)
     try:
-        summary = _train(cfg, out, device, ranks, resume, log if ranks.is_main else (lambda *a, **k: None))
+        lock = rundir.RunLock(out) if ranks.is_main else contextlib.nullcontext()
+        # distributed ranks stop together through the collective timeout, not at a signal of their own
+        with lock, _stop_requests(enabled=not ranks.distributed) as stop_requested:
+            if ranks.is_main:
+                rundir.prepare(out, resume, overwrite)
+            summary = _train(cfg, out, device, ranks, resume, log if ranks.is_main else (lambda *a, **k: None),
+                             stop_requested)
         ranks.barrier()  # tear the group down together, once rank 0 has written its files
         return summary
     finally:  # after an error, without the barrier: a dead peer would make it wait for the timeout
         shutdown()
 
 
-def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resume: bool, log) -> dict:
-    main = ranks.is_main
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-    task, model, pm, strategy = build(cfg, device, ranks)
-    elapsed, env_steps = 0.0, 0
-    if resume:
-        def same_task(state):
-            task_name = state.get("config", {}).get("task") if isinstance(state, dict) else None
-            if task_name != cfg.task:
-                raise ValueError(f"checkpoint in {out} is for task {task_name!r}, not {cfg.task!r}")
+def _check_finite(model, strategy, step: int, last_good: int | None) -> None:
+    """Refuse to save non-finite weights or optimizer state (one host read per checkpoint)."""
+    tensors = [(n, p) for n, p in model.named_parameters()]
+    tensors += [(f"optimizer state {k}", v) for st in strategy.optimizer.state.values() for k, v in st.items()
+                if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    bad = [n for n, t in tensors if not bool(torch.isfinite(t).all())]
+    if bad:
+        kept = f"the checkpoint of step {last_good} is kept" if last_good else "no checkpoint was written"
+        raise ValueError(f"step {step} made non-finite values in {bad[:4]}{' ...' if len(bad) > 4 else ''}; the run "
+                         f"stops and {kept}; resume with a smaller --lr or --sigma")
 
-        state = load_checkpoint(out / "checkpoint", model, validate=same_task)
+
+def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resume: bool, log,
+           stop_requested=lambda: False) -> dict:
+    main = ranks.is_main
+    task, model, pm, strategy = build(cfg, device, ranks)
+    elapsed, env_steps, last_checkpoint = 0.0, 0, None
+    if resume:
+        new = dataclasses.asdict(cfg)
+
+        def check(state):
+            old = state.get("config", {}) if isinstance(state, dict) else {}
+            if old.get("task") != cfg.task:
+                raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
+            changed = rundir.differences(old, new, rundir.DEFINING)
+            if changed:
+                raise ValueError(f"cannot resume {out}: options that define the run differ from its checkpoint "
+                                 f"({'; '.join(changed)}); start a new run to change them")
+            at = int(state.get("strategy", {}).get("step", 0))
+            if cfg.steps < at:
+                raise ValueError(f"--steps {cfg.steps} is below the checkpoint's step {at}; expected >= {at}")
+
+        state = load_checkpoint(out / "checkpoint", model, validate=check)
         try:
             strategy.load_state_dict(state["strategy"])
         except (KeyError, ValueError, RuntimeError) as e:
             raise ValueError(f"checkpoint in {out} does not match this configuration: {e}") from e
         elapsed, env_steps = float(state["seconds"]), int(state["env_steps"])
-        log(f"resuming {out} at step {strategy.step} of {cfg.steps}")
+        last_checkpoint = strategy.step
+        old = state["config"]
+        if old.get("sigma") != cfg.sigma:  # an explicit new sigma replaces the run's current one
+            pm.sigma = strategy.sigma0 = cfg.sigma
+        if old.get("lr") != cfg.lr:
+            strategy.set_lr(cfg.lr)
+        changed = rundir.differences(old, new, [n for n in new if n not in rundir.DEFINING and n != "out"])
+        log(f"resuming {out} at step {strategy.step} of {cfg.steps}"
+            + (f"; from step {strategy.step + 1}: {'; '.join(changed)}" if changed else ""))
     evaluate_population = PopulationEvaluator(task, pm, ranks, cfg.chunk_size, cfg.precision, log)
     if main:
         write_json(out / "config.json", json.loads(cfg.to_json()))
@@ -202,10 +273,13 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
     eval_every = cfg.eval_every or max(1, cfg.steps // 10)
     checkpoint_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
 
-    def checkpoint():
+    def checkpoint(step):
+        nonlocal last_checkpoint
+        _check_finite(model, strategy, step, last_checkpoint)
         save_checkpoint(out / "checkpoint", model, {
             "strategy": strategy.state_dict(), "seconds": elapsed, "env_steps": env_steps,
             "config": dataclasses.asdict(cfg)})
+        last_checkpoint = step
 
     bar = _progress(cfg.steps, strategy.step) if main else None
     start = time.perf_counter() - elapsed
@@ -230,7 +304,11 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
                 bar.update(1)
                 bar.set_postfix({k: f"{row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row})
             if step % checkpoint_every == 0 or step == cfg.steps:
-                checkpoint()
+                checkpoint(step)
+            if stop_requested() and step < cfg.steps:
+                if last_checkpoint != step:
+                    checkpoint(step)
+                raise Interrupted(out, step)
     finally:
         if bar is not None:
             bar.close()
@@ -245,6 +323,8 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
     if not main:
         return summary
     summary["value"] = task.evaluate(model)
+    summary["versions"] = {"nesgpu": __version__, "torch": torch.__version__}
+    _check_finite(model, strategy, cfg.steps, last_checkpoint)
     save_weights(model, out / "model.safetensors")
     plot_curve(metrics.rows, task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
     write_json(out / "summary.json", summary)
@@ -265,4 +345,4 @@ def evaluate_run(directory: str | Path, device: str = "auto") -> dict:
     return {"task": cfg.task, "metric": task.metric, "value": task.evaluate(model), "run": str(directory)}
 
 
-__all__ = ["TrainConfig", "build", "evaluate_run", "resolve_device", "train"]
+__all__ = ["Interrupted", "TrainConfig", "build", "evaluate_run", "resolve_device", "train"]

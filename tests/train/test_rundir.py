@@ -1,0 +1,163 @@
+"""Run directories: nothing is overwritten by accident, two writers never share a run, a resumed run is
+the run it claims to be, non-finite weights never reach a checkpoint, and Ctrl-C keeps the work."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nesgpu.cli import main
+from nesgpu.strategies.base import Strategy
+from nesgpu.tasks.rl import RLTask
+from nesgpu.train import TrainConfig, train
+from nesgpu.train.checkpoint import find_checkpoint, write_json
+from nesgpu.train.trainer import Interrupted
+
+RUN = dict(task="cartpole", population=16, steps=6, hidden=(4,), checkpoint_every=1)
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+def run(tmp_path, **options):
+    return train(TrainConfig(**{**RUN, **options}, out=str(tmp_path / "run")), log=quiet,
+                 **{k: options.pop(k) for k in list(options) if k in ("resume", "overwrite")})
+
+
+def test_an_existing_run_is_refused_unless_resume_or_overwrite(tmp_path):
+    out = tmp_path / "run"
+    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    before = (out / "summary.json").read_text()
+    with pytest.raises(ValueError, match="already holds a run; pass --resume to continue it or --overwrite"):
+        train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    assert (out / "summary.json").read_text() == before
+    old_events = set((out / "tensorboard").iterdir())
+    summary = train(TrainConfig(**{**RUN, "seed": 1}, out=str(out)), log=quiet, overwrite=True)
+    assert json.loads((out / "summary.json").read_text())["seed"] == 1 == summary["seed"]
+    assert not old_events & set((out / "tensorboard").iterdir())  # the old run's curves are gone too
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "thesis.tex").write_text("precious")
+    with pytest.raises(ValueError, match="is not empty and holds no run"):
+        train(TrainConfig(**RUN, out=str(other)), log=quiet, overwrite=True)
+    assert (other / "thesis.tex").read_text() == "precious"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file; expected a directory"):
+        train(TrainConfig(**RUN, out=str(tmp_path / "file")), log=quiet)
+
+
+def test_a_live_writer_locks_the_run_and_a_stale_lock_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text(str(os.getppid()))  # a live process
+    with pytest.raises(ValueError, match=rf"being written by another process \(pid {os.getppid()}\)"):
+        train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / ".lock").write_text(finished.stdout.strip())  # its process is gone
+    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    assert not (out / ".lock").exists()
+
+
+def test_leftover_temporary_files_are_removed_at_the_next_start(tmp_path):
+    out = tmp_path / "run"
+    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    (out / ".checkpoint.tmp-killed").mkdir()
+    (out / ".summary.json.tmp-killed").write_text("{")
+    train(TrainConfig(**{**RUN, "steps": 7}, out=str(out)), resume=True, log=quiet)
+    assert not list(out.glob(".*.tmp-*"))
+
+
+def test_resume_refuses_defining_changes_before_writing_and_applies_the_others(tmp_path):
+    out = tmp_path / "run"
+    train(TrainConfig(**{**RUN, "steps": 4}, out=str(out)), log=quiet)
+    config = (out / "config.json").read_text()
+    with pytest.raises(ValueError, match=r"define the run differ from its checkpoint \(population: 16 -> 32; seed: "
+                                         r"0 -> 3\)"):
+        train(TrainConfig(**{**RUN, "population": 32, "seed": 3}, out=str(out)), resume=True, log=quiet)
+    with pytest.raises(ValueError, match="--steps 3 is below the checkpoint's step 4"):
+        train(TrainConfig(**{**RUN, "steps": 3}, out=str(out)), resume=True, log=quiet)
+    assert (out / "config.json").read_text() == config  # nothing was written
+    lines = []
+    train(TrainConfig(**{**RUN, "steps": 6, "sigma": 0.2, "lr": 0.05}, out=str(out)), resume=True,
+          log=lines.append)
+    assert "from step 5: " in lines[0] and "sigma: 0.5 -> 0.2" in lines[0] and "lr: 0.15 -> 0.05" in lines[0]
+    rows = (out / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    last = dict(zip(header, rows[-1].split(",")))
+    # cartpole's PGPE adapts sigma a little each step: from the new 0.2, not from the old 0.5
+    assert float(last["sigma"]) == pytest.approx(0.2, rel=0.05) and float(last["lr"]) == pytest.approx(0.05)
+
+
+def test_non_finite_weights_never_reach_a_checkpoint(tmp_path, monkeypatch):
+    original = Strategy.tell
+
+    def diverging(self, fitness, extra=None):
+        stats = original(self, fitness, extra=extra)
+        if self.step == 3:
+            with torch.no_grad():
+                next(self.pm.model.parameters()).fill_(float("nan"))
+        return stats
+
+    monkeypatch.setattr(Strategy, "tell", diverging)
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"step 3 made non-finite values in \['net.0.weight'.*checkpoint of step 2 "
+                                         r"is kept"):
+        train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    state = torch.load(find_checkpoint(out / "checkpoint") / "state.pt", weights_only=True)
+    assert state["strategy"]["step"] == 2
+    monkeypatch.setattr(Strategy, "tell", original)
+    train(TrainConfig(**{**RUN, "lr": 0.05}, out=str(out)), resume=True, log=quiet)  # the run goes on
+
+
+def _interrupt_at(monkeypatch, at_step):
+    original = RLTask.fitness
+
+    def fitness(self, pm, step):
+        if step == at_step:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the step runs
+        return original(self, pm, step)
+
+    monkeypatch.setattr(RLTask, "fitness", fitness)
+    return original
+
+
+def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_resumes_identically(tmp_path, monkeypatch):
+    full = train(TrainConfig(**{**RUN, "checkpoint_every": 3}, out=str(tmp_path / "full")), log=quiet)
+    original = _interrupt_at(monkeypatch, 2)
+    out = tmp_path / "run"
+    with pytest.raises(Interrupted, match=rf"checkpoint at step 2 in {out}; continue with --resume"):
+        train(TrainConfig(**{**RUN, "checkpoint_every": 3}, out=str(out)), log=quiet)
+    monkeypatch.setattr(RLTask, "fitness", original)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    resumed = train(TrainConfig(**{**RUN, "checkpoint_every": 3}, out=str(out)), resume=True, log=quiet)
+    assert resumed["value"] == full["value"]
+    from safetensors.torch import load_file
+    a, b = load_file(str(tmp_path / "full" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ctrl_c_from_the_cli_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    _interrupt_at(monkeypatch, 2)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--task", "cartpole", "--population", "16", "--steps", "6", "--hidden", "4",
+              "--out", str(tmp_path / "run")])
+    assert exit_info.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("nesgpu train: interrupted: checkpoint at step 2") and "Traceback" not in "\n".join(err)
+
+
+def test_run_files_are_world_readable_and_summary_is_strict_json(tmp_path):
+    out = tmp_path / "run"
+    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    for name in ("summary.json", "config.json", "model.safetensors", "checkpoint/model.safetensors"):
+        assert stat.S_IMODE((out / name).stat().st_mode) & 0o044 == 0o044, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["versions"]["torch"] == torch.__version__
+    write_json(tmp_path / "s.json", {"value": float("nan"), "rows": [float("inf"), 1.0]})
+    assert json.loads((tmp_path / "s.json").read_text()) == {"value": None, "rows": [None, 1.0]}
