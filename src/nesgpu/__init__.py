@@ -7,4 +7,13 @@ from .model import PerturbedModel, convert
 
 __version__ = "0.1.0"
 
-__all__ = ["PerturbedModel", "convert", "kinds", *_layers]
+
+def load_run(directory, device: str = "auto"):
+    """The trained model, task and config of a run directory: see :func:`nesgpu.train.trainer.load_run`
+    (needs the ``[train]`` extra)."""
+    from .train.trainer import load_run as _load_run
+
+    return _load_run(directory, device)
+
+
+__all__ = ["PerturbedModel", "convert", "kinds", "load_run", *_layers]

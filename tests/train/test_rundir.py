@@ -161,3 +161,38 @@ def test_run_files_are_world_readable_and_summary_is_strict_json(tmp_path):
     assert summary["versions"]["torch"] == torch.__version__
     write_json(tmp_path / "s.json", {"value": float("nan"), "rows": [float("inf"), 1.0]})
     assert json.loads((tmp_path / "s.json").read_text()) == {"value": None, "rows": [None, 1.0]}
+
+
+def test_load_run_returns_the_trained_model_and_refuses_non_finite_weights(tmp_path):
+    import nesgpu
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "run"
+    summary = train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    model, task, config = nesgpu.load_run(out, device="cpu")
+    assert config.task == "cartpole" and not model.training
+    assert task.evaluate(model) == summary["value"]
+    tensors = load_file(str(out / "model.safetensors"))
+    name = next(iter(k for k in tensors if k.endswith("weight")))
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"non-finite values in \['{name}'\]; the run diverged"):
+        nesgpu.load_run(out, device="cpu")
+
+
+@pytest.mark.parametrize("text,message", [
+    ('antithetic: "no"\n', "option 'antithetic' must be bool; got 'no' \\(str\\)"),
+    ("steps: 3.7\n", "option 'steps' must be int or None; got 3.7"),
+    ("hidden: [8, true]\n", "option 'hidden' must be tuple"),
+    ("sigma: fast\n", "option 'sigma' must be float or None"),
+])
+def test_yaml_values_are_type_checked_naming_the_field(tmp_path, text, message):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.from_yaml(path)
+
+
+def test_eval_episodes_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="eval_episodes must be >= 1; got 0"):
+        train(TrainConfig(**{**RUN, "eval_episodes": 0}, out=str(tmp_path / "run")), log=quiet)

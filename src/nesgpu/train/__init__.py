@@ -1,6 +1,6 @@
 """The training loop and what it writes: config, metrics, checkpoints, summary."""
 
 from .config import TASK_DEFAULTS, TrainConfig
-from .trainer import build, evaluate_run, train
+from .trainer import Interrupted, Run, build, evaluate_run, load_run, train
 
-__all__ = ["TASK_DEFAULTS", "TrainConfig", "build", "evaluate_run", "train"]
+__all__ = ["TASK_DEFAULTS", "Interrupted", "Run", "TrainConfig", "build", "evaluate_run", "load_run", "train"]

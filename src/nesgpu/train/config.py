@@ -42,6 +42,27 @@ GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_sched
 STRATEGY_LR = {"openai_es": 0.01, "ars": 0.02, "pgpe": 0.15}
 
 
+def _check_type(name: str, value, annotation: str, source: str) -> None:
+    """``value`` fits the field's annotation (a string: this module uses postponed annotations). YAML and
+    JSON give bools, ints, floats, strings, lists and mappings; "no" is a string, not False, and 3.7 is
+    not an int."""
+    allowed = [a.strip() for a in annotation.split("|")]
+    if value is None and "None" in allowed:
+        return
+    checks = {
+        "str": lambda v: isinstance(v, str),
+        "bool": lambda v: isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "dict": lambda v: isinstance(v, dict),
+        "tuple[int, ...]": lambda v: isinstance(v, (list, tuple)) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in v),
+    }
+    if not any(checks[a](value) for a in allowed if a in checks):
+        raise ValueError(f"{source}: option {name!r} must be {' or '.join(allowed)}; got {value!r} "
+                         f"({type(value).__name__})")
+
+
 @dataclass
 class TrainConfig:
     """Everything a run needs. ``None`` means "the task's default" (see TASK_DEFAULTS)."""
@@ -123,6 +144,8 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0; got {self.lr}")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1; got {self.steps}")
+        if self.eval_episodes < 1:
+            raise ValueError(f"eval_episodes must be >= 1; got {self.eval_episodes}")
         if KINDS[self.layer].needs_antithetic and not self.antithetic:
             raise ValueError(f"layer kind {self.layer!r} is biased without antithetic sampling (its directions of "
                              f"one step share their noise); drop --no-antithetic or choose another kind")
@@ -147,6 +170,9 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"{source}: unknown option(s) {unknown}; expected a subset of {sorted(names)}")
         values = dict(values)
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        for name, value in values.items():
+            _check_type(name, value, types[name], source)
         if values.get("hidden") is not None:
             values["hidden"] = tuple(values["hidden"])
         return cls(**values)

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -332,17 +333,46 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
     return summary
 
 
-def evaluate_run(directory: str | Path, device: str = "auto") -> dict:
-    """Rebuild a run's model from ``config.json`` and ``model.safetensors`` and evaluate it."""
+class Run(NamedTuple):
+    """A finished run, loaded: the trained plain model, its task and its resolved configuration."""
+
+    model: torch.nn.Module
+    task: object
+    config: TrainConfig
+
+
+def load_run(directory: str | Path, device: str = "auto") -> Run:
+    """The trained model of a run directory (``config.json`` + ``model.safetensors``), with its task and
+    config, in one call. Weights that are not finite are refused.
+
+    Example:
+        >>> model, task, config = nesgpu.load_run("runs/default")
+        >>> task.evaluate(model)
+    """
     directory = Path(directory)
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{directory} is not a run directory (no config.json)")
-    cfg = TrainConfig.from_dict(json.loads(config_path.read_text()), source=str(config_path)).resolved()
+    try:
+        values = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path} is not valid JSON ({e})") from e
+    cfg = TrainConfig.from_dict(values, source=str(config_path)).resolved()
     cfg.device = device
     task, model, _, _ = build(cfg, resolve_device(device))
     load_weights(model, directory / "model.safetensors")
-    return {"task": cfg.task, "metric": task.metric, "value": task.evaluate(model), "run": str(directory)}
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"{directory / 'model.safetensors'} holds non-finite values in {bad[:4]}; the run diverged")
+    model.eval()
+    return Run(model, task, cfg)
 
 
-__all__ = ["Interrupted", "TrainConfig", "build", "evaluate_run", "resolve_device", "train"]
+def evaluate_run(directory: str | Path, device: str = "auto") -> dict:
+    """Rebuild a run's model from ``config.json`` and ``model.safetensors`` and evaluate it."""
+    run = load_run(directory, device)
+    return {"task": run.config.task, "metric": run.task.metric, "value": run.task.evaluate(run.model),
+            "run": str(directory)}
+
+
+__all__ = ["Interrupted", "Run", "TrainConfig", "build", "evaluate_run", "load_run", "resolve_device", "train"]
