@@ -196,3 +196,21 @@ def test_yaml_values_are_type_checked_naming_the_field(tmp_path, text, message):
 def test_eval_episodes_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="eval_episodes must be >= 1; got 0"):
         train(TrainConfig(**{**RUN, "eval_episodes": 0}, out=str(tmp_path / "run")), log=quiet)
+
+
+def test_a_run_stops_once_the_evaluated_metric_reaches_the_target(tmp_path):
+    lines = []
+    summary = train(TrainConfig(**{**RUN, "steps": 40, "eval_every": 2, "target": 9.0}, out=str(tmp_path / "run")),
+                    log=lines.append)
+    assert summary["steps"] < 40 and summary["steps"] % 2 == 0 and summary["value"] >= 9.0
+    assert any("reached the target 9 at step" in line for line in lines)
+    state = torch.load(find_checkpoint(tmp_path / "run" / "checkpoint") / "state.pt", weights_only=True)
+    assert state["strategy"]["step"] == summary["steps"]
+
+
+def test_gym_tasks_default_to_the_environments_reward_threshold():
+    pytest.importorskip("gymnasium")
+    from nesgpu.tasks import make_task
+
+    assert make_task("gym:CartPole-v1").default_target == 475.0
+    assert make_task("cartpole").default_target is None  # the torch env sets none: run to --steps

@@ -40,10 +40,11 @@ class GymVectorEnv:
             raise ValueError(f"gym:{env_id} needs a Discrete or flat Box action space; got {act_space}")
         high = 1.0 if discrete else float(np.max(np.abs(np.concatenate([act_space.low, act_space.high]))))
         max_steps = env.spec.max_episode_steps or 1000
-        env.close()
+        env.close()  # reward_threshold: the return at which gymnasium calls the task solved (or None)
         return type("GymSpec", (), dict(
             obs_dim=obs_space.shape[0], discrete=discrete, num_actions=int(act_space.n) if discrete else 0,
-            action_dim=0 if discrete else act_space.shape[0], action_high=high, max_steps=max_steps))
+            action_dim=0 if discrete else act_space.shape[0], action_high=high, max_steps=max_steps,
+            reward_threshold=env.spec.reward_threshold))
 
     def reset(self, seed: int, groups: torch.Tensor, count: int) -> torch.Tensor:
         seeds = [derive_seed(seed, g) % 2**31 for g in groups.tolist()]

@@ -156,6 +156,11 @@ class RLTask:
         outputs = self.spec.num_actions if self.spec.discrete else self.spec.action_dim
         return Policy(self.spec.obs_dim, self.spec.discrete, outputs, self.spec.action_high, hidden)
 
+    @property
+    def default_target(self) -> float | None:
+        """The return at which the environment counts as solved, where it says (gymnasium's reward_threshold)."""
+        return getattr(self.spec, "reward_threshold", None)
+
     def _env_for(self, n: int):
         if self._env is None or self._env.n != n:
             self._env = self.make_env(n, self.device)

@@ -93,6 +93,7 @@ class TrainConfig:
     lr_schedule: str | None = None
     lr_final: float | None = None
     eval_every: int = 0
+    target: float | None = None  # stop once the evaluated metric reaches it (gym tasks: the env's reward_threshold)
     checkpoint_every: int = 0
     chunk_size: int | str | None = None
     precision: str = "fp32"

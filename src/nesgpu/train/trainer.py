@@ -272,6 +272,10 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
         write_json(out / "config.json", json.loads(cfg.to_json()))
     metrics = MetricsLog(out, resume_step=strategy.step if resume else 0) if main else None
     eval_every = cfg.eval_every or max(1, cfg.steps // 10)
+    target = cfg.target if cfg.target is not None else getattr(task, "default_target", None)
+    if target is not None and ranks.distributed:  # only rank 0 evaluates: the ranks could not stop together
+        log(f"the target {target} is not used under torchrun: the run goes to --steps {cfg.steps}")
+        target = None
     checkpoint_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
 
     def checkpoint(step):
@@ -298,14 +302,19 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             if not main:
                 continue
             row = {"step": step, "seconds": elapsed, "env_steps": env_steps, **stats}
+            reached = False
             if step % eval_every == 0 or step == cfg.steps:
                 row[task.metric] = task.evaluate(model)
+                reached = target is not None and row[task.metric] >= target
             metrics.write(row)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix({k: f"{row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row})
-            if step % checkpoint_every == 0 or step == cfg.steps:
+            if step % checkpoint_every == 0 or step == cfg.steps or reached:
                 checkpoint(step)
+            if reached:
+                log(f"{task.metric} {row[task.metric]:.4g} reached the target {target:.4g} at step {step}")
+                break
             if stop_requested() and step < cfg.steps:
                 if last_checkpoint != step:
                     checkpoint(step)
@@ -316,7 +325,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
         if metrics is not None:
             metrics.close()
     pm.free_memory()
-    summary = {"task": cfg.task, "metric": task.metric, "value": None, "steps": cfg.steps,
+    summary = {"task": cfg.task, "metric": task.metric, "value": None, "steps": strategy.step,
                "seconds": round(elapsed, 3), "env_steps": env_steps, "strategy": cfg.strategy, "layer": cfg.layer,
                "population": cfg.population, "sigma": pm.sigma, "lr": cfg.lr, "seed": cfg.seed,
                "device": str(device), "processes": ranks.world, "chunk_size": evaluate_population.chunk,
@@ -329,7 +338,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
     save_weights(model, out / "model.safetensors")
     plot_curve(metrics.rows, task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
     write_json(out / "summary.json", summary)
-    log(f"{cfg.task}: {task.metric} = {summary['value']:.4f} after {cfg.steps} steps in {elapsed:.1f} s -> {out}")
+    log(f"{cfg.task}: {task.metric} = {summary['value']:.4f} after {strategy.step} steps in {elapsed:.1f} s -> {out}")
     return summary
 
 
