@@ -214,3 +214,13 @@ def test_gym_tasks_default_to_the_environments_reward_threshold():
 
     assert make_task("gym:CartPole-v1").default_target == 475.0
     assert make_task("cartpole").default_target is None  # the torch env sets none: run to --steps
+
+
+def test_without_a_terminal_progress_is_a_plain_line_now_and_then(tmp_path):
+    lines = []  # under pytest stderr is no terminal
+    train(TrainConfig(**{**RUN, "progress_every": 1e-9}, out=str(tmp_path / "run")), log=lines.append)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == RUN["steps"] and steps[0].startswith("step 1/6") and "fitness_mean" in steps[0]
+    lines.clear()
+    train(TrainConfig(**{**RUN, "progress_every": 0.0}, out=str(tmp_path / "quiet")), log=lines.append)
+    assert not [line for line in lines if line.startswith("step ")]

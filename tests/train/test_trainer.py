@@ -262,6 +262,21 @@ def test_auto_chunk_recovers_from_out_of_memory(tmp_path, monkeypatch, device):
     assert all(torch.equal(a[k], b[k]) for k in a)  # no step lost or repeated
 
 
+def test_auto_chunk_also_covers_the_noise_draw(tmp_path, monkeypatch):
+    from nesgpu import PerturbedModel
+
+    original = PerturbedModel.set_noise
+
+    def small_memory(self, step=None, directions=None):
+        if directions is None or len(directions) > 4:  # the whole population's noise does not fit
+            raise OUT_OF_MEMORY["cpu"]()
+        return original(self, step, directions)
+
+    monkeypatch.setattr(PerturbedModel, "set_noise", small_memory)
+    summary = train(TrainConfig(**FAST["digits"], chunk_size="auto", out=str(tmp_path / "auto")), log=quiet)
+    assert summary["chunk_size"] == 4 and summary["steps"] == FAST["digits"]["steps"]
+
+
 def test_other_errors_are_not_taken_for_out_of_memory(tmp_path, monkeypatch):
     from nesgpu.tasks import ClassificationTask
 

@@ -72,6 +72,8 @@ def add_train_parser(commands) -> None:
     p.add_argument("--dist-timeout", type=float, dest="dist_timeout",
                    help="seconds before a collective with a dead or hung process fails (torchrun)")
     p.add_argument("--eval-every", type=int, dest="eval_every")
+    p.add_argument("--progress-every", type=float, dest="progress_every",
+                   help="seconds between progress lines when stderr is not a terminal (default 30; 0: none)")
     p.add_argument("--target", type=float, help="stop once the evaluated metric reaches this value (gym tasks: "
                    "the environment's reward_threshold by default)")
     p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")

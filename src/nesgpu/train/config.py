@@ -93,6 +93,7 @@ class TrainConfig:
     lr_schedule: str | None = None
     lr_final: float | None = None
     eval_every: int = 0
+    progress_every: float = 30.0  # seconds between plain progress lines when stderr is no terminal (0: none)
     target: float | None = None  # stop once the evaluated metric reaches it (gym tasks: the env's reward_threshold)
     checkpoint_every: int = 0
     chunk_size: int | str | None = None
@@ -145,6 +146,8 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0; got {self.lr}")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1; got {self.steps}")
+        if not self.progress_every >= 0:
+            raise ValueError(f"progress_every must be >= 0 seconds; got {self.progress_every}")
         if self.eval_episodes < 1:
             raise ValueError(f"eval_episodes must be >= 1; got {self.eval_episodes}")
         if KINDS[self.layer].needs_antithetic and not self.antithetic:

@@ -268,6 +268,9 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
         log(f"resuming {out} at step {strategy.step} of {cfg.steps}"
             + (f"; from step {strategy.step + 1}: {'; '.join(changed)}" if changed else ""))
     evaluate_population = PopulationEvaluator(task, pm, ranks, cfg.chunk_size, cfg.precision, log)
+    if evaluate_population.auto and not ranks.distributed:
+        # the evaluator draws each block's noise inside its out-of-memory retry; ask() must not draw it first
+        strategy.chunk_size = evaluate_population.chunk
     if main:
         write_json(out / "config.json", json.loads(cfg.to_json()))
     metrics = MetricsLog(out, resume_step=strategy.step if resume else 0) if main else None
@@ -287,6 +290,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
         last_checkpoint = step
 
     bar = _progress(cfg.steps, strategy.step) if main else None
+    last_line = time.perf_counter()
     start = time.perf_counter() - elapsed
     try:
         while strategy.step < cfg.steps:
@@ -294,7 +298,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             strategy.ask()
             fitness, info = evaluate_population(step)
             if evaluate_population.auto and not ranks.distributed:  # the update's blocks fit as the forward's
-                strategy.chunk_size = evaluate_population.chunk if evaluate_population.chunk < cfg.directions else None
+                strategy.chunk_size = evaluate_population.chunk
             scalars = {k: v for k, v in info.items() if torch.as_tensor(v).dim() == 0}
             stats = strategy.tell(fitness, extra=scalars)  # the step's one read from the device
             env_steps += int(stats.pop("env_steps", 0))
@@ -307,9 +311,13 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
                 row[task.metric] = task.evaluate(model)
                 reached = target is not None and row[task.metric] >= target
             metrics.write(row)
-            if bar is not None:
+            if bar is not None and not bar.disable:
                 bar.update(1)
                 bar.set_postfix({k: f"{row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row})
+            elif cfg.progress_every and time.perf_counter() - last_line >= cfg.progress_every:
+                last_line = time.perf_counter()  # no terminal (a log file, a job queue): a plain line now and then
+                log(f"step {step}/{cfg.steps}  {elapsed:.0f} s  " + "  ".join(
+                    f"{k} {row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row))
             if step % checkpoint_every == 0 or step == cfg.steps or reached:
                 checkpoint(step)
             if reached:
