@@ -224,3 +224,39 @@ def test_without_a_terminal_progress_is_a_plain_line_now_and_then(tmp_path):
     lines.clear()
     train(TrainConfig(**{**RUN, "progress_every": 0.0}, out=str(tmp_path / "quiet")), log=lines.append)
     assert not [line for line in lines if line.startswith("step ")]
+
+
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import nesgpu.train.trainer as trainer
+
+    out = tmp_path / "run"
+    original, calls = trainer.save_checkpoint, []
+
+    def full_disk(directory, model, state):
+        calls.append(state["strategy"]["step"])
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+        return original(directory, model, state)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", full_disk)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--task", "cartpole", "--population", "16", "--steps", "6", "--hidden", "4",
+              "--checkpoint-every", "1", "--out", str(out)])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"nesgpu train: error: No space left on device ({out / 'checkpoint'}); the last checkpoint "
+                       f"is intact")
+    state = torch.load(find_checkpoint(out / "checkpoint") / "state.pt", weights_only=True)
+    assert state["strategy"]["step"] == 2
+    assert not (out / ".lock").exists()
+
+
+def test_an_unwritable_run_directory_is_one_line(tmp_path, capsys):
+    # /proc takes no new directories, even from root (a chmod 0555 directory would not stop root)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--task", "cartpole", "--steps", "1", "--out", "/proc/nesgpu-run"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nesgpu train: error: cannot create the run directory /proc/nesgpu-run")
