@@ -260,3 +260,25 @@ def test_an_unwritable_run_directory_is_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("nesgpu train: error: cannot create the run directory /proc/nesgpu-run")
+
+
+def test_a_callback_sees_every_step_and_can_stop_the_run(tmp_path):
+    seen = []
+
+    def callback(step, row):
+        seen.append((step, row.get("eval_return")))
+        return step == 4
+
+    summary = train(TrainConfig(**{**RUN, "steps": 10, "eval_every": 2}, out=str(tmp_path / "run")), log=quiet,
+                    callback=callback)
+    assert [s for s, _ in seen] == [1, 2, 3, 4] and seen[1][1] is not None and seen[0][1] is None
+    assert summary["steps"] == 4
+
+
+def test_model_weights_carry_their_configuration(tmp_path):
+    from safetensors import safe_open
+
+    train(TrainConfig(**RUN, out=str(tmp_path / "run")), log=quiet)
+    with safe_open(str(tmp_path / "run" / "model.safetensors"), "pt") as f:
+        metadata = f.metadata()
+    assert json.loads(metadata["nesgpu_config"])["task"] == "cartpole" and metadata["nesgpu_version"]

@@ -40,12 +40,13 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def save_weights(model: nn.Module, path: Path) -> None:
-    """The plain model's state (parameters and buffers) as safetensors, atomically."""
+def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """The plain model's state (parameters and buffers) as safetensors, atomically, with string ``metadata``
+    (a run's weights carry its configuration as JSON under "nesgpu_config")."""
     from safetensors.torch import save
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    atomic_write_bytes(Path(path), save(tensors))
+    atomic_write_bytes(Path(path), save(tensors, metadata=metadata))
 
 
 def load_weights(model: nn.Module, path: Path) -> None:

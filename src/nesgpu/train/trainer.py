@@ -191,12 +191,15 @@ def _stop_requests(enabled: bool):
             signal.signal(sig, previous)
 
 
-def train(cfg: TrainConfig, resume: bool = False, log=print, overwrite: bool = False) -> dict:
+def train(cfg: TrainConfig, resume: bool = False, log=print, overwrite: bool = False, callback=None) -> dict:
     """Run (or resume) a training run; returns the summary written to ``summary.json``.
 
     A new run refuses an existing run directory unless ``overwrite``; a lock file keeps a second process
     out of a live run. Ctrl-C (or SIGTERM) stops at the end of the current step with a checkpoint and
-    raises :class:`Interrupted`. Under torchrun (WORLD_SIZE > 1) every process runs this; ranks split the
+    raises :class:`Interrupted`. ``callback(step, row)``, if given, runs on rank 0 after every step with that
+    step's metrics (the row of metrics.csv; the task's metric on evaluation steps); returning True stops the
+    run there, with a checkpoint, as a finished run (an exception it raises, e.g. Optuna's TrialPruned,
+    propagates). Under torchrun (WORLD_SIZE > 1) every process runs this; ranks split the
     directions, exchange fitness, and compute the same update. Only rank 0 writes files.
     """
     cfg = cfg.resolved()
@@ -213,7 +216,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print, overwrite: bool = F
             if ranks.is_main:
                 rundir.prepare(out, resume, overwrite)
             summary = _train(cfg, out, device, ranks, resume, log if ranks.is_main else (lambda *a, **k: None),
-                             stop_requested)
+                             stop_requested, callback)
         ranks.barrier()  # tear the group down together, once rank 0 has written its files
         return summary
     finally:  # after an error, without the barrier: a dead peer would make it wait for the timeout
@@ -233,7 +236,7 @@ def _check_finite(model, strategy, step: int, last_good: int | None) -> None:
 
 
 def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resume: bool, log,
-           stop_requested=lambda: False) -> dict:
+           stop_requested=lambda: False, callback=None) -> dict:
     main = ranks.is_main
     task, model, pm, strategy = build(cfg, device, ranks)
     elapsed, env_steps, last_checkpoint = 0.0, 0, None
@@ -310,6 +313,10 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             if step % eval_every == 0 or step == cfg.steps:
                 row[task.metric] = task.evaluate(model)
                 reached = target is not None and row[task.metric] >= target
+            if callback is not None and callback(step, dict(row)) is True:
+                if ranks.distributed:
+                    raise ValueError("a callback cannot stop a torchrun job: the ranks would not stop together")
+                reached = True
             metrics.write(row)
             if bar is not None and not bar.disable:
                 bar.update(1)
@@ -321,7 +328,9 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             if step % checkpoint_every == 0 or step == cfg.steps or reached:
                 checkpoint(step)
             if reached:
-                log(f"{task.metric} {row[task.metric]:.4g} reached the target {target:.4g} at step {step}")
+                log(f"{task.metric} {row[task.metric]:.4g} reached the target {target:.4g} at step {step}"
+                    if task.metric in row and target is not None and row[task.metric] >= target
+                    else f"the callback stopped the run at step {step}")
                 break
             if stop_requested() and step < cfg.steps:
                 if last_checkpoint != step:
@@ -343,7 +352,8 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
     summary["value"] = task.evaluate(model)
     summary["versions"] = {"nesgpu": __version__, "torch": torch.__version__}
     _check_finite(model, strategy, cfg.steps, last_checkpoint)
-    save_weights(model, out / "model.safetensors")
+    save_weights(model, out / "model.safetensors", metadata={"nesgpu_config": cfg.to_json(),
+                                                              "nesgpu_version": __version__})
     plot_curve(metrics.rows, task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
     write_json(out / "summary.json", summary)
     log(f"{cfg.task}: {task.metric} = {summary['value']:.4f} after {strategy.step} steps in {elapsed:.1f} s -> {out}")
