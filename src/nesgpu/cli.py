@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.exit(2, f"nesgpu {args.command}: error: {e}\n")
         except OSError as e:  # a full disk, a read-only path: the file, and why (checkpoints are written atomically)
             where = f" ({e.filename})" if e.filename else ""
-            parser.exit(1, f"nesgpu {args.command}: error: {e.strerror or e}{where}; the last checkpoint is intact\n")
+            parser.exit(1, f"nesgpu {args.command}: error: {e.strerror or e}{where}; checkpoints are written "
+                           f"atomically, so the last one written (if any) is intact\n")
         except KeyboardInterrupt:  # a second Ctrl-C, or one outside the training loop
             parser.exit(130, f"nesgpu {args.command}: interrupted\n")
         except Exception as e:

@@ -4,6 +4,7 @@ the run it claims to be, non-finite weights never reach a checkpoint, and Ctrl-C
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def test_an_existing_run_is_refused_unless_resume_or_overwrite(tmp_path):
     other = tmp_path / "notes"
     other.mkdir()
     (other / "thesis.tex").write_text("precious")
-    with pytest.raises(ValueError, match="is not empty and holds no run"):
+    with pytest.raises(ValueError, match="is not empty and holds no nesgpu run"):
         train(TrainConfig(**RUN, out=str(other)), log=quiet, overwrite=True)
     assert (other / "thesis.tex").read_text() == "precious"
     (tmp_path / "file").write_text("x")
@@ -55,13 +56,20 @@ def test_an_existing_run_is_refused_unless_resume_or_overwrite(tmp_path):
 def test_a_live_writer_locks_the_run_and_a_stale_lock_is_taken_over(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    (out / ".lock").write_text(str(os.getppid()))  # a live process
-    with pytest.raises(ValueError, match=rf"being written by another process \(pid {os.getppid()}\)"):
+    host = socket.gethostname()
+    (out / ".lock").write_text(f"{host}:{os.getppid()}")  # a live process
+    with pytest.raises(ValueError, match=rf"being written by another process \({host}:{os.getppid()}\)"):
         train(TrainConfig(**RUN, out=str(out)), log=quiet)
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (out / ".lock").write_text(finished.stdout.strip())  # its process is gone
+    (out / ".lock").write_text(f"another-host:{os.getpid()}")  # cannot be checked from here: live
+    with pytest.raises(ValueError, match="another-host"):
+        train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    (out / ".lock").write_text(f"{host}:{finished.stdout.strip()}")  # its process is gone
     train(TrainConfig(**RUN, out=str(out)), log=quiet)
     assert not (out / ".lock").exists()
+    (out / ".lock").write_text(f"{host}:{os.getpid()}")  # our own pid (a restarted container's pid 1): stale
+    train(TrainConfig(**{**RUN, "steps": 7}, out=str(out)), resume=True, log=quiet)
 
 
 def test_leftover_temporary_files_are_removed_at_the_next_start(tmp_path):
@@ -164,8 +172,9 @@ def test_run_files_are_world_readable_and_summary_is_strict_json(tmp_path):
 
 
 def test_load_run_returns_the_trained_model_and_refuses_non_finite_weights(tmp_path):
-    import nesgpu
     from safetensors.torch import load_file, save_file
+
+    import nesgpu
 
     out = tmp_path / "run"
     summary = train(TrainConfig(**RUN, out=str(out)), log=quiet)
@@ -246,8 +255,8 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(tmp_path, monkeyp
               "--checkpoint-every", "1", "--out", str(out)])
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (f"nesgpu train: error: No space left on device ({out / 'checkpoint'}); the last checkpoint "
-                       f"is intact")
+    assert err[-1] == (f"nesgpu train: error: No space left on device ({out / 'checkpoint'}); checkpoints are "
+                       f"written atomically, so the last one written (if any) is intact")
     state = torch.load(find_checkpoint(out / "checkpoint") / "state.pt", weights_only=True)
     assert state["strategy"]["step"] == 2
     assert not (out / ".lock").exists()
@@ -282,3 +291,83 @@ def test_model_weights_carry_their_configuration(tmp_path):
     with safe_open(str(tmp_path / "run" / "model.safetensors"), "pt") as f:
         metadata = f.metadata()
     assert json.loads(metadata["nesgpu_config"])["task"] == "cartpole" and metadata["nesgpu_version"]
+
+
+def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_be_built(tmp_path):
+    out = tmp_path / "run"
+    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    with pytest.raises(ValueError, match="unknown model"):
+        train(TrainConfig(**{**RUN, "model": "cnn"}, out=str(out)), log=quiet, overwrite=True)
+    assert (out / "summary.json").is_file() and find_checkpoint(out / "checkpoint") is not None
+
+
+def test_a_folder_that_merely_looks_like_a_run_is_never_cleared(tmp_path):
+    project = tmp_path / "project"
+    (project / "checkpoint").mkdir(parents=True)
+    (project / "checkpoint" / "epoch10.pt").write_text("weights")
+    (project / "config.json").write_text('{"lr": 0.1}')
+    (project / ".notes.tmp-keep").write_text("mine")
+    with pytest.raises(ValueError, match="holds no nesgpu run"):
+        train(TrainConfig(**RUN, out=str(project)), log=quiet, overwrite=True)
+    assert (project / "checkpoint" / "epoch10.pt").is_file() and (project / ".notes.tmp-keep").is_file()
+
+
+def test_without_out_every_run_gets_a_new_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train(TrainConfig(**RUN), log=quiet)
+    train(TrainConfig(**RUN), log=quiet)
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["cartpole", "cartpole-2"]
+
+
+def test_resume_of_a_scheduled_run_refuses_new_steps_and_schedules(tmp_path):
+    out = tmp_path / "run"
+    train(TrainConfig(**{**RUN, "lr_schedule": "cosine", "lr_final": 0.1}, out=str(out)), log=quiet)
+    with pytest.raises(ValueError, match=r"cannot change --steps \(6 -> 9\) on resume of a run with "
+                                         r"lr_schedule='cosine'"):
+        train(TrainConfig(**{**RUN, "lr_schedule": "cosine", "lr_final": 0.1, "steps": 9}, out=str(out)),
+              resume=True, log=quiet)
+    with pytest.raises(ValueError, match=r"lr_final: 0.1 -> 0.5"):
+        train(TrainConfig(**{**RUN, "lr_schedule": "cosine", "lr_final": 0.5}, out=str(out)), resume=True,
+              log=quiet)
+
+
+def test_a_new_lr_on_resume_also_moves_clipups_speed_cap(tmp_path):
+    import nesgpu
+    from nesgpu.strategies import PGPE
+
+    net = nesgpu.convert(torch.nn.Linear(3, 2), "lowrank")
+    pgpe = PGPE(nesgpu.PerturbedModel(net, 4, antithetic=True), lr=0.15)
+    cap = pgpe.optimizer.param_groups[0]["max_speed"]
+    pgpe.set_lr(0.015)
+    assert pgpe.optimizer.param_groups[0]["lr"] == 0.015
+    assert pgpe.optimizer.param_groups[0]["max_speed"] == pytest.approx(cap / 10)
+
+
+def test_a_callback_returning_a_numpy_bool_stops_the_run(tmp_path):
+    import numpy as np
+
+    summary = train(TrainConfig(**RUN, out=str(tmp_path / "run")), log=quiet,
+                    callback=lambda step, row: np.float64(step) >= 2)
+    assert summary["steps"] == 2
+
+
+def test_progress_and_notes_go_to_stderr_and_stdout_is_the_summary(tmp_path, capsys):
+    assert main(["train", "--task", "cartpole", "--population", "16", "--steps", "3", "--hidden", "4",
+                 "--progress-every", "1e-9", "--out", str(tmp_path / "run")]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["steps"] == 3  # stdout: the summary JSON, alone
+    assert "step 1/3" in captured.err
+
+
+def test_broken_yaml_and_resume_with_another_out_are_one_line_errors(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("a: [\n")
+    with pytest.raises(ValueError, match="is not valid YAML"):
+        TrainConfig.from_yaml(path)
+    with pytest.raises(ValueError, match="cannot read the config file"):
+        TrainConfig.from_yaml(tmp_path / "missing.yaml")
+    out = tmp_path / "run"
+    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--resume", str(out), "--out", str(tmp_path / "other")])
+    assert exit_info.value.code == 2 and not (tmp_path / "other").exists()

@@ -6,10 +6,25 @@ from collections.abc import Callable
 
 from torch import nn
 
-from . import (PerturbedBatchNorm1d, PerturbedBatchNorm2d, PerturbedBatchNorm3d, PerturbedConv1d, PerturbedConv2d,
-               PerturbedConv3d, PerturbedEmbedding, PerturbedGroupNorm, PerturbedGRU, PerturbedLayerNorm,
-               PerturbedLinear, PerturbedLSTM, PerturbedMultiheadAttention, PerturbedRMSNorm, PerturbedRNN,
-               PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer)
+from . import (
+    PerturbedBatchNorm1d,
+    PerturbedBatchNorm2d,
+    PerturbedBatchNorm3d,
+    PerturbedConv1d,
+    PerturbedConv2d,
+    PerturbedConv3d,
+    PerturbedEmbedding,
+    PerturbedGroupNorm,
+    PerturbedGRU,
+    PerturbedLayerNorm,
+    PerturbedLinear,
+    PerturbedLSTM,
+    PerturbedMultiheadAttention,
+    PerturbedRMSNorm,
+    PerturbedRNN,
+    PerturbedTransformerDecoderLayer,
+    PerturbedTransformerEncoderLayer,
+)
 
 
 def _conv(m):

@@ -126,7 +126,12 @@ class Strategy:
         return state
 
     def set_lr(self, lr: float) -> None:
-        """A new base step size from the current step on (a schedule keeps scaling it)."""
+        """A new base step size from the current step on (a schedule keeps scaling it). An optimizer whose
+        groups carry a ``max_speed`` (ClipUp: twice the step size) has it scaled by the same factor."""
+        for group in self.optimizer.param_groups:
+            if "max_speed" in group:
+                base = group.get("initial_lr", group["lr"])
+                group["max_speed"] = group["max_speed"] * lr / base
         if self.lr_scheduler is None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr

@@ -71,7 +71,10 @@ def save_checkpoint(directory: Path, model: nn.Module, state: dict) -> None:
         os.chmod(tmp, 0o755)
         save_weights(model, tmp / WEIGHTS)
         with open(tmp / STATE, "wb") as f:
-            torch.save(state, f)
+            try:
+                torch.save(state, f)
+            except RuntimeError as e:  # torch's zip writer reports a full disk this way
+                raise OSError(f"cannot write {directory} ({str(e).splitlines()[0]})") from e
             f.flush()
             os.fsync(f.fileno())
         prev = directory.with_name(directory.name + ".prev")

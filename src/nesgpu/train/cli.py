@@ -47,7 +47,7 @@ def add_train_parser(commands) -> None:
     p.add_argument("--steps", type=int, help="ES steps")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--out", help="run directory (default runs/default)")
+    p.add_argument("--out", help="run directory (default: a new runs/<task>, runs/<task>-2, ...)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR up to --steps")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (else refused)")
     p.add_argument("--config", metavar="FILE.yaml", help="options from a YAML file")
@@ -87,6 +87,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
         path = Path(args.resume) / "config.json"
         if not path.is_file():
             raise ValueError(f"--resume {args.resume}: no config.json there; is it a run directory?")
+        if args.out is not None and Path(args.out) != Path(args.resume):
+            raise ValueError(f"--resume {args.resume} continues the run in that directory; --out {args.out} names "
+                             f"another (drop --out)")
         values.update(json.loads(path.read_text()))
         values["out"] = args.resume
     if args.config:

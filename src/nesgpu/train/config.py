@@ -77,7 +77,7 @@ class TrainConfig:
     steps: int | None = None
     seed: int = 0
     device: str = "auto"
-    out: str = "runs/default"
+    out: str | None = None  # None: a new directory runs/<task>, runs/<task>-2, ... (never an existing run)
     hidden: tuple[int, ...] | None = None
     batch_size: int | None = None
     episodes: int | None = None
@@ -185,8 +185,15 @@ class TrainConfig:
     def from_yaml(cls, path: str | Path) -> TrainConfig:
         import yaml
 
-        text = Path(path).read_text()
-        values = yaml.safe_load(text) or {}
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ValueError(f"cannot read the config file {path}: {e.strerror}") from e
+        try:
+            values = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path} is not valid YAML: {str(e).splitlines()[0]}"
+                             + (f" (line {e.problem_mark.line + 1})" if getattr(e, "problem_mark", None) else "")) from e
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of options; got {type(values).__name__}")
         return cls.from_dict(values, source=str(path))

@@ -10,13 +10,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 from pathlib import Path
 
 # options that define a run: changing them would make the checkpoint another run's
 DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "antithetic", "seed", "strategy",
-            "batch_size", "episodes", "shaping", "ars_version", "top_b")
+            "batch_size", "episodes", "shaping", "ars_version", "top_b",
+            # a schedule's shape is restored from the checkpoint: a new one would be logged but not applied
+            "lr_schedule", "lr_final", "sigma_schedule", "sigma_final")
 # files a run writes (what --overwrite removes)
 RUN_FILES = ("config.json", "summary.json", "metrics.csv", "model.safetensors", "curve.png")
 RUN_DIRS = ("checkpoint", "checkpoint.prev", "tensorboard")
@@ -24,26 +28,46 @@ LOCK = ".lock"
 
 
 def is_run_directory(path: Path) -> bool:
-    return (path / "config.json").is_file() or (path / "checkpoint").is_dir()
+    """Whether ``path`` holds a nesgpu run: a config.json that nesgpu wrote (a mapping with its fields)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {"task", "layer", "population", "sigma", "strategy"} <= set(config)
 
 
-def prepare(out: Path, resume: bool, overwrite: bool) -> None:
-    """Check that a run may write into ``out`` (which the caller holds the lock of), and clear what a new
-    run replaces and what killed writes left behind."""
+def fresh_directory(root: Path, name: str) -> Path:
+    """``root/name``, or ``root/name-2``, ``-3``, ... : the first that does not exist yet (the default --out)."""
+    candidate, n = root / name, 1
+    while candidate.exists():
+        n += 1
+        candidate = root / f"{name}-{n}"
+    return candidate
+
+
+def check(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse what a run may not do with ``out`` (which the caller holds the lock of). Deletes nothing."""
     if resume and overwrite:
         raise ValueError("--resume continues a run and --overwrite replaces it; give one of them")
+    if resume or not any(p.name != LOCK and ".tmp-" not in p.name for p in out.iterdir()):
+        return
+    if not is_run_directory(out):
+        raise ValueError(f"--out {out} is not empty and holds no nesgpu run; choose an empty or new directory")
+    if not overwrite:
+        raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or --overwrite to "
+                         f"replace it")
+
+
+def clear(out: Path, overwrite: bool) -> None:
+    """Remove what killed writes left behind and, with ``overwrite``, the old run's files (after the new run
+    was built: a mistyped option must not cost the old run)."""
     for leftover in out.glob(".*.tmp-*"):  # a write that was killed (a checkpoint directory or a file)
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
         else:
             leftover.unlink(missing_ok=True)
-    if resume or not any(p.name != LOCK for p in out.iterdir()):
+    if not overwrite or not is_run_directory(out):
         return
-    if not is_run_directory(out):
-        raise ValueError(f"--out {out} is not empty and holds no run; choose an empty or new directory")
-    if not overwrite:
-        raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or --overwrite to "
-                         f"replace it")
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
     for name in RUN_DIRS:
@@ -65,23 +89,28 @@ class RunLock:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ValueError(f"cannot create the run directory {out}: {e.strerror}") from e
-        for _ in range(2):
+        me = f"{socket.gethostname()}:{os.getpid()}"
+        for _ in range(3):
+            # the pid is in the file before the file has its name: a reader never sees an empty lock
+            tmp = out / f".{LOCK}.tmp-{os.getpid()}"
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                tmp.write_text(me)
+                os.link(tmp, self.path)
             except FileExistsError:
-                pid = _read_pid(self.path)
-                if pid is not None and _alive(pid):
-                    raise ValueError(f"{self.path.parent} is being written by another process (pid {pid}); wait for "
-                                     f"it, or choose another --out") from None
-                self.path.unlink(missing_ok=True)  # a stale lock: its process is gone
+                owner = _read(self.path)
+                if owner is not None and _alive(owner):
+                    raise ValueError(f"{out} is being written by another process ({owner}); wait for it, or "
+                                     f"choose another --out") from None
+                if _read(self.path) == owner:  # still the same stale lock: its process is gone
+                    self.path.unlink(missing_ok=True)
                 continue
             except OSError as e:
-                raise ValueError(f"cannot write into the run directory {self.path.parent}: {e.strerror}") from e
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
+                raise ValueError(f"cannot write into the run directory {out}: {e.strerror}") from e
+            finally:
+                tmp.unlink(missing_ok=True)
             self.held = True
             return self
-        raise ValueError(f"cannot take the lock {self.path}")
+        raise ValueError(f"cannot take the lock {self.path}: another process keeps taking it")
 
     def __exit__(self, *exc) -> None:
         if self.held:
@@ -89,18 +118,27 @@ class RunLock:
             self.held = False
 
 
-def _read_pid(path: Path) -> int | None:
+def _read(path: Path) -> str | None:
     try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
+        return path.read_text().strip() or None
+    except OSError:
         return None
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
+def _alive(owner: str) -> bool:
+    """Whether the lock's owner ("host:pid") still runs. Another host's process cannot be checked: live.
+    This process's own pid is not a live owner: a restarted container reuses pid 1."""
+    host, _, pid = owner.rpartition(":")
+    if host and host != socket.gethostname():
         return True
     try:
-        os.kill(pid, 0)
+        pid_number = int(pid)
+    except ValueError:
+        return False
+    if pid_number == os.getpid():
+        return False
+    try:
+        os.kill(pid_number, 0)
     except ProcessLookupError:
         return False
     except PermissionError:

@@ -191,7 +191,12 @@ def _stop_requests(enabled: bool):
             signal.signal(sig, previous)
 
 
-def train(cfg: TrainConfig, resume: bool = False, log=print, overwrite: bool = False, callback=None) -> dict:
+def _log_to_stderr(*args, **kwargs) -> None:
+    print(*args, file=sys.stderr, **kwargs)  # stdout carries the summary JSON only
+
+
+def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite: bool = False,
+          callback=None) -> dict:
     """Run (or resume) a training run; returns the summary written to ``summary.json``.
 
     A new run refuses an existing run directory unless ``overwrite``; a lock file keeps a second process
@@ -199,10 +204,12 @@ def train(cfg: TrainConfig, resume: bool = False, log=print, overwrite: bool = F
     raises :class:`Interrupted`. ``callback(step, row)``, if given, runs on rank 0 after every step with that
     step's metrics (the row of metrics.csv; the task's metric on evaluation steps); returning True stops the
     run there, with a checkpoint, as a finished run (an exception it raises, e.g. Optuna's TrialPruned,
-    propagates). Under torchrun (WORLD_SIZE > 1) every process runs this; ranks split the
+    propagates). Progress and notes go to ``log`` (standard error by default). Under torchrun (WORLD_SIZE > 1) every process runs this; ranks split the
     directions, exchange fitness, and compute the same update. Only rank 0 writes files.
     """
     cfg = cfg.resolved()
+    if cfg.out is None:  # the default: a new directory per run, never an old run's
+        cfg.out = str(rundir.fresh_directory(Path("runs"), cfg.task.replace(":", "-").replace("/", "-")))
     out = Path(cfg.out)
     device = resolve_device(cfg.device)
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -214,9 +221,9 @@ def train(cfg: TrainConfig, resume: bool = False, log=print, overwrite: bool = F
         # distributed ranks stop together through the collective timeout, not at a signal of their own
         with lock, _stop_requests(enabled=not ranks.distributed) as stop_requested:
             if ranks.is_main:
-                rundir.prepare(out, resume, overwrite)
+                rundir.check(out, resume, overwrite)
             summary = _train(cfg, out, device, ranks, resume, log if ranks.is_main else (lambda *a, **k: None),
-                             stop_requested, callback)
+                             stop_requested, callback, overwrite)
         ranks.barrier()  # tear the group down together, once rank 0 has written its files
         return summary
     finally:  # after an error, without the barrier: a dead peer would make it wait for the timeout
@@ -226,6 +233,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=print, overwrite: bool = F
 def _check_finite(model, strategy, step: int, last_good: int | None) -> None:
     """Refuse to save non-finite weights or optimizer state (one host read per checkpoint)."""
     tensors = [(n, p) for n, p in model.named_parameters()]
+    tensors += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]  # observation statistics
     tensors += [(f"optimizer state {k}", v) for st in strategy.optimizer.state.values() for k, v in st.items()
                 if isinstance(v, torch.Tensor) and v.is_floating_point()]
     bad = [n for n, t in tensors if not bool(torch.isfinite(t).all())]
@@ -236,9 +244,11 @@ def _check_finite(model, strategy, step: int, last_good: int | None) -> None:
 
 
 def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resume: bool, log,
-           stop_requested=lambda: False, callback=None) -> dict:
+           stop_requested=lambda: False, callback=None, overwrite: bool = False) -> dict:
     main = ranks.is_main
     task, model, pm, strategy = build(cfg, device, ranks)
+    if main:  # only now that the new run is built: a mistyped option must not cost the old run
+        rundir.clear(out, overwrite and not resume)
     elapsed, env_steps, last_checkpoint = 0.0, 0, None
     if resume:
         new = dataclasses.asdict(cfg)
@@ -254,6 +264,11 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             at = int(state.get("strategy", {}).get("step", 0))
             if cfg.steps < at:
                 raise ValueError(f"--steps {cfg.steps} is below the checkpoint's step {at}; expected >= {at}")
+            scheduled = [f"{k}={old.get(k)!r}" for k in ("lr_schedule", "sigma_schedule")
+                         if old.get(k) not in (None, "constant")]
+            if scheduled and old.get("steps") != cfg.steps:
+                raise ValueError(f"cannot change --steps ({old.get('steps')} -> {cfg.steps}) on resume of a run "
+                                 f"with {', '.join(scheduled)}: the schedule is laid over the steps")
 
         state = load_checkpoint(out / "checkpoint", model, validate=check)
         try:
@@ -313,7 +328,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             if step % eval_every == 0 or step == cfg.steps:
                 row[task.metric] = task.evaluate(model)
                 reached = target is not None and row[task.metric] >= target
-            if callback is not None and callback(step, dict(row)) is True:
+            if callback is not None and bool(callback(step, dict(row))):
                 if ranks.distributed:
                     raise ValueError("a callback cannot stop a torchrun job: the ranks would not stop together")
                 reached = True
@@ -373,7 +388,7 @@ def load_run(directory: str | Path, device: str = "auto") -> Run:
     config, in one call. Weights that are not finite are refused.
 
     Example:
-        >>> model, task, config = nesgpu.load_run("runs/default")
+        >>> model, task, config = nesgpu.load_run("runs/digits")
         >>> task.evaluate(model)
     """
     directory = Path(directory)
