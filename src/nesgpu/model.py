@@ -69,7 +69,7 @@ class PerturbedModel:
         self.layers: dict[str, PerturbedModule] = {
             name: m for name, m in model.named_modules() if isinstance(m, PerturbedModule)
         }
-        if not any(layer.perturbed_parameters() for layer in self.layers.values()):
+        if not any(layer.perturbs for layer in self.layers.values()):
             raise ValueError("model has no perturbed parameters; call nesgpu.convert(model, kind) first")
         owners: dict[int, str] = {}
         for name, layer in self.layers.items():
@@ -137,7 +137,7 @@ class PerturbedModel:
 
     def noise_sq_norms(self) -> torch.Tensor:
         """||z_d||^2 over all perturbed parameters, per local direction: shape (D,)."""
-        return sum(layer.noise_sq_norms() for layer in self.layers.values() if layer.perturbed_parameters())
+        return sum(layer.noise_sq_norms() for layer in self.layers.values() if layer.perturbs)
 
     def noise_bytes(self) -> int:
         """Memory of every module's current noise tensors, in bytes."""
@@ -161,7 +161,7 @@ class PerturbedModel:
                 stack.enter_context(layer.perturbing(self.sigma, self.antithetic))
             yield
             unused = [name for name, layer in self.layers.items()
-                      if layer.perturbed_parameters() and layer.population_calls == 0]
+                      if layer.perturbs and layer.population_calls == 0]
             if unused:
                 raise RuntimeError(
                     f"perturbed modules {unused} were not used by this population call: a parent module reads their "
@@ -197,7 +197,7 @@ class PerturbedModel:
             raise ValueError(f"weights must have shape ({local},) or (R, {local}); got {tuple(weights.shape)}")
         coef = weights / (self.directions * self.sigma)
         for layer in self.layers.values():
-            if layer.perturbed_parameters():
+            if layer.perturbs:
                 layer.accumulate_grad(coef)
 
     @property

@@ -130,6 +130,11 @@ class PerturbedModule(nn.Module):
         """The parameters this module perturbs, by attribute name."""
         return {slot.name: self.get_parameter(slot.name) for slot in self._slots}
 
+    @property
+    def perturbs(self) -> bool:
+        """Whether this module perturbs any parameter (a module with all of them frozen does not)."""
+        return bool(self._slots)
+
     def perturbed_numel(self) -> int:
         """How many scalars this module perturbs (the dimension of its part of z_d)."""
         return sum(p.numel() for p in self.perturbed_parameters().values())
@@ -280,14 +285,15 @@ class PerturbedModule(nn.Module):
         b = None if bias is None else getattr(self, bias)
         y = F.linear(x, getattr(self, weight), b if b is None or part is None else b[part])
         y4 = rows_view(y, pop.repeats, pop.directions)
+        noise = self._noise_of(weight, y.dtype)
+        if noise is None:  # a frozen weight
+            if b is not None:
+                self._add_vector_(bias, LINEAR, y4, pop.scale, part)
+            return y
         bias_noise = None if b is None else self._noise_of(bias, y.dtype)
         bias_z = None if bias_noise is None else bias_noise["z"] if part is None else bias_noise["z"][:, part]
-        noise = self._noise_of(weight, y.dtype)
-        if noise is not None:
-            x4 = rows_view(x.to(y.dtype), pop.repeats, pop.directions)
-            self._slot(weight).kind.apply_with_bias_(LINEAR, x4, y4, pop.scale, noise, bias_z)
-        elif bias_z is not None:
-            y4.addcmul_(LINEAR.per_channel(bias_z, y4), LINEAR.per_repeat(pop.scale, y4))
+        x4 = rows_view(x.to(y.dtype), pop.repeats, pop.directions)
+        self._slot(weight).kind.apply_with_bias_(LINEAR, x4, y4, pop.scale, noise, bias_z)  # may fold the bias in
         return y
 
     def _noise_of(self, name: str, dtype: torch.dtype) -> Noise | None:

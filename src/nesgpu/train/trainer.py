@@ -236,11 +236,13 @@ def _check_finite(model, strategy, step: int, last_good: int | None) -> None:
     tensors += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]  # observation statistics
     tensors += [(f"optimizer state {k}", v) for st in strategy.optimizer.state.values() for k, v in st.items()
                 if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    bad = [n for n, t in tensors if not bool(torch.isfinite(t).all())]
-    if bad:
-        kept = f"the checkpoint of step {last_good} is kept" if last_good else "no checkpoint was written"
-        raise ValueError(f"step {step} made non-finite values in {bad[:4]}{' ...' if len(bad) > 4 else ''}; the run "
-                         f"stops and {kept}; resume with a smaller --lr or --sigma")
+    finite = torch.stack([torch.isfinite(t).all().to(tensors[0][1].device) for _, t in tensors])
+    if bool(finite.all()):  # one host read; the names only when something is wrong
+        return
+    bad = [n for (n, _), ok in zip(tensors, finite.tolist()) if not ok]
+    kept = f"the checkpoint of step {last_good} is kept" if last_good else "no checkpoint was written"
+    raise ValueError(f"step {step} made non-finite values in {bad[:4]}{' ...' if len(bad) > 4 else ''}; the run "
+                     f"stops and {kept}; resume with a smaller --lr or --sigma")
 
 
 def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resume: bool, log,
