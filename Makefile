@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/nesgpu bench layers
+
+# The API reference, from the docstrings (pdoc, the [docs] extra): open build/docs/nesgpu.html. pdoc walks only
+# the submodules that a package's __all__ names (nesgpu's names kinds alone), so the public subpackages are
+# listed here; tests/docs/test_api_docs.py reads this line and fails if a subpackage is missing.
+DOCS_MODULES := nesgpu nesgpu.layers nesgpu.strategies nesgpu.tasks nesgpu.tasks.envs nesgpu.train nesgpu.bench
+docs: $(VENV)/.installed
+	rm -rf build/docs
+	$(PY) -m pdoc --docformat google --output-directory build/docs $(DOCS_MODULES)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -25,7 +25,8 @@ from torch import nn
 import nesgpu
 from nesgpu.train import TrainConfig
 from nesgpu.train.distributed import Ranks
-from nesgpu.train.trainer import PopulationEvaluator, build
+from nesgpu.train.population import PopulationStep
+from nesgpu.train.trainer import build
 
 
 def step_time(cfg: TrainConfig, steps: int, warmup: int = 2) -> float:
@@ -33,13 +34,11 @@ def step_time(cfg: TrainConfig, steps: int, warmup: int = 2) -> float:
     cfg = cfg.resolved()
     device = torch.device(cfg.device)
     task, _, pm, strategy = build(cfg, device)
-    evaluate = PopulationEvaluator(task, pm, Ranks(), cfg.chunk_size, cfg.precision, log=lambda *a: None)
+    population = PopulationStep(task, pm, strategy, Ranks(), cfg.chunk_size, cfg.precision, log=lambda *a: None)
     times = []
     for step in range(1, warmup + steps + 1):
         t0 = time.perf_counter()
-        strategy.ask()
-        fitness, _ = evaluate(step)
-        strategy.tell(fitness)  # reads the fitness statistics, so the step has run on the device
+        population.run()  # reads the fitness statistics, so the step has run on the device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if step > warmup:

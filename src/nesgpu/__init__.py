@@ -5,7 +5,7 @@ from .layers import *  # noqa: F403
 from .layers import __all__ as _layers
 from .model import PerturbedModel, convert
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the only version: pyproject.toml reads this literal statically (no import)
 
 
 def load_run(directory, device: str = "auto"):

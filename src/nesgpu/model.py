@@ -235,7 +235,7 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
 
     Args:
         model: converted in place (a bare module is returned as a new one).
-        kind: a :class:`~nesgpu.kinds.Kind` or its name: ``"gaussian"``, ``"sparse"``, ``"permuted"``,
+        kind: a :class:`nesgpu.kinds.Kind` or its name: ``"gaussian"``, ``"sparse"``, ``"permuted"``,
             ``"flipout"``, ``"lowrank"``.
         directions: population size (may be left to :class:`PerturbedModel`).
         freeze: parameter names (``"0.weight"``) or module names (``"embed"``: all its parameters) to keep

@@ -5,8 +5,9 @@ import torch
 
 from nesgpu.train import TrainConfig
 from nesgpu.train.distributed import Ranks
+from nesgpu.train.population import PopulationStep
 from nesgpu.train.precision import native_support, slow_precision_note
-from nesgpu.train.trainer import PopulationEvaluator, build
+from nesgpu.train.trainer import build
 
 CPU = torch.device("cpu")
 
@@ -53,10 +54,10 @@ def test_unknown_support_gives_no_note(monkeypatch):
 def test_the_evaluator_logs_the_note_once(monkeypatch, native):
     with_capabilities(monkeypatch, avx512_bf16=native)
     cfg = TrainConfig(task="digits", population=8, hidden=(4,), batch_size=4, precision="bf16").resolved()
-    task, _, pm, _ = build(cfg, CPU)
+    task, _, pm, strategy = build(cfg, CPU)
     lines = []
-    PopulationEvaluator(task, pm, Ranks(), None, "bf16", log=lines.append)
+    PopulationStep(task, pm, strategy, Ranks(), None, "bf16", log=lines.append)
     assert len(lines) == (0 if native else 1)
     fp32 = []
-    PopulationEvaluator(task, pm, Ranks(), None, "fp32", log=fp32.append)
+    PopulationStep(task, pm, strategy, Ranks(), None, "fp32", log=fp32.append)
     assert fp32 == []

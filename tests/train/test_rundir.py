@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from nesgpu.cli import main
+from nesgpu.strategies import Schedule
 from nesgpu.strategies.base import Strategy
 from nesgpu.tasks.rl import RLTask
 from nesgpu.train import TrainConfig, train
 from nesgpu.train.checkpoint import find_checkpoint, write_json
+from nesgpu.train.metrics import MetricsLog
 from nesgpu.train.trainer import Interrupted
 
 RUN = dict(task="cartpole", population=16, steps=6, hidden=(4,), checkpoint_every=1)
@@ -105,8 +107,8 @@ def test_resume_refuses_defining_changes_before_writing_and_applies_the_others(t
 def test_non_finite_weights_never_reach_a_checkpoint(tmp_path, monkeypatch):
     original = Strategy.tell
 
-    def diverging(self, fitness, extra=None):
-        stats = original(self, fitness, extra=extra)
+    def diverging(self, fitness, extra=None, blocks=None):
+        stats = original(self, fitness, extra=extra, blocks=blocks)
         if self.step == 3:
             with torch.no_grad():
                 next(self.pm.model.parameters()).fill_(float("nan"))
@@ -319,16 +321,25 @@ def test_without_out_every_run_gets_a_new_directory(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["cartpole", "cartpole-2"]
 
 
-def test_resume_of_a_scheduled_run_refuses_new_steps_and_schedules(tmp_path):
+def test_resume_applies_a_new_schedule_or_a_stretched_one_from_the_next_step(tmp_path):
     out = tmp_path / "run"
+    base = TrainConfig(**RUN).resolved().lr
     train(TrainConfig(**{**RUN, "lr_schedule": "cosine", "lr_final": 0.1}, out=str(out)), log=quiet)
-    with pytest.raises(ValueError, match=r"cannot change --steps \(6 -> 9\) on resume of a run with "
-                                         r"lr_schedule='cosine'"):
-        train(TrainConfig(**{**RUN, "lr_schedule": "cosine", "lr_final": 0.1, "steps": 9}, out=str(out)),
-              resume=True, log=quiet)
-    with pytest.raises(ValueError, match=r"lr_final: 0.1 -> 0.5"):
-        train(TrainConfig(**{**RUN, "lr_schedule": "cosine", "lr_final": 0.5}, out=str(out)), resume=True,
-              log=quiet)
+    logs = []
+    train(TrainConfig(**{**RUN, "lr_schedule": "cosine", "lr_final": 0.1, "steps": 9}, out=str(out)), resume=True,
+          log=logs.append)
+    assert "steps: 6 -> 9" in logs[0] and "lr factor 0.1 -> " in logs[0]  # the schedule is stretched: it jumps
+    rows = MetricsLog.read(out / "metrics.csv")
+    stretched = Schedule("cosine", 0.1, 9)
+    for row in rows[6:]:  # after step s, the optimizer holds the lr of step s + 1: base * factor(s)
+        assert row["lr"] == pytest.approx(base * stretched(int(row["step"])), rel=1e-5)
+    old = Schedule("cosine", 0.1, 6)
+    for row in rows[:6]:
+        assert row["lr"] == pytest.approx(base * old(int(row["step"])), rel=1e-5)
+    logs.clear()  # a constant lr from step 10 on, at half the step size
+    train(TrainConfig(**{**RUN, "lr": base / 2, "steps": 11}, out=str(out)), resume=True, log=logs.append)
+    assert "lr_schedule: 'cosine' -> 'constant'" in logs[0]
+    assert [r["lr"] for r in MetricsLog.read(out / "metrics.csv")[9:]] == pytest.approx([base / 2] * 2)
 
 
 def test_a_new_lr_on_resume_also_moves_clipups_speed_cap(tmp_path):

@@ -10,7 +10,8 @@ import torch
 import nesgpu
 from nesgpu.train import TrainConfig
 from nesgpu.train.distributed import Ranks
-from nesgpu.train.trainer import PopulationEvaluator, build
+from nesgpu.train.population import PopulationStep
+from nesgpu.train.trainer import build
 
 PACKAGE = str(Path(nesgpu.__file__).parent)
 READS = ["item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"]
@@ -38,12 +39,10 @@ def run_steps(cfg: TrainConfig, steps: int, seen: Counter):
     cfg = cfg.resolved()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     task, model, pm, strategy = build(cfg, device)
-    evaluate = PopulationEvaluator(task, pm, Ranks(), cfg.chunk_size, cfg.precision)
+    population = PopulationStep(task, pm, strategy, Ranks(), cfg.chunk_size, cfg.precision)
     seen.active = True
-    for step in range(1, steps + 1):
-        strategy.ask()
-        fitness, info = evaluate(step)
-        strategy.tell(fitness, extra={k: v for k, v in info.items() if torch.as_tensor(v).dim() == 0})
+    for _ in range(steps):
+        population.run()
     return seen
 
 
@@ -67,11 +66,11 @@ def test_rl_step_reads_fitness_and_checks_termination_every_16_env_steps(host_re
 def test_no_device_sync_on_gpu_outside_the_fitness_read(precision):
     cfg = TrainConfig(task="digits", population=64, hidden=(16,), batch_size=16, steps=2, device="cuda").resolved()
     task, model, pm, strategy = build(cfg, torch.device("cuda"))
-    evaluate = PopulationEvaluator(task, pm, Ranks(), None, precision)
-    strategy.ask()
+    population = PopulationStep(task, pm, strategy, Ranks(), None, precision)
+    step = strategy.begin_step()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        fitness, info = evaluate(1)
+        fitness, info = population.evaluate(step)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     strategy.tell(fitness)

@@ -151,12 +151,12 @@ def test_corrupt_and_mismatched_checkpoints_are_reported(tmp_path):
 @pytest.mark.parametrize("options,message", [
     ({"task": "chess"}, "unknown task 'chess'"),
     ({"strategy": "cma"}, "unknown strategy 'cma'"),
-    ({"layer": "dense"}, "unknown layer kind 'dense'"),
-    ({"sigma": 0.0}, "sigma must be > 0; got 0.0"),
-    ({"sigma": -1.0}, "sigma must be > 0"),
+    ({"layer": "dense"}, r"layer must be one of \['flipout', .*got 'dense'"),
+    ({"sigma": 0.0}, "sigma must be a positive finite number; got 0.0"),
+    ({"sigma": -1.0}, "sigma must be a positive"),
     ({"population": 1}, "population must be >= 2; got 1"),
     ({"population": 17}, "population must be even with antithetic sampling"),
-    ({"lr": 0.0}, "lr must be > 0"),
+    ({"lr": 0.0}, "lr must be a positive finite number"),
     ({"task": "gym:NoSuchEnv-v0"}, "unknown task 'gym:NoSuchEnv-v0'"),
     ({"layer": "permuted", "antithetic": False}, "'permuted' is biased without antithetic sampling"),
 ])

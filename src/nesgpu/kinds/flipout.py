@@ -9,7 +9,7 @@ Noise memory: E plus D * (in + out) signs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,10 +21,15 @@ SIGNS = ("both", "in", "out")
 
 @dataclass(frozen=True)
 class Flipout(Kind):
-    """Args: signs: flip "both" sides (default), only "in"puts or only "out"puts."""
+    """Flip-out noise: one shared noise matrix per step, decorrelated per direction by random sign flips.
+
+    Args:
+        signs: flip "both" sides (default), only "in"puts or only "out"puts.
+    """
 
     name = "flipout"
-    signs: str = "both"
+    signs: str = field(default="both", metadata={
+        "help": "flip both sides of the product, only the inputs or only the outputs", "choices": SIGNS})
 
     def __post_init__(self):
         if self.signs not in SIGNS:

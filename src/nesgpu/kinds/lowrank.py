@@ -16,7 +16,7 @@ Noise memory: D * r * (out + in * prod(kernel)) values per parameter.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,11 +35,15 @@ would cost a pass over the input."""
 
 @dataclass(frozen=True)
 class LowRank(Kind):
-    """Args: rank: r, the rank of each direction's noise (default 1)."""
+    """Low-rank noise: direction d's noise is A_d B_d^T / sqrt(r), never formed densely.
+
+    Args:
+        rank: r, the rank of each direction's noise (default 1).
+    """
 
     name = "lowrank"
     products = frozenset({"linear", "conv", "embedding"})
-    rank: int = 1
+    rank: int = field(default=1, metadata={"help": "rank of each direction's noise matrix"})
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:

@@ -10,7 +10,7 @@ Within one step every z_d is a rearrangement of the same E, so the mean of z_d o
 zero (it is E averaged along the permuted axis). A population baseline (centred ranks, subtracting the
 mean fitness) then removes the gradient's component along that mean, a bias no number of steps
 removes. Antithetic sampling (+z_d and -z_d) cancels it exactly, so this kind requires it
-(:class:`~nesgpu.PerturbedModel` refuses the combination).
+(:class:`nesgpu.PerturbedModel` refuses the combination).
 
 The forward is one extra GEMM with E: gather the inputs (in-permutation), multiply, scatter-add the
 outputs (out-permutation). Noise memory: E (k_out x k_in x kernel) plus D * (k_in + k_out) indices.
@@ -19,7 +19,7 @@ outputs (out-permutation). Noise memory: E (k_out x k_in x kernel) plus D * (k_i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -42,7 +42,9 @@ class Plan(NamedTuple):
 
 @dataclass(frozen=True)
 class Permuted(Kind):
-    """Args:
+    """Permuted noise: one shared noise matrix per step, with its rows or columns permuted per direction.
+
+    Args:
         permutation: which side each direction permutes: "in", "out", "both" or "auto" (a sparse side,
             else the larger side).
         in_sparsity, out_sparsity: perturbed inputs / outputs per direction (per group), a fraction
@@ -51,9 +53,12 @@ class Permuted(Kind):
 
     name = "permuted"
     needs_antithetic = True
-    permutation: str = "auto"
-    in_sparsity: int | float | None = None
-    out_sparsity: int | float | None = None
+    permutation: str = field(default="auto", metadata={
+        "help": "the side each direction permutes (auto: a sparse side, else the larger)", "choices": PERMUTATIONS})
+    in_sparsity: int | float | None = field(default=None, metadata={
+        "help": "perturbed inputs per direction: a count or a fraction (default: all)"})
+    out_sparsity: int | float | None = field(default=None, metadata={
+        "help": "perturbed outputs per direction: a count or a fraction (default: all)"})
 
     def __post_init__(self):
         if self.permutation not in PERMUTATIONS:

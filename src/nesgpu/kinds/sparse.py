@@ -8,7 +8,7 @@ variance as k shrinks. Linear products only. Noise memory: D * out * k values pl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,12 +19,17 @@ from .counts import resolve_count
 
 @dataclass(frozen=True)
 class Sparse(Kind):
-    """Args: k: perturbed input columns per direction, a count (int) or a fraction (float) of ``in``
-    (default: ``min(8, in)``)."""
+    """Sparse noise: each direction perturbs k random input columns of the weight.
+
+    Args:
+        k: perturbed input columns per direction, a count (int) or a fraction (float) of ``in`` (default:
+            ``min(8, in)``).
+    """
 
     name = "sparse"
     products = frozenset({"linear"})
-    k: int | float | None = None
+    k: int | float | None = field(default=None, metadata={
+        "help": "perturbed input columns per direction: a count, or a fraction of the inputs (default min(8, in))"})
 
     def __post_init__(self):
         if self.k is not None:

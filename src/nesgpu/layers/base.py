@@ -2,7 +2,7 @@
 and the update.
 
 A perturbed module is its torch parent (same parameters, same state_dict, same plain forward) plus a list
-of :class:`Slot` s, one per trainable parameter: the parameter's name, the :class:`~nesgpu.kinds.Kind`
+of :class:`Slot` s, one per trainable parameter: the parameter's name, the :class:`nesgpu.kinds.Kind`
 that perturbs it and its geometry. Matrices take the module's kind; vectors (biases, norm scales) take
 IID Gaussian noise. The math lives in the kinds; a module's population forward calls
 ``_product_`` / ``_add_vector_`` / ``_member_values`` for each of its parameters.
@@ -79,7 +79,7 @@ class Population(NamedTuple):
 class PerturbedModule(nn.Module):
     """Noise state and the population contract shared by all perturbed modules.
 
-    Outside a :class:`~nesgpu.PerturbedModel` call the module is exactly its torch parent.
+    Outside a :class:`nesgpu.PerturbedModel` call the module is exactly its torch parent.
     """
 
     directions: int | None

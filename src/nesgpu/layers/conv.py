@@ -63,21 +63,21 @@ PerturbedConv3d = _conv_class(nn.Conv3d, 3)
 
 
 class PermutedConv2d(PerturbedConv2d):
-    """PerturbedConv2d with kind :class:`~nesgpu.kinds.Permuted` (channel permutations inside groups)."""
+    """PerturbedConv2d with kind :class:`nesgpu.kinds.Permuted` (channel permutations inside groups)."""
 
     def __init__(self, *args, directions=None, permutation="auto", in_sparsity=None, out_sparsity=None, **kwargs):
         super().__init__(*args, kind=Permuted(permutation, in_sparsity, out_sparsity), directions=directions, **kwargs)
 
 
 class FlipoutConv2d(PerturbedConv2d):
-    """PerturbedConv2d with kind :class:`~nesgpu.kinds.Flipout` (channel sign flips)."""
+    """PerturbedConv2d with kind :class:`nesgpu.kinds.Flipout` (channel sign flips)."""
 
     def __init__(self, *args, directions=None, signs="both", **kwargs):
         super().__init__(*args, kind=Flipout(signs), directions=directions, **kwargs)
 
 
 class LowRankConv2d(PerturbedConv2d):
-    """PerturbedConv2d with kind :class:`~nesgpu.kinds.LowRank`: r full filters and a per-direction 1x1 mix."""
+    """PerturbedConv2d with kind :class:`nesgpu.kinds.LowRank`: r full filters and a per-direction 1x1 mix."""
 
     def __init__(self, *args, directions=None, rank=1, **kwargs):
         super().__init__(*args, kind=LowRank(rank), directions=directions, **kwargs)

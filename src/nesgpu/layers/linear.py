@@ -14,9 +14,9 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
 
     Args:
         in_features, out_features, bias, device, dtype: as for :class:`torch.nn.Linear`.
-        kind: a :class:`~nesgpu.kinds.Kind` or its name ("gaussian", "sparse", "permuted", "flipout",
+        kind: a :class:`nesgpu.kinds.Kind` or its name ("gaussian", "sparse", "permuted", "flipout",
             "lowrank"); ``**options`` are the kind's options when given by name.
-        directions: population size D (set by :class:`~nesgpu.PerturbedModel` when None).
+        directions: population size D (set by :class:`nesgpu.PerturbedModel` when None).
 
     Shape:
         population input (R * D, *, in) -> (R * D, *, out); row n uses direction n % D, and every
@@ -41,14 +41,14 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
 
 
 class SparsePerturbedLinear(PerturbedLinear):
-    """PerturbedLinear with kind :class:`~nesgpu.kinds.Sparse`: direction d perturbs ``k`` input columns."""
+    """PerturbedLinear with kind :class:`nesgpu.kinds.Sparse`: direction d perturbs ``k`` input columns."""
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, directions=None, k=None):
         super().__init__(in_features, out_features, bias, device, dtype, kind=Sparse(k), directions=directions)
 
 
 class PermutedLinear(PerturbedLinear):
-    """PerturbedLinear with kind :class:`~nesgpu.kinds.Permuted` (shared noise, per-direction permutations)."""
+    """PerturbedLinear with kind :class:`nesgpu.kinds.Permuted` (shared noise, per-direction permutations)."""
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, directions=None,
                  permutation="auto", in_sparsity=None, out_sparsity=None):
@@ -57,7 +57,7 @@ class PermutedLinear(PerturbedLinear):
 
 
 class FlipoutLinear(PerturbedLinear):
-    """PerturbedLinear with kind :class:`~nesgpu.kinds.Flipout` (shared noise, per-direction sign flips)."""
+    """PerturbedLinear with kind :class:`nesgpu.kinds.Flipout` (shared noise, per-direction sign flips)."""
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, directions=None,
                  signs="both"):
@@ -65,7 +65,7 @@ class FlipoutLinear(PerturbedLinear):
 
 
 class LowRankLinear(PerturbedLinear):
-    """PerturbedLinear with kind :class:`~nesgpu.kinds.LowRank`: z_d = A_d B_d^T / sqrt(r)."""
+    """PerturbedLinear with kind :class:`nesgpu.kinds.LowRank`: z_d = A_d B_d^T / sqrt(r)."""
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, directions=None, rank=1):
         super().__init__(in_features, out_features, bias, device, dtype, kind=LowRank(rank), directions=directions)

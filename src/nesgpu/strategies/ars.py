@@ -6,6 +6,8 @@ V1 uses raw observations; V2 keeps running observation statistics (the task norm
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from ..model import PerturbedModel
@@ -20,17 +22,22 @@ class ARS(Strategy):
     Args:
         pm: the perturbed model; must use antithetic sampling.
         optimizer: default ``torch.optim.SGD(lr=lr)``, which gives the paper's update exactly.
-        lr: the step size alpha.
+        lr: the step size alpha (default 0.02).
         top_b: how many directions to use (default: all).
         version: "v1" (raw observations) or "v2" (normalised observations).
     """
 
     name = "ars"
+    default_lr = 0.02
+    config_options: ClassVar[dict[str, str]] = {"top_b": "top_b", "ars_version": "version"}
 
-    def __init__(self, pm: PerturbedModel, optimizer: torch.optim.Optimizer | None = None, lr: float = 0.02,
+    @classmethod
+    def uses_observation_statistics(cls, version: str = "v2", **options) -> bool:
+        return version == "v2"
+
+    def __init__(self, pm: PerturbedModel, optimizer: torch.optim.Optimizer | None = None, lr: float | None = None,
                  top_b: int | None = None, version: str = "v2",
-                 sigma_schedule: Schedule | None = None, lr_schedule: Schedule | None = None,
-                 chunk_size: int | None = None):
+                 sigma_schedule: Schedule | None = None, lr_schedule: Schedule | None = None):
         if not pm.antithetic:
             raise ValueError("ARS needs antithetic sampling: PerturbedModel(..., antithetic=True)")
         if version not in ("v1", "v2"):
@@ -38,11 +45,10 @@ class ARS(Strategy):
         top_b = pm.directions if top_b is None else top_b
         if not 1 <= top_b <= pm.directions:
             raise ValueError(f"top_b must be in [1, {pm.directions}]; got {top_b}")
-        optimizer = optimizer or torch.optim.SGD(pm.model.parameters(), lr=lr)
-        super().__init__(pm, optimizer, sigma_schedule, lr_schedule, chunk_size)
+        optimizer = optimizer or torch.optim.SGD(pm.model.parameters(), lr=self.default_lr if lr is None else lr)
+        super().__init__(pm, optimizer, sigma_schedule, lr_schedule)
         self.top_b = top_b
         self.version = version
-        self.normalize_observations = version == "v2"
 
     def weights(self, fitness):
         plus, minus = antithetic_halves(fitness)

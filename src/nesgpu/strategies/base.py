@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
-from ..model import PerturbedModel, direction_blocks
+from ..model import PerturbedModel
 from .schedules import Schedule
 
 
@@ -30,7 +32,10 @@ def check_fitness(fitness: torch.Tensor, step: int, directions: int, antithetic:
 class Strategy:
     """ask() draws the step's noise; the caller evaluates the population; tell(fitness) steps the model.
 
-    Fitness is higher-is-better, of shape (R, D) as laid out by the population input.
+    Fitness is higher-is-better, of shape (R, D) as laid out by the population input. A caller that
+    evaluates the directions in blocks (to bound memory) calls :meth:`begin_step`, draws each block's noise
+    with ``pm.set_noise(step, directions=block)`` as it evaluates it, and passes the blocks to
+    :meth:`tell`, which updates block by block (redrawing a block's noise when another one replaced it).
 
     Args:
         pm: the perturbed model.
@@ -39,46 +44,49 @@ class Strategy:
     """
 
     name = "strategy"
-    normalize_observations = True  # RL tasks keep running observation statistics unless told otherwise
+    default_lr: ClassVar[float] = 0.01  # the step size its default optimizer expects
+    # the training configuration's options this strategy takes, and the constructor argument each sets
+    config_options: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def uses_observation_statistics(cls, **options) -> bool:
+        """Whether RL tasks normalise observations by running statistics under this strategy (built with
+        ``options``): yes unless a strategy says otherwise (ARS V1 uses raw observations)."""
+        return True
 
     def __init__(self, pm: PerturbedModel, optimizer: torch.optim.Optimizer,
-                 sigma_schedule: Schedule | None = None, lr_schedule: Schedule | None = None,
-                 chunk_size: int | None = None):
+                 sigma_schedule: Schedule | None = None, lr_schedule: Schedule | None = None):
         if not isinstance(pm, PerturbedModel):
             raise TypeError(f"pm must be a PerturbedModel; got {type(pm).__name__}")
-        if chunk_size is not None and not 1 <= chunk_size <= pm.directions:
-            raise ValueError(f"chunk_size must be in [1, {pm.directions}]; got {chunk_size}")
         self.pm = pm
         self.optimizer = optimizer
-        self.chunk_size = chunk_size
         self.step = 0  # completed tells
         self.sigma0 = pm.sigma
         self.sigma_schedule = sigma_schedule
         self.lr_scheduler = None if lr_schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule)
 
     # ----- the loop ----------------------------------------------------------------------------------
-    def chunks(self) -> list[range]:
-        """Blocks of directions the update runs over (one block unless ``chunk_size`` is set)."""
-        return direction_blocks(range(self.pm.directions), self.chunk_size)
-
-    def ask(self) -> None:
-        """Set sigma for this step and, unless chunked, draw its noise (noise step = completed steps + 1).
-
-        Chunked callers draw each block with ``pm.set_noise(step, directions=block)`` as they evaluate it.
-        """
+    def begin_step(self) -> int:
+        """Set sigma for the coming step (its schedule) and return the step's number (completed + 1)."""
         if self.sigma_schedule is not None:
             self.pm.sigma = self.sigma0 * self.sigma_schedule(self.step)
-        if self.chunk_size is None:
-            self.pm.set_noise(step=self.step + 1)
+        return self.step + 1
 
-    def tell(self, fitness: torch.Tensor, extra: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+    def ask(self) -> None:
+        """:meth:`begin_step`, then draw the noise of every direction for it."""
+        self.pm.set_noise(step=self.begin_step())
+
+    def tell(self, fitness: torch.Tensor, extra: dict[str, torch.Tensor] | None = None,
+             blocks: list[range] | None = None) -> dict[str, float]:
         """Turn fitness into an update, step the optimizer, and return the step's statistics.
 
         ``extra`` scalars (e.g. a training loss) are read back together with the fitness statistics: one
-        host read per step, which also checks that the fitness is finite.
+        host read per step, which also checks that the fitness is finite. ``blocks`` (default: all
+        directions at once) are the ranges of directions the update runs over, one noise draw each.
         """
         step = self.step + 1
         fitness = check_fitness(fitness, step, self.pm.directions, self.pm.antithetic, read=False)
+        blocks = [range(self.pm.directions)] if blocks is None else _check_blocks(blocks, self.pm.directions)
         extra = extra or {}
         values = torch.stack([torch.isfinite(fitness).all().to(fitness.dtype), fitness.mean(), fitness.max(),
                               fitness.min(), *(torch.as_tensor(v, dtype=fitness.dtype, device=fitness.device)
@@ -87,7 +95,7 @@ class Strategy:
             check_fitness(fitness, step, self.pm.directions, self.pm.antithetic)  # raises, naming the member
         weights = self.weights(fitness)
         self.optimizer.zero_grad(set_to_none=True)
-        for block in self.chunks():
+        for block in blocks:
             if not self.pm.has_noise(step, block):
                 self.pm.set_noise(step=step, directions=block)
             self.pm.update(weights[..., block.start:block.stop])
@@ -118,38 +126,67 @@ class Strategy:
         pass
 
     # ----- state -------------------------------------------------------------------------------------
+    @property
+    def base_lr(self) -> float:
+        """The step size before the schedule's factor."""
+        group = self.optimizer.param_groups[0]
+        return group.get("initial_lr", group["lr"]) if self.lr_scheduler is not None else group["lr"]
+
     def state_dict(self) -> dict:
-        state = {"step": self.step, "sigma": self.pm.sigma, "sigma0": self.sigma0,
-                 "optimizer": self.optimizer.state_dict()}
-        if self.lr_scheduler is not None:
-            state["lr_scheduler"] = self.lr_scheduler.state_dict()
-        return state
+        """Step, sigma and the optimizer's state. The lr schedule is not stored: the one this strategy was
+        built with applies from the loaded step on (a resumed run may change it)."""
+        return {"step": self.step, "sigma": self.pm.sigma, "sigma0": self.sigma0, "lr": self.base_lr,
+                "optimizer": self.optimizer.state_dict()}
 
     def set_lr(self, lr: float) -> None:
         """A new base step size from the current step on (a schedule keeps scaling it). An optimizer whose
         groups carry a ``max_speed`` (ClipUp: twice the step size) has it scaled by the same factor."""
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+            raise ValueError(f"lr must be a positive number; got {lr!r}")
+        base = self.base_lr
+        factor = 1.0 if self.lr_scheduler is None else self.lr_scheduler.lr_lambdas[0](self.step)
         for group in self.optimizer.param_groups:
             if "max_speed" in group:
-                base = group.get("initial_lr", group["lr"])
                 group["max_speed"] = group["max_speed"] * lr / base
-        if self.lr_scheduler is None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            return
-        sched = self.lr_scheduler
-        sched.base_lrs = [lr] * len(sched.base_lrs)
-        for group, factor in zip(self.optimizer.param_groups, sched.lr_lambdas):
-            group["initial_lr"] = lr
-            group["lr"] = lr * factor(sched.last_epoch)
+            if self.lr_scheduler is not None:
+                group["initial_lr"] = lr
+            group["lr"] = lr * factor
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
+            self.lr_scheduler.last_epoch = self.step
+            self.lr_scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a :meth:`state_dict`; the saved base lr is set under this strategy's own schedule."""
         self.step = int(state["step"])
         self.pm.sigma = float(state["sigma"])
         self.sigma0 = float(state["sigma0"])
         self.pm.step = self.step
         self.optimizer.load_state_dict(state["optimizer"])
+        if "lr" in state:
+            base = float(state["lr"])
+        elif "lr_scheduler" in state:  # checkpoints of nesgpu 0.1.0 stored the scheduler
+            base = float(state["lr_scheduler"]["base_lrs"][0])
+        else:
+            base = float(self.optimizer.param_groups[0]["lr"])
+        for group in self.optimizer.param_groups:  # the loaded groups hold the saving run's lr
+            group.pop("initial_lr", None)
+            group["lr"] = base
         if self.lr_scheduler is not None:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+            for group in self.optimizer.param_groups:
+                group["initial_lr"] = base
+        self.set_lr(base)
+
+
+def _check_blocks(blocks: list[range], directions: int) -> list[range]:
+    """Blocks must be non-empty contiguous ranges that cover [0, directions) in order."""
+    blocks = list(blocks)
+    ends = [0] + [b.stop for b in blocks]
+    if not blocks or any(not isinstance(b, range) or b.step != 1 or b.start != start or b.stop <= b.start
+                         for b, start in zip(blocks, ends)) or ends[-1] != directions:
+        raise ValueError(f"blocks must be ranges covering the {directions} directions in order, without gaps or "
+                         f"overlap; got {blocks}")
+    return blocks
 
 
 def antithetic_halves(fitness: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

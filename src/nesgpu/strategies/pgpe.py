@@ -11,6 +11,7 @@ every direction the same ||z_d||, so with them sigma stays put.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 
@@ -27,27 +28,29 @@ class PGPE(Strategy):
     Args:
         pm: the perturbed model; must use antithetic (symmetric) sampling.
         optimizer: default ``ClipUp(lr=lr, max_speed=max_speed)``.
-        lr, max_speed: ClipUp's step size and speed cap (default 2 * lr).
+        lr, max_speed: ClipUp's step size (default 0.15) and speed cap (default 2 * lr).
         sigma_lr: step size of the sigma adaptation (0 keeps sigma fixed).
         max_sigma_change: cap on the relative change of sigma per step.
         shaping: fitness shaping, "centered_ranks" by default.
     """
 
     name = "pgpe"
+    default_lr = 0.15
+    config_options: ClassVar[dict[str, str]] = {"shaping": "shaping"}
 
-    def __init__(self, pm: PerturbedModel, optimizer: torch.optim.Optimizer | None = None, lr: float = 0.15,
+    def __init__(self, pm: PerturbedModel, optimizer: torch.optim.Optimizer | None = None, lr: float | None = None,
                  max_speed: float | None = None, sigma_lr: float = 0.1, max_sigma_change: float = 0.2,
                  shaping: str = "centered_ranks", sigma_schedule: Schedule | None = None,
-                 lr_schedule: Schedule | None = None,
-                 chunk_size: int | None = None):
+                 lr_schedule: Schedule | None = None):
         if not pm.antithetic:
             raise ValueError("PGPE needs symmetric sampling: PerturbedModel(..., antithetic=True)")
         if sigma_lr and sigma_schedule is not None:
             raise ValueError("PGPE adapts sigma itself: pass sigma_lr=0 to use a sigma_schedule")
         if sigma_lr < 0 or not 0 < max_sigma_change < 1:
             raise ValueError(f"need sigma_lr >= 0 and 0 < max_sigma_change < 1; got {sigma_lr}, {max_sigma_change}")
+        lr = self.default_lr if lr is None else lr
         optimizer = optimizer or ClipUp(pm.model.parameters(), lr=lr, max_speed=max_speed)
-        super().__init__(pm, optimizer, sigma_schedule, lr_schedule, chunk_size)
+        super().__init__(pm, optimizer, sigma_schedule, lr_schedule)
         self.sigma_lr = sigma_lr
         self.max_sigma_change = max_sigma_change
         self.shaping = get_shaping(shaping)

@@ -136,12 +136,16 @@ class RLTask:
             action_high and max_steps.
         episodes: episodes per member per step.
         eval_episodes: episodes of the final evaluation.
+        normalize_observations: keep running observation statistics in the policy's ObservationNorm and
+            standardise inputs by them (False: raw observations, as ARS V1).
     """
 
     metric = "eval_return"
+    summed_info = frozenset({"env_steps", "obs_sum", "obs_sum_sq", "obs_count"})
 
     def __init__(self, make_env, env_spec, name: str, episodes: int = 1, eval_episodes: int = 10,
-                 max_steps: int | None = None, device: torch.device | str = "cpu", seed: int = 0):
+                 max_steps: int | None = None, device: torch.device | str = "cpu", seed: int = 0,
+                 normalize_observations: bool = True):
         if episodes < 1:
             raise ValueError(f"episodes must be >= 1; got {episodes}")
         self.make_env, self.spec, self.name = make_env, env_spec, name
@@ -149,12 +153,16 @@ class RLTask:
         self.max_steps = max_steps or env_spec.max_steps
         self.device = torch.device(device)
         self.seed = seed
-        self.normalize_observations = True
+        self.normalize_observations = normalize_observations
         self._env = None
 
-    def make_model(self, hidden: tuple[int, ...] = (16,)) -> Policy:
+    def make_model(self, hidden: tuple[int, ...] = (16,), model: str = "mlp") -> Policy:
+        """The policy: an MLP with ``hidden`` sizes (tanh), or a linear one for ``hidden=()``."""
+        if model != "mlp":
+            raise ValueError(f"unknown model {model!r} for task {self.name!r}; expected one of ['mlp']")
         outputs = self.spec.num_actions if self.spec.discrete else self.spec.action_dim
-        return Policy(self.spec.obs_dim, self.spec.discrete, outputs, self.spec.action_high, hidden)
+        return Policy(self.spec.obs_dim, self.spec.discrete, outputs, self.spec.action_high, hidden,
+                      normalize=self.normalize_observations)
 
     @property
     def default_target(self) -> float | None:

@@ -104,6 +104,8 @@ class SequenceTask:
     """
 
     metric = "test_accuracy"  # token accuracy; the trainer's metrics.csv has this column
+    default_target = None
+    summed_info: frozenset[str] = frozenset()
 
     def __init__(self, rule: str = "reverse", length: int = 6, digits: int = 8, batch_size: int = 32,
                  test_size: int = 1000, device: torch.device | str = "cpu", seed: int = 0, name: str | None = None):

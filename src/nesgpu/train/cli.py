@@ -1,16 +1,15 @@
-"""``nesgpu train`` and ``nesgpu eval``: the command line over TrainConfig, one flag per field."""
+"""``nesgpu train`` and ``nesgpu eval``: the command line generated from TrainConfig, one flag per field."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 from ..layers import KINDS
-from ..strategies import STRATEGIES
-from ..strategies.schedules import KINDS as SCHEDULES
-from .config import TrainConfig
+from .config import TrainConfig, presets
 
 
 def _hidden(text: str) -> tuple[int, ...]:
@@ -19,6 +18,8 @@ def _hidden(text: str) -> tuple[int, ...]:
         sizes = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer sizes like 64,64; got {text!r}") from None
+    if any(s < 0 for s in sizes):
+        raise argparse.ArgumentTypeError(f"layer sizes must be >= 0; got {text!r}")
     return tuple(s for s in sizes if s > 0)
 
 
@@ -31,52 +32,100 @@ def _chunk(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number of directions or 'auto'; got {text!r}") from None
 
 
+def _count(text: str) -> int | float:
+    """A count (an int) or a fraction (a float)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a count (int) or a fraction (float); got {text!r}") from None
+
+
+def _scalar_type(annotation: str):
+    for name, parse in (("int | float", _count), ("int", int), ("float", float), ("str", str)):
+        if annotation.startswith(name):
+            return parse
+    raise TypeError(f"no command-line parser for annotation {annotation!r}")  # a new field type: add it here
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.metadata.get("per_task"):
+        example = presets("digits").get(f.name)
+        if isinstance(example, tuple):
+            example = ",".join(map(str, example))
+        return f"the task's (digits: {example})" if example is not None else "the task's"
+    if f.default_factory is not dataclasses.MISSING:
+        return ""
+    if f.default is None:
+        return "none"
+    return str(f.default)
+
+
+def layer_option_flags() -> dict[str, tuple[str, dataclasses.Field]]:
+    """``--rank``, ``--in-sparsity``, ... : every option of every layer kind, as {flag: (kind, field)}. A
+    name that is short or shared by two kinds is prefixed with its kind (``--sparse-k``)."""
+    names = [f.name for kind in KINDS.values() for f in dataclasses.fields(kind)]
+    flags = {}
+    for kind_name, kind in sorted(KINDS.items()):
+        for f in dataclasses.fields(kind):
+            bare = f.name if len(f.name) > 1 and names.count(f.name) == 1 else f"{kind_name}_{f.name}"
+            flags["--" + bare.replace("_", "-")] = (kind_name, f)
+    return flags
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field (``batch_size`` -> ``--batch-size``), typed from its annotation, with
+    its doc and default in ``--help``; plus a flag per layer-kind option. Unset flags stay None, so a
+    config file or a resumed run's options are not overridden by defaults."""
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "layer_options":
+            continue
+        meta = f.metadata
+        default = _default_text(f)
+        kwargs: dict = dict(dest=f.name, default=None,
+                            help=meta["help"] + (f" (default: {default})" if default and "default" not in meta["help"]
+                                                 else ""))
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+            continue
+        if meta.get("parse") == "chunk":
+            kwargs["type"] = _chunk
+        elif f.type.startswith("tuple[int"):
+            kwargs["type"] = _hidden
+        else:
+            kwargs["type"] = _scalar_type(f.type)
+        if meta.get("choices"):
+            kwargs["choices"] = meta["choices"]
+        if meta.get("metavar"):
+            kwargs["metavar"] = meta["metavar"]
+        p.add_argument(flag, **kwargs)
+    group = p.add_argument_group("layer options", "options of one layer kind (--layer); they fill layer_options")
+    for flag, (kind, f) in layer_option_flags().items():
+        kwargs = dict(dest=f"layer_option:{f.name}", default=None, type=_scalar_type(f.type),
+                      help=f"{kind}: {f.metadata.get('help', '')}" + ("" if "default" in f.metadata.get("help", "")
+                                                                    else f" (default: {f.default})"))
+        if f.metadata.get("choices"):
+            kwargs["choices"] = f.metadata["choices"]
+        else:
+            kwargs["metavar"] = f.name.upper()
+        group.add_argument(flag, **kwargs)
+
+
 def add_train_parser(commands) -> None:
     p = commands.add_parser("train", help="train a model with ES (default: digits, low-rank MLP)",
                             description="Train with evolution strategies. Unset options take the task's "
                                         "defaults; a --config file sets options, and flags override it.")
-    p.add_argument("--task", help="digits | mnist1d | reverse | sort | cartpole | pendulum | acrobot | mountaincar "
-                                  "| gym:<id>")
-    p.add_argument("--strategy", help=" | ".join(sorted(STRATEGIES)))
-    p.add_argument("--layer", help="perturbation kind: " + " | ".join(sorted(KINDS)))
-    p.add_argument("--model", help="architecture: mlp (the default); mnist1d also cnn (Conv1d); reverse, sort: "
-                                   "transformer")
-    p.add_argument("--population", type=int, help="members per step, both signs counted")
-    p.add_argument("--sigma", type=float, help="noise scale")
-    p.add_argument("--lr", type=float, help="learning rate (step size)")
-    p.add_argument("--steps", type=int, help="ES steps")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--out", help="run directory (default: a new runs/<task>, runs/<task>-2, ...)")
-    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR up to --steps")
-    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (else refused)")
-    p.add_argument("--config", metavar="FILE.yaml", help="options from a YAML file")
-    p.add_argument("--hidden", type=_hidden, help="hidden layer sizes, e.g. 64,64; 0 for a linear model; cnn: "
-                   "channels per Conv1d; transformer: d_model[,n_layers[,n_heads[,dim_feedforward]]]")
-    p.add_argument("--batch-size", type=int, dest="batch_size", help="supervised: samples per member per step")
-    p.add_argument("--episodes", type=int, help="RL: episodes per member per step")
-    p.add_argument("--eval-episodes", type=int, dest="eval_episodes")
-    p.add_argument("--no-antithetic", dest="antithetic", action="store_const", const=False)
-    p.add_argument("--shaping", help="centered_ranks | z_score | raw")
-    p.add_argument("--weight-decay", type=float, dest="weight_decay")
-    p.add_argument("--top-b", type=int, dest="top_b", help="ARS: directions used per step")
-    p.add_argument("--ars-version", dest="ars_version", choices=["v1", "v2"])
-    p.add_argument("--rank", type=int, help="low-rank layers: rank of each direction's noise")
-    p.add_argument("--sigma-schedule", dest="sigma_schedule", choices=SCHEDULES)
-    p.add_argument("--sigma-final", type=float, dest="sigma_final", help="sigma factor at the last step")
-    p.add_argument("--lr-schedule", dest="lr_schedule", choices=SCHEDULES)
-    p.add_argument("--lr-final", type=float, dest="lr_final", help="lr factor at the last step")
-    p.add_argument("--chunk-size", type=_chunk, dest="chunk_size", metavar="N|auto",
-                   help="evaluate the population in blocks of N directions (auto: the largest that fits)")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="population forward under autocast")
-    p.add_argument("--dist-timeout", type=float, dest="dist_timeout",
-                   help="seconds before a collective with a dead or hung process fails (torchrun)")
-    p.add_argument("--eval-every", type=int, dest="eval_every")
-    p.add_argument("--progress-every", type=float, dest="progress_every",
-                   help="seconds between progress lines when stderr is not a terminal (default 30; 0: none)")
-    p.add_argument("--target", type=float, help="stop once the evaluated metric reaches this value (gym tasks: "
-                   "the environment's reward_threshold by default)")
-    p.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
+    add_config_arguments(p)
+    run = p.add_argument_group("run")
+    run.add_argument("--config", metavar="FILE.yaml", help="options from a YAML (or JSON) file, as --print-config "
+                                                           "writes them")
+    run.add_argument("--resume", metavar="DIR", help="continue the run in DIR up to --steps")
+    run.add_argument("--overwrite", action="store_true", help="replace the run already in --out (else refused)")
+    run.add_argument("--print-config", action="store_true", dest="print_config",
+                     help="print the resolved options as YAML and exit")
     p.set_defaults(func=run_train)
 
 
@@ -90,24 +139,33 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
         if args.out is not None and Path(args.out) != Path(args.resume):
             raise ValueError(f"--resume {args.resume} continues the run in that directory; --out {args.out} names "
                              f"another (drop --out)")
-        values.update(json.loads(path.read_text()))
+        try:
+            values.update(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--resume {args.resume}: cannot read {path} ({e})") from e
         values["out"] = args.resume
     if args.config:
-        values.update({k: v for k, v in vars(TrainConfig.from_yaml(args.config)).items()
-                       if v != getattr(TrainConfig(), k)})
-    fields = {f for f in TrainConfig.__dataclass_fields__}
+        loaded = TrainConfig.from_yaml(args.config)
+        values.update({f.name: getattr(loaded, f.name) for f in dataclasses.fields(TrainConfig)
+                       if getattr(loaded, f.name) != getattr(TrainConfig(), f.name)})
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for key, value in vars(args).items():
         if key in fields and value is not None:
             values[key] = value
-    if args.rank is not None:
-        values["layer_options"] = {**values.get("layer_options", {}), "rank": args.rank}
-    return TrainConfig.from_dict(values), bool(args.resume)
+    options = {key.split(":", 1)[1]: value for key, value in vars(args).items()
+               if key.startswith("layer_option:") and value is not None}
+    if options:
+        values["layer_options"] = {**values.get("layer_options", {}), **options}
+    return TrainConfig.from_dict(values, source="options"), bool(args.resume)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from .trainer import train
 
     cfg, resume = config_from_args(args)
+    if args.print_config:
+        print(cfg.resolved().to_yaml(), end="")
+        return 0
     summary = train(cfg, resume=resume, overwrite=args.overwrite)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 speaks for the job
         print(json.dumps(summary))

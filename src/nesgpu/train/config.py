@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..layers import KINDS
 from ..strategies import STRATEGIES
+from ..strategies.schedules import KINDS as SCHEDULES
 
 # Per-task defaults, tuned on a 2-core CPU from starting points in the ES literature (Salimans et al. 2017,
 # Mania et al. 2018, Toklu et al. 2020). Strategy: OpenAI-ES + Adam unless a task says otherwise (CartPole:
@@ -35,11 +37,53 @@ MODEL_DEFAULTS: dict[tuple[str, str], dict] = {
     ("mnist1d", "cnn"): dict(hidden=(32, 32, 32), lr=0.01, steps=1200),
 }
 PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
-# what a task does not set itself
+# what neither the task nor its model sets
 GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0,
                        weight_decay=0.0)
-# the step size each strategy's own optimizer expects when the task's tuned lr does not apply
-STRATEGY_LR = {"openai_es": 0.01, "ars": 0.02, "pgpe": 0.15}
+
+
+def presets(task: str, model: str | None = None, strategy: str | None = None) -> dict:
+    """The defaults a run of ``task`` (with ``model`` and ``strategy``, None: the task's own) starts from:
+    global defaults < the task's < its model's. The task's tuned step size holds for its own strategy;
+    another strategy starts from that strategy's ``default_lr`` (its optimizer has another scale)."""
+    key = "gym" if task.startswith("gym:") else task
+    if key not in TASK_DEFAULTS:
+        from ..tasks import TASK_NAMES
+        raise ValueError(f"unknown task {task!r}; expected one of {TASK_NAMES}")
+    from ..tasks import model_choices
+
+    choices = model_choices(key)
+    model = model or choices[0]
+    values = {**GLOBAL_DEFAULTS, **TASK_DEFAULTS[key], **MODEL_DEFAULTS.get((key, model), {}), "model": model}
+    if strategy is not None and strategy != values["strategy"]:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(STRATEGIES)}")
+        values.update(strategy=strategy, lr=STRATEGIES[strategy].default_lr)
+    return values
+
+
+def _check_strategy_options(values: dict, strategy: str) -> None:
+    """An option of another strategy (``top_b`` under openai_es) set away from its default is an error, not
+    silently ignored."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    preset = presets(values["task"], values.get("model"), values.get("strategy"))
+    own = STRATEGIES[strategy].config_options
+    for other, cls in STRATEGIES.items():
+        for name in cls.config_options:
+            if name not in own and values.get(name) not in (defaults[name], preset.get(name, defaults[name])):
+                raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy {other!r}, not "
+                                 f"{strategy!r}; drop it or choose --strategy {other}")
+
+
+def _check_layer_options(layer: str, options: dict) -> None:
+    """The options must be the layer kind's own, with valid values."""
+    from ..kinds import make_kind
+
+    names = [f.name for f in dataclasses.fields(KINDS[layer])]
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise ValueError(f"layer option(s) {unknown} do not apply to layer {layer!r}; its options: {names or 'none'}")
+    make_kind(layer, **options)  # the kind checks its values
 
 
 def _check_type(name: str, value, annotation: str, source: str) -> None:
@@ -63,100 +107,124 @@ def _check_type(name: str, value, annotation: str, source: str) -> None:
                          f"({type(value).__name__})")
 
 
+def opt(default=None, help: str = "", **cli):
+    """A TrainConfig field: its default, a one-line doc, and what the CLI needs beyond its type (``choices``,
+    ``metavar``, ``flag`` for another flag name, ``parse`` for a custom parser, ``per_task`` when None means
+    the task's default)."""
+    factory = {"default_factory": default} if callable(default) else {"default": default}
+    return field(**factory, metadata={"help": help, **cli})
+
+
 @dataclass
 class TrainConfig:
-    """Everything a run needs. ``None`` means "the task's default" (see TASK_DEFAULTS)."""
+    """Everything a run needs: the one source of the training options. ``nesgpu train``'s flags are
+    generated from these fields (``--batch-size`` for ``batch_size``), and YAML/JSON configs use the same
+    names. ``None`` means "the task's default" (see :func:`presets` and TASK_DEFAULTS)."""
 
-    task: str = "digits"
-    strategy: str | None = None
-    layer: str = "lowrank"
-    model: str | None = None
-    population: int | None = None
-    sigma: float | None = None
-    lr: float | None = None
-    steps: int | None = None
-    seed: int = 0
-    device: str = "auto"
-    out: str | None = None  # None: a new directory runs/<task>, runs/<task>-2, ... (never an existing run)
-    hidden: tuple[int, ...] | None = None
-    batch_size: int | None = None
-    episodes: int | None = None
-    eval_episodes: int = 10
-    antithetic: bool = True
-    shaping: str = "centered_ranks"
-    weight_decay: float | None = None
-    top_b: int | None = None
-    ars_version: str = "v2"
-    layer_options: dict = field(default_factory=dict)
-    sigma_schedule: str = "constant"
-    sigma_final: float = 1.0
-    lr_schedule: str | None = None
-    lr_final: float | None = None
-    eval_every: int = 0
-    progress_every: float = 30.0  # seconds between plain progress lines when stderr is no terminal (0: none)
-    target: float | None = None  # stop once the evaluated metric reaches it (gym tasks: the env's reward_threshold)
-    checkpoint_every: int = 0
-    chunk_size: int | str | None = None
-    precision: str = "fp32"
-    dist_timeout: float = 300.0
+    task: str = opt("digits", "digits | mnist1d | reverse | sort | cartpole | pendulum | acrobot | mountaincar | "
+                    "gym:<id>")
+    strategy: str | None = opt(help="the ES algorithm", choices=tuple(sorted(STRATEGIES)), per_task=True)
+    layer: str = opt("lowrank", "perturbation kind of the model's matrices", choices=tuple(sorted(KINDS)))
+    model: str | None = opt(help="architecture: mlp; mnist1d also cnn (Conv1d); reverse, sort: transformer",
+                            per_task=True)
+    population: int | None = opt(help="members per step, both signs counted", per_task=True)
+    sigma: float | None = opt(help="noise scale", per_task=True)
+    lr: float | None = opt(help="step size (another strategy than the task's: that strategy's own default)",
+                           per_task=True)
+    steps: int | None = opt(help="ES steps", per_task=True)
+    seed: int = opt(0, "seed of the initial weights, the noise and the data")
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N")
+    out: str | None = opt(help="run directory (default: a new runs/<task>, runs/<task>-2, ...)")
+    hidden: tuple[int, ...] | None = opt(help="hidden sizes, e.g. 64,64; 0 for a linear model; cnn: channels per "
+                                         "Conv1d; transformer: d_model[,n_layers[,n_heads[,dim_feedforward]]]",
+                                         per_task=True, metavar="N,N")
+    batch_size: int | None = opt(help="supervised: samples per member per step", per_task=True)
+    episodes: int | None = opt(help="RL: episodes (start states) per member per step", per_task=True)
+    eval_episodes: int = opt(10, "RL: episodes of each evaluation of the plain policy")
+    vector_mode: str = opt("sync", "gym:<id> tasks: step the envs in this process (sync) or in one subprocess "
+                           "each (async)", choices=("sync", "async"))
+    antithetic: bool = opt(True, "mirrored sampling: each direction evaluated at +sigma and -sigma")
+    shaping: str = opt("centered_ranks", "openai_es, pgpe: fitness shaping",
+                       choices=("centered_ranks", "z_score", "raw"))
+    weight_decay: float | None = opt(help="openai_es: L2 coefficient added to the gradient", per_task=True)
+    top_b: int | None = opt(help="ars: directions used per step (default: all)")
+    ars_version: str = opt("v2", "ars: v1 (raw observations) or v2 (running observation statistics)",
+                           choices=("v1", "v2"))
+    layer_options: dict = opt(dict, "options of the layer kind (each also a flag of its own, e.g. --rank)")
+    sigma_schedule: str = opt("constant", "sigma over the steps", choices=SCHEDULES)
+    sigma_final: float = opt(1.0, "sigma factor at the last step")
+    lr_schedule: str | None = opt(help="lr over the steps", choices=SCHEDULES, per_task=True)
+    lr_final: float | None = opt(help="lr factor at the last step", per_task=True)
+    eval_every: int = opt(0, "steps between evaluations (0: a tenth of the run)")
+    log: str | None = opt(help="experiment trackers, comma-separated: tensorboard, wandb, mlflow; none for no "
+                          "tracker (default: tensorboard when installed)")
+    progress_every: float = opt(30.0, "seconds between progress lines when stderr is no terminal (0: none)")
+    target: float | None = opt(help="stop once the evaluated metric reaches it (gym tasks: the env's "
+                               "reward_threshold by default)")
+    checkpoint_every: int = opt(0, "steps between checkpoints (0: a tenth of the run)")
+    chunk_size: int | str | None = opt(help="evaluate the population in blocks of N directions (auto: the "
+                                       "largest that fits; default: all at once)", metavar="N|auto",
+                                       parse="chunk")
+    precision: str = opt("fp32", "population forward under autocast", choices=tuple(PRECISIONS))
+    dist_timeout: float = opt(300.0, "torchrun: seconds before a collective with a dead or hung process fails")
 
     def resolved(self) -> TrainConfig:
-        """A copy with task defaults filled in, validated."""
+        """A copy with the task's presets filled in, validated."""
         values = dataclasses.asdict(self)
-        key = "gym" if self.task.startswith("gym:") else self.task
-        defaults = TASK_DEFAULTS.get(key)
-        if defaults is None:
-            from ..tasks import TASK_NAMES
-            raise ValueError(f"unknown task {self.task!r}; expected one of {TASK_NAMES}")
-        explicit_strategy = self.strategy is not None
-        from ..tasks import model_choices
-
-        values["model"] = self.model or model_choices(key)[0]
-        model_defaults = MODEL_DEFAULTS.get((key, values["model"]), {})
-        for name, value in {**GLOBAL_DEFAULTS, **defaults, **model_defaults}.items():
+        defaults = presets(self.task, self.model, self.strategy)
+        _check_strategy_options(values, defaults["strategy"])
+        for name, value in defaults.items():
             if values.get(name) is None:
                 values[name] = value
-        if explicit_strategy and self.strategy != defaults.get("strategy", "openai_es"):
-            # the task's step size was tuned for its default strategy; another strategy's optimizer
-            # (SGD for ARS, ClipUp for PGPE) needs its own scale
-            values["lr"] = self.lr if self.lr is not None else STRATEGY_LR.get(self.strategy, values["lr"])
         values["hidden"] = tuple(values["hidden"])
         cfg = TrainConfig(**values)
         cfg.validate()
         return cfg
 
     def validate(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r}; expected one of {sorted(STRATEGIES)}")
-        if self.layer not in KINDS:
-            raise ValueError(f"unknown layer kind {self.layer!r}; expected one of {sorted(KINDS)}")
+        """Check every value of a resolved config; a ValueError names the option, the value and what was
+        expected."""
+        types = {f.name: f.type for f in dataclasses.fields(self)}
+        for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name), types[f.name], "config")
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name} must be one of {list(choices)}; got {getattr(self, f.name)!r}")
         from ..tasks import model_choices
 
         choices = model_choices("gym" if self.task.startswith("gym:") else self.task)
         if self.model not in choices:
             raise ValueError(f"unknown model {self.model!r} for task {self.task!r}; expected one of {list(choices)}")
-        if self.population < 2:
-            raise ValueError(f"population must be >= 2; got {self.population}")
+        for name, low in (("population", 2), ("steps", 1), ("batch_size", 1), ("episodes", 1), ("eval_episodes", 1),
+                          ("seed", 0), ("eval_every", 0), ("checkpoint_every", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}; got {getattr(self, name)}")
+        for name in ("sigma", "lr", "dist_timeout"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a positive finite number; got {getattr(self, name)}")
+        for name in ("sigma_final", "lr_final", "weight_decay", "progress_every"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0; got {getattr(self, name)}")
+        if self.target is not None and not math.isfinite(self.target):
+            raise ValueError(f"target must be a finite number; got {self.target}")
+        if max(self.population, self.steps, self.batch_size, self.episodes, self.eval_episodes) > 1 << 40:
+            raise ValueError(f"population, steps, batch_size and episodes must be below 2^40; got {self.population}, "
+                             f"{self.steps}, {self.batch_size}, {self.episodes}")
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden sizes must be >= 1; got {self.hidden}")
         if self.antithetic and self.population % 2:
             raise ValueError(f"population must be even with antithetic sampling (pairs of +/- members); "
                              f"got {self.population}")
-        if not self.sigma > 0:
-            raise ValueError(f"sigma must be > 0; got {self.sigma}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0; got {self.lr}")
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1; got {self.steps}")
-        if not self.progress_every >= 0:
-            raise ValueError(f"progress_every must be >= 0 seconds; got {self.progress_every}")
-        if self.eval_episodes < 1:
-            raise ValueError(f"eval_episodes must be >= 1; got {self.eval_episodes}")
+        if self.top_b is not None and not 1 <= self.top_b <= self.directions:
+            raise ValueError(f"top_b must be in [1, {self.directions}] (the directions); got {self.top_b}")
+        _check_layer_options(self.layer, self.layer_options)
         if KINDS[self.layer].needs_antithetic and not self.antithetic:
             raise ValueError(f"layer kind {self.layer!r} is biased without antithetic sampling (its directions of "
                              f"one step share their noise); drop --no-antithetic or choose another kind")
         if self.strategy in ("ars", "pgpe") and not self.antithetic:
             raise ValueError(f"strategy {self.strategy!r} needs antithetic sampling")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}; got {self.precision!r}")
+        if self.strategy == "pgpe" and self.sigma_schedule != "constant":
+            raise ValueError("strategy 'pgpe' adapts sigma itself; a sigma_schedule does not apply to it")
         if self.chunk_size is not None and self.chunk_size != "auto" and not (
                 isinstance(self.chunk_size, int) and 1 <= self.chunk_size <= self.directions):
             raise ValueError(f"chunk_size must be 'auto' or a number of directions in [1, {self.directions}]; "
@@ -200,3 +268,10 @@ class TrainConfig:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
+
+    def to_yaml(self) -> str:
+        """The options as YAML that ``--config`` reads back (``nesgpu train --print-config``)."""
+        import yaml
+
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return yaml.safe_dump(values, sort_keys=False)

@@ -1,23 +1,30 @@
-"""What a run records: metrics.csv (always), TensorBoard events and curve.png (when installed)."""
+"""What a run records: metrics.csv (always), experiment trackers (TensorBoard by default) and curve.png."""
 
 from __future__ import annotations
 
 import csv
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+
+from .loggers import Logger, make_loggers
 
 COLUMNS = ["step", "seconds", "env_steps", "fitness_mean", "fitness_max", "fitness_min", "sigma", "lr",
            "train_loss", "episode_return", "test_accuracy", "eval_return"]
 
 
 class MetricsLog:
-    """Appends one row per step to ``metrics.csv`` and mirrors it to TensorBoard.
+    """Appends one row per step to ``metrics.csv`` and forwards it to experiment trackers.
 
-    On resume, rows after the checkpoint's step are dropped, so the file reads as one uninterrupted run.
+    ``loggers``: the trackers (see :func:`nesgpu.train.loggers.make_loggers`); None: TensorBoard when
+    installed. ``config`` (the run's configuration as a dict) goes to each tracker's ``start``. A tracker that
+    raises is dropped with one warning; the run and metrics.csv go on. On resume, rows after the
+    checkpoint's step are dropped, so the file reads as one uninterrupted run.
     """
 
-    def __init__(self, out: Path, resume_step: int = 0):
+    def __init__(self, out: Path, resume_step: int = 0, loggers: Sequence[Logger] | None = None,
+                 config: dict | None = None):
         self.path = Path(out) / "metrics.csv"
         rows = self.read(self.path) if resume_step and self.path.exists() else []
         self.rows = [r for r in rows if int(r["step"]) <= resume_step]
@@ -25,14 +32,10 @@ class MetricsLog:
             writer = csv.DictWriter(f, COLUMNS)
             writer.writeheader()
             writer.writerows({k: _fmt(r.get(k)) for k in COLUMNS} for r in self.rows)
-        self.tensorboard = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tensorboard = SummaryWriter(str(Path(out) / "tensorboard"), purge_step=resume_step + 1)
-        except ImportError:
-            warnings.warn("tensorboard is not installed: no TensorBoard events (pip install 'nesgpu[train]')",
-                          stacklevel=2)
+        self.loggers = list(make_loggers(None, Path(out)) if loggers is None else loggers)
+        self.closed = False
+        for logger in list(self.loggers):
+            self._call(logger, "start", dict(config or {}), resume_step)
 
     @staticmethod
     def read(path: Path) -> list[dict]:
@@ -43,14 +46,38 @@ class MetricsLog:
         self.rows.append(row)
         with open(self.path, "a", newline="") as f:
             csv.DictWriter(f, COLUMNS).writerow({k: _fmt(row.get(k)) for k in COLUMNS})
-        if self.tensorboard is not None:
-            for key, value in row.items():
-                if key != "step" and value is not None:
-                    self.tensorboard.add_scalar(key, value, int(row["step"]))
+        step = int(row["step"])
+        for logger in list(self.loggers):
+            self._call(logger, "log", step, dict(row))
 
-    def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+    def close(self, summary: dict | None = None, status: str | None = None) -> None:
+        """End the trackers' runs: with the run's ``summary`` when it finished (hyperparameters and final
+        values), without one when it failed (``status``: "FAILED" by default, "KILLED" for an interrupted
+        run). Only the first call counts."""
+        if self.closed:
+            return
+        self.closed = True
+        for logger in list(self.loggers):
+            self._call(logger, "finish", summary, status)
+        self.loggers = []
+
+    finish = close
+
+    def _call(self, logger: Logger, method: str, *args) -> None:
+        """One tracker call; a tracker that raises (network, disk, a bad value) is warned about once and
+        dropped (its run is still ended, quietly, if it was started)."""
+        try:
+            getattr(logger, method)(*args)
+        except Exception as e:
+            name = getattr(logger, "name", type(logger).__name__)
+            warnings.warn(f"logger {name!r} failed in {method}() ({type(e).__name__}: {e}); the run goes on "
+                          f"without it", RuntimeWarning, stacklevel=3)
+            self.loggers.remove(logger)
+            if method != "finish":
+                try:
+                    logger.finish(None, "FAILED")
+                except Exception:
+                    pass
 
 
 def _fmt(value) -> str:

@@ -18,12 +18,10 @@ from pathlib import Path
 
 # options that define a run: changing them would make the checkpoint another run's
 DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "antithetic", "seed", "strategy",
-            "batch_size", "episodes", "shaping", "ars_version", "top_b",
-            # a schedule's shape is restored from the checkpoint: a new one would be logged but not applied
-            "lr_schedule", "lr_final", "sigma_schedule", "sigma_final")
+            "batch_size", "episodes", "shaping", "ars_version", "top_b")
 # files a run writes (what --overwrite removes)
-RUN_FILES = ("config.json", "summary.json", "metrics.csv", "model.safetensors", "curve.png")
-RUN_DIRS = ("checkpoint", "checkpoint.prev", "tensorboard")
+RUN_FILES = ("config.json", "summary.json", "metrics.csv", "model.safetensors", "curve.png", "trackers.json")
+RUN_DIRS = ("checkpoint", "checkpoint.prev", "tensorboard", "wandb", "mlruns")
 LOCK = ".lock"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import sys
@@ -16,141 +17,58 @@ from typing import NamedTuple
 import torch
 
 from .. import __version__
-from ..model import PerturbedModel, convert, direction_blocks
-from ..strategies import ARS, PGPE, OpenAIES, Schedule, Strategy
-from ..tasks import make_task, model_choices
+from ..model import PerturbedModel, convert
+from ..strategies import STRATEGIES, Schedule, Strategy
+from ..tasks import make_task
+from ..tasks.protocol import check_task
 from . import rundir
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
-from .config import PRECISIONS, TrainConfig
+from .config import TrainConfig
 from .distributed import Ranks, init_from_environment, shutdown
+from .loggers import make_loggers
 from .metrics import MetricsLog, plot_curve
-from .precision import slow_precision_note
-
-# info entries that add up over chunks and ranks; the others are means
-ADDITIVE = {"env_steps", "obs_sum", "obs_sum_sq", "obs_count"}
+from .population import PopulationStep
 
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {name!r}") from e
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested, but CUDA is not available")
     return device
 
 
-def update_block(cfg: TrainConfig, ranks: Ranks) -> int | None:
-    """Directions per block of the update: the chunk size, else each rank's share (None: all at once).
-
-    A single-process run with ``--chunk-size D / world`` therefore makes exactly the computations of a
-    ``world``-process run, and ends bit-identical to it."""
-    if isinstance(cfg.chunk_size, int):
-        if ranks.distributed and (cfg.directions // ranks.world) % cfg.chunk_size:
-            raise ValueError(f"chunk_size {cfg.chunk_size} must divide each process's {cfg.directions // ranks.world} "
-                             f"directions")
-        return cfg.chunk_size
-    return len(ranks.share(cfg.directions)) if ranks.distributed else None
-
-
-def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None):
-    """Task, plain model (converted to the perturbed kind), PerturbedModel and strategy of a config."""
-    task = make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size, episodes=cfg.episodes,
-                     eval_episodes=cfg.eval_episodes)
-    # the task's default architecture is built without naming it: tasks with one model (RL) take no choice
-    default = cfg.model is None or cfg.model == model_choices("gym" if cfg.task.startswith("gym:") else cfg.task)[0]
-    with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the caller's RNG alone
-        torch.manual_seed(cfg.seed)
-        model = task.make_model(cfg.hidden) if default else task.make_model(cfg.hidden, model=cfg.model)
-    model = convert(model, cfg.layer, **cfg.layer_options).to(device)
-    pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
+def make_strategy(cfg: TrainConfig, pm: PerturbedModel) -> Strategy:
+    """The config's strategy from the registry, with the options it takes (``Strategy.config_options``)."""
+    cls = STRATEGIES[cfg.strategy]
     schedules = dict(
         sigma_schedule=None if cfg.sigma_schedule == "constant" else Schedule(cfg.sigma_schedule, cfg.sigma_final,
                                                                               cfg.steps),
         lr_schedule=None if cfg.lr_schedule == "constant" else Schedule(cfg.lr_schedule, cfg.lr_final, cfg.steps))
-    schedules["chunk_size"] = update_block(cfg, ranks or Ranks())
-    if cfg.strategy == "openai_es":
-        strategy: Strategy = OpenAIES(pm, lr=cfg.lr, shaping=cfg.shaping, weight_decay=cfg.weight_decay, **schedules)
-    elif cfg.strategy == "ars":
-        strategy = ARS(pm, lr=cfg.lr, top_b=cfg.top_b, version=cfg.ars_version, **schedules)
-    else:
-        strategy = PGPE(pm, lr=cfg.lr, shaping=cfg.shaping, **schedules)
-    if hasattr(task, "normalize_observations"):
-        task.normalize_observations = strategy.normalize_observations
-    return task, model, pm, strategy
+    return cls(pm, lr=cfg.lr, **schedules, **strategy_options(cfg))
 
 
-def _block_totals(infos: list[tuple[int, dict]]) -> dict:
-    """This rank's step statistics from its blocks: additive ones summed, the others weighted by the
-    block's directions (divided by the population once the ranks' totals are summed)."""
-    totals = {}
-    for key in infos[0][1]:
-        if key in ADDITIVE:
-            totals[key] = sum(info[key] for _, info in infos)
-        else:
-            totals[key] = sum(size * torch.as_tensor(info[key], dtype=torch.float64) for size, info in infos)
-    return totals
+def strategy_options(cfg: TrainConfig) -> dict:
+    """The config's values of the options its strategy takes, by the strategy's argument names."""
+    return {arg: getattr(cfg, name) for name, arg in STRATEGIES[cfg.strategy].config_options.items()}
 
 
-def _out_of_memory(error: BaseException) -> bool:
-    """CUDA (and other accelerators) raise OutOfMemoryError; the CPU allocator raises a RuntimeError."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(error)
-
-
-class PopulationEvaluator:
-    """Evaluates this rank's share of the population in blocks and gathers the fitness of all ranks.
-
-    ``chunk`` is a block size, "auto" (start with the whole share and halve on out-of-memory, keeping the
-    step), or None (the whole share at once). Noise for a block is drawn just before it runs.
-    """
-
-    def __init__(self, task, pm: PerturbedModel, ranks: Ranks, chunk, precision: str, log=print):
-        self.task, self.pm, self.ranks, self.log = task, pm, ranks, log
-        self.share = ranks.share(pm.directions)
-        self.chunk = len(self.share) if chunk in (None, "auto") else chunk
-        self.auto = chunk == "auto"
-        device = next(pm.model.parameters()).device
-        dtype = getattr(torch, PRECISIONS[precision]) if PRECISIONS[precision] else None
-        self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
-        note = slow_precision_note(device, dtype) if dtype else None
-        if note:
-            log(note)
-
-    def __call__(self, step: int) -> tuple[torch.Tensor, dict]:
-        while True:
-            try:
-                return self._evaluate(step)
-            except RuntimeError as e:  # torch.OutOfMemoryError is one too
-                if not _out_of_memory(e) or not self.auto or self.chunk == 1:
-                    raise
-                self.pm.free_memory()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                self.chunk = max(1, self.chunk // 2)
-                self.log(f"out of memory at step {step}: retrying the step with chunk size {self.chunk}")
-
-    def _evaluate(self, step: int) -> tuple[torch.Tensor, dict]:
-        parts, infos = [], []
-        for block in direction_blocks(self.share, self.chunk):
-            if not self.pm.has_noise(step, block):
-                self.pm.set_noise(step=step, directions=block)
-            if self.autocast is None:
-                fitness, info = self.task.fitness(self.pm, step)
-            else:
-                with self.autocast():
-                    fitness, info = self.task.fitness(self.pm, step)
-            parts.append(fitness.to(torch.float32 if fitness.dtype in (torch.bfloat16, torch.float16)
-                                    else fitness.dtype))
-            infos.append((len(block), info))
-        try:
-            fitness, info = self.ranks.exchange(torch.cat(parts, dim=1), _block_totals(infos))
-        except RuntimeError as e:
-            raise RuntimeError(f"rank {self.ranks.rank}: exchanging fitness at step {step} failed; another "
-                               f"process died or hung ({e})") from e
-        info = {k: v if k in ADDITIVE else v / self.pm.directions for k, v in info.items()}
-        self.task.finish_step(self.pm, info)
-        return fitness, info
+def build(cfg: TrainConfig, device: torch.device):
+    """Task, plain model (converted to the perturbed kind), PerturbedModel and strategy of a resolved config."""
+    normalize = STRATEGIES[cfg.strategy].uses_observation_statistics(**strategy_options(cfg))
+    task = check_task(make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size,
+                                episodes=cfg.episodes, eval_episodes=cfg.eval_episodes, vector_mode=cfg.vector_mode,
+                                normalize_observations=normalize))
+    with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the caller's RNG alone
+        torch.manual_seed(cfg.seed)
+        model = task.make_model(cfg.hidden, model=cfg.model)
+    model = convert(model, cfg.layer, **cfg.layer_options).to(device)
+    pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
+    return task, model, pm, make_strategy(cfg, pm)
 
 
 def _progress(total: int, initial: int):
@@ -230,6 +148,20 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
         shutdown()
 
 
+def _scheduled_values(old: dict, cfg: TrainConfig, strategy: Strategy) -> list[tuple[str, float, float]]:
+    """(name, value under the checkpoint's schedule, value under the new one) of sigma's and lr's factor at
+    the next step, for schedules that are not constant in either run."""
+    step, values = strategy.step, []
+    for name in ("lr", "sigma"):
+        kinds = (old.get(f"{name}_schedule") or "constant", getattr(cfg, f"{name}_schedule"))
+        if kinds == ("constant", "constant"):
+            continue
+        before = Schedule(kinds[0], old.get(f"{name}_final") or 1.0, max(1, int(old.get("steps") or 1)))(step)
+        after = Schedule(kinds[1], getattr(cfg, f"{name}_final"), cfg.steps)(step)
+        values.append((f"{name} factor", before, after))
+    return values
+
+
 def _check_finite(model, strategy, step: int, last_good: int | None) -> None:
     """Refuse to save non-finite weights or optimizer state (one host read per checkpoint)."""
     tensors = [(n, p) for n, p in model.named_parameters()]
@@ -248,7 +180,8 @@ def _check_finite(model, strategy, step: int, last_good: int | None) -> None:
 def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resume: bool, log,
            stop_requested=lambda: False, callback=None, overwrite: bool = False) -> dict:
     main = ranks.is_main
-    task, model, pm, strategy = build(cfg, device, ranks)
+    task, model, pm, strategy = build(cfg, device)
+    loggers = make_loggers(None if cfg.log is None else cfg.log.split(","), out) if main else []
     if main:  # only now that the new run is built: a mistyped option must not cost the old run
         rundir.clear(out, overwrite and not resume)
     elapsed, env_steps, last_checkpoint = 0.0, 0, None
@@ -266,12 +199,6 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             at = int(state.get("strategy", {}).get("step", 0))
             if cfg.steps < at:
                 raise ValueError(f"--steps {cfg.steps} is below the checkpoint's step {at}; expected >= {at}")
-            scheduled = [f"{k}={old.get(k)!r}" for k in ("lr_schedule", "sigma_schedule")
-                         if old.get(k) not in (None, "constant")]
-            if scheduled and old.get("steps") != cfg.steps:
-                raise ValueError(f"cannot change --steps ({old.get('steps')} -> {cfg.steps}) on resume of a run "
-                                 f"with {', '.join(scheduled)}: the schedule is laid over the steps")
-
         state = load_checkpoint(out / "checkpoint", model, validate=check)
         try:
             strategy.load_state_dict(state["strategy"])
@@ -284,96 +211,97 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             pm.sigma = strategy.sigma0 = cfg.sigma
         if old.get("lr") != cfg.lr:
             strategy.set_lr(cfg.lr)
+        # a new schedule (or a new --steps, which stretches one) applies from the next step: say where it jumps
+        jumps = [f"{name} {before:.4g} -> {after:.4g}" for name, before, after in _scheduled_values(old, cfg, strategy)
+                 if not math.isclose(before, after, rel_tol=1e-9)]
         changed = rundir.differences(old, new, [n for n in new if n not in rundir.DEFINING and n != "out"])
         log(f"resuming {out} at step {strategy.step} of {cfg.steps}"
-            + (f"; from step {strategy.step + 1}: {'; '.join(changed)}" if changed else ""))
-    evaluate_population = PopulationEvaluator(task, pm, ranks, cfg.chunk_size, cfg.precision, log)
-    if evaluate_population.auto and not ranks.distributed:
-        # the evaluator draws each block's noise inside its out-of-memory retry; ask() must not draw it first
-        strategy.chunk_size = evaluate_population.chunk
+            + (f"; from step {strategy.step + 1}: {'; '.join(changed)}" if changed else "")
+            + (f" (at that step {', '.join(jumps)})" if jumps else ""))
+    population = PopulationStep(task, pm, strategy, ranks, cfg.chunk_size, cfg.precision, log)
     if main:
         write_json(out / "config.json", json.loads(cfg.to_json()))
-    metrics = MetricsLog(out, resume_step=strategy.step if resume else 0) if main else None
-    eval_every = cfg.eval_every or max(1, cfg.steps // 10)
-    target = cfg.target if cfg.target is not None else getattr(task, "default_target", None)
-    if target is not None and ranks.distributed:  # only rank 0 evaluates: the ranks could not stop together
-        log(f"the target {target} is not used under torchrun: the run goes to --steps {cfg.steps}")
-        target = None
-    checkpoint_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
-
-    def checkpoint(step):
-        nonlocal last_checkpoint
-        _check_finite(model, strategy, step, last_checkpoint)
-        save_checkpoint(out / "checkpoint", model, {
-            "strategy": strategy.state_dict(), "seconds": elapsed, "env_steps": env_steps,
-            "config": dataclasses.asdict(cfg)})
-        last_checkpoint = step
-
-    bar = _progress(cfg.steps, strategy.step) if main else None
-    last_line = time.perf_counter()
-    start = time.perf_counter() - elapsed
+    metrics = MetricsLog(out, resume_step=strategy.step if resume else 0, loggers=loggers,
+                         config=dataclasses.asdict(cfg)) if main else None
     try:
-        while strategy.step < cfg.steps:
-            step = strategy.step + 1
-            strategy.ask()
-            fitness, info = evaluate_population(step)
-            if evaluate_population.auto and not ranks.distributed:  # the update's blocks fit as the forward's
-                strategy.chunk_size = evaluate_population.chunk
-            scalars = {k: v for k, v in info.items() if torch.as_tensor(v).dim() == 0}
-            stats = strategy.tell(fitness, extra=scalars)  # the step's one read from the device
-            env_steps += int(stats.pop("env_steps", 0))
-            elapsed = time.perf_counter() - start
-            if not main:
-                continue
-            row = {"step": step, "seconds": elapsed, "env_steps": env_steps, **stats}
-            reached = False
-            if step % eval_every == 0 or step == cfg.steps:
-                row[task.metric] = task.evaluate(model)
-                reached = target is not None and row[task.metric] >= target
-            if callback is not None and bool(callback(step, dict(row))):
-                if ranks.distributed:
-                    raise ValueError("a callback cannot stop a torchrun job: the ranks would not stop together")
-                reached = True
-            metrics.write(row)
-            if bar is not None and not bar.disable:
-                bar.update(1)
-                bar.set_postfix({k: f"{row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row})
-            elif cfg.progress_every and time.perf_counter() - last_line >= cfg.progress_every:
-                last_line = time.perf_counter()  # no terminal (a log file, a job queue): a plain line now and then
-                log(f"step {step}/{cfg.steps}  {elapsed:.0f} s  " + "  ".join(
-                    f"{k} {row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row))
-            if step % checkpoint_every == 0 or step == cfg.steps or reached:
-                checkpoint(step)
-            if reached:
-                log(f"{task.metric} {row[task.metric]:.4g} reached the target {target:.4g} at step {step}"
-                    if task.metric in row and target is not None and row[task.metric] >= target
-                    else f"the callback stopped the run at step {step}")
-                break
-            if stop_requested() and step < cfg.steps:
-                if last_checkpoint != step:
+        eval_every = cfg.eval_every or max(1, cfg.steps // 10)
+        target = cfg.target if cfg.target is not None else task.default_target
+        if target is not None and ranks.distributed:  # only rank 0 evaluates: the ranks could not stop together
+            log(f"the target {target} is not used under torchrun: the run goes to --steps {cfg.steps}")
+            target = None
+        checkpoint_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
+
+        def checkpoint(step):
+            nonlocal last_checkpoint
+            _check_finite(model, strategy, step, last_checkpoint)
+            save_checkpoint(out / "checkpoint", model, {
+                "strategy": strategy.state_dict(), "seconds": elapsed, "env_steps": env_steps,
+                "config": dataclasses.asdict(cfg)})
+            last_checkpoint = step
+
+        bar = _progress(cfg.steps, strategy.step) if main else None
+        last_line = time.perf_counter()
+        start = time.perf_counter() - elapsed
+        try:
+            while strategy.step < cfg.steps:
+                step = strategy.step + 1
+                stats = population.run()  # the step's one read from the device
+                env_steps += int(stats.pop("env_steps", 0))
+                elapsed = time.perf_counter() - start
+                if not main:
+                    continue
+                row = {"step": step, "seconds": elapsed, "env_steps": env_steps, **stats}
+                reached = False
+                if step % eval_every == 0 or step == cfg.steps:
+                    row[task.metric] = task.evaluate(model)
+                    reached = target is not None and row[task.metric] >= target
+                if callback is not None and bool(callback(step, dict(row))):
+                    if ranks.distributed:
+                        raise ValueError("a callback cannot stop a torchrun job: the ranks would not stop together")
+                    reached = True
+                metrics.write(row)
+                if bar is not None and not bar.disable:
+                    bar.update(1)
+                    bar.set_postfix({k: f"{row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row})
+                elif cfg.progress_every and time.perf_counter() - last_line >= cfg.progress_every:
+                    last_line = time.perf_counter()  # no terminal (a log file, a job queue): a plain line now and then
+                    log(f"step {step}/{cfg.steps}  {elapsed:.0f} s  " + "  ".join(
+                        f"{k} {row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row))
+                if step % checkpoint_every == 0 or step == cfg.steps or reached:
                     checkpoint(step)
-                raise Interrupted(out, step)
-    finally:
-        if bar is not None:
-            bar.close()
+                if reached:
+                    log(f"{task.metric} {row[task.metric]:.4g} reached the target {target:.4g} at step {step}"
+                        if task.metric in row and target is not None and row[task.metric] >= target
+                        else f"the callback stopped the run at step {step}")
+                    break
+                if stop_requested() and step < cfg.steps:
+                    if last_checkpoint != step:
+                        checkpoint(step)
+                    raise Interrupted(out, step)
+        finally:
+            if bar is not None:
+                bar.close()
+        pm.free_memory()
+        summary = {"task": cfg.task, "metric": task.metric, "value": None, "steps": strategy.step,
+                   "seconds": round(elapsed, 3), "env_steps": env_steps, "strategy": cfg.strategy, "layer": cfg.layer,
+                   "population": cfg.population, "sigma": pm.sigma, "lr": cfg.lr, "seed": cfg.seed,
+                   "device": str(device), "processes": ranks.world, "chunk_size": population.chunk,
+                   "precision": cfg.precision}
+        if not main:
+            return summary
+        summary["value"] = task.evaluate(model)
+        summary["versions"] = {"nesgpu": __version__, "torch": torch.__version__}
+        _check_finite(model, strategy, cfg.steps, last_checkpoint)
+        save_weights(model, out / "model.safetensors", metadata={"nesgpu_config": cfg.to_json(),
+                                                                  "nesgpu_version": __version__})
+        plot_curve(metrics.rows, task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
+        write_json(out / "summary.json", summary)
+        log(f"{cfg.task}: {task.metric} = {summary['value']:.4f} after {strategy.step} steps in {elapsed:.1f} s -> {out}")
+    except BaseException as e:  # the trackers' runs end as killed (Ctrl-C) or failed
         if metrics is not None:
-            metrics.close()
-    pm.free_memory()
-    summary = {"task": cfg.task, "metric": task.metric, "value": None, "steps": strategy.step,
-               "seconds": round(elapsed, 3), "env_steps": env_steps, "strategy": cfg.strategy, "layer": cfg.layer,
-               "population": cfg.population, "sigma": pm.sigma, "lr": cfg.lr, "seed": cfg.seed,
-               "device": str(device), "processes": ranks.world, "chunk_size": evaluate_population.chunk,
-               "precision": cfg.precision}
-    if not main:
-        return summary
-    summary["value"] = task.evaluate(model)
-    summary["versions"] = {"nesgpu": __version__, "torch": torch.__version__}
-    _check_finite(model, strategy, cfg.steps, last_checkpoint)
-    save_weights(model, out / "model.safetensors", metadata={"nesgpu_config": cfg.to_json(),
-                                                              "nesgpu_version": __version__})
-    plot_curve(metrics.rows, task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
-    write_json(out / "summary.json", summary)
-    log(f"{cfg.task}: {task.metric} = {summary['value']:.4f} after {strategy.step} steps in {elapsed:.1f} s -> {out}")
+            metrics.close(status="KILLED" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "FAILED")
+        raise
+    metrics.close(summary)
     return summary
 
 

@@ -1,0 +1,64 @@
+"""What a task gives the trainer: the one written contract between ``nesgpu.tasks`` and ``nesgpu.train``.
+
+A task owns its data or environments. The trainer builds the model through the task, asks it for the
+population's fitness once per block of directions, hands it the step's merged statistics, and asks it to
+evaluate the plain model. Any object with these members can be trained (``train`` takes a task built by
+:func:`nesgpu.tasks.make_task`; a custom task can be driven through the same loop with a Strategy).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from ..model import PerturbedModel
+
+
+@runtime_checkable
+class Task(Protocol):
+    """The members a task must have.
+
+    Attributes:
+        metric: the name of what :meth:`evaluate` returns (higher is better), e.g. ``"test_accuracy"``; it
+            names a column of metrics.csv and the ``value`` of summary.json.
+        default_target: the metric at which the task counts as solved (a gymnasium env's
+            ``reward_threshold``), or None; ``--target`` overrides it.
+        summed_info: the keys of :meth:`fitness`'s statistics that add up over blocks and processes (counts,
+            sums); every other entry is a mean over the block's directions.
+    """
+
+    metric: str
+    default_target: float | None
+    summed_info: frozenset[str]
+
+    def make_model(self, hidden: tuple[int, ...], model: str) -> nn.Module:
+        """A fresh plain model of architecture ``model`` (one of the task's choices) with ``hidden`` sizes."""
+        ...
+
+    def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
+        """Fitness (R, D_local) of the directions whose noise is drawn (higher is better), evaluated in one
+        population call inside ``pm``, and the block's statistics (tensors on the device: no host reads)."""
+        ...
+
+    def finish_step(self, pm: PerturbedModel, info: dict) -> None:
+        """Called once per step with the statistics merged over every block and process (e.g. to update
+        observation statistics with what the whole population saw)."""
+        ...
+
+    def evaluate(self, model: nn.Module) -> float:
+        """The metric of the plain (unperturbed) model."""
+        ...
+
+
+def check_task(task: object) -> Task:
+    """``task`` if it has every member of :class:`Task`; else a TypeError naming what is missing."""
+    missing = [name for name in ("metric", "default_target", "summed_info", "make_model", "fitness",
+                                 "finish_step", "evaluate") if not hasattr(task, name)]
+    if missing:
+        raise TypeError(f"a task needs {missing} (see nesgpu.tasks.protocol.Task); got {type(task).__name__}")
+    return task  # type: ignore[return-value]
+
+
+__all__ = ["Task", "check_task"]

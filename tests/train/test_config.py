@@ -1,0 +1,145 @@
+"""TrainConfig is the one source of the options: the CLI is generated from it, presets come from one
+function, strategies from the registry, and the population step has one owner."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from nesgpu.cli import build_parser, main
+from nesgpu.kinds import KINDS
+from nesgpu.model import PerturbedModel
+from nesgpu.strategies import STRATEGIES, OpenAIES
+from nesgpu.tasks import make_task
+from nesgpu.tasks.protocol import Task, check_task
+from nesgpu.train import TrainConfig
+from nesgpu.train.cli import layer_option_flags
+from nesgpu.train.config import presets
+from nesgpu.train.distributed import Ranks
+from nesgpu.train.population import PopulationStep
+from nesgpu.train.trainer import build
+
+
+def train_parser():
+    return build_parser()._subparsers._group_actions[0].choices["train"]
+
+
+def test_every_field_and_every_layer_option_has_a_flag_with_its_default_in_help():
+    actions = {a.dest: a for a in train_parser()._actions}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name != "layer_options":
+            assert f.name in actions, f.name
+            assert f.metadata["help"] in actions[f.name].help
+            assert "default" in actions[f.name].help or f.default is dataclasses.MISSING
+    options = {f"layer_option:{f.name}" for kind in KINDS.values() for f in dataclasses.fields(kind)}
+    assert options <= set(actions)
+    assert {"--rank", "--sparse-k", "--in-sparsity", "--signs", "--permutation"} <= set(layer_option_flags())
+    help_text = " ".join(train_parser().format_help().split())
+    assert "digits: 512" in help_text and "(default: lowrank)" in help_text
+
+
+def test_print_config_round_trips_through_yaml(tmp_path, capsys):
+    assert main(["train", "--task", "cartpole", "--strategy", "openai_es", "--rank", "2", "--hidden", "8,8",
+                 "--no-antithetic", "--chunk-size", "auto", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    loaded = TrainConfig.from_yaml(path)
+    expected = TrainConfig(task="cartpole", strategy="openai_es", layer_options={"rank": 2}, hidden=(8, 8),
+                           antithetic=False, chunk_size="auto").resolved()
+    assert loaded.resolved() == expected
+    assert not list(tmp_path.glob("runs"))  # printing trains nothing
+    # and the file runs as a config: the flags still override it
+    assert main(["train", "--config", str(path), "--steps", "1", "--population", "8", "--print-config"]) == 0
+    assert "steps: 1\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--rank", "two"], "argument --rank: invalid int value: 'two'"),
+    (["--layer", "gaussian", "--rank", "2"], "layer option(s) ['rank'] do not apply to layer 'gaussian'"),
+    (["--hidden", "8,-1"], "layer sizes must be >= 0"),
+    (["--top-b", "4"], "option 'top_b' (= 4) applies to strategy 'ars', not 'openai_es'"),
+    (["--sigma", "nan"], "sigma must be a positive finite number; got nan"),
+    (["--population", "0"], "population must be >= 2; got 0"),
+    (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+    (["--device", "gpu"], "device must be auto, cpu, cuda or cuda:N; got 'gpu'"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", *argv, "--steps", "1", "--out", str(tmp_path / "r")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_presets_come_from_one_function_and_strategies_bring_their_own_lr():
+    assert presets("digits")["lr"] == TrainConfig().resolved().lr == 0.005  # the task's tuned lr
+    for name, cls in STRATEGIES.items():
+        cfg = TrainConfig(task="digits", strategy=name).resolved()
+        assert cfg.lr == (0.005 if name == "openai_es" else cls.default_lr)
+    assert TrainConfig(task="cartpole").resolved().strategy == "pgpe"
+    assert TrainConfig(task="mnist1d", model="cnn").resolved().hidden == (32, 32, 32)
+    # an ARS run's preset weight decay (digits' own) is not an error on resume or from --print-config
+    values = dataclasses.asdict(TrainConfig(task="digits", strategy="ars").resolved())
+    assert TrainConfig(**values).resolved().strategy == "ars"
+
+
+@pytest.mark.parametrize("name", ["digits", "reverse", "cartpole", "pendulum"])
+def test_every_task_meets_the_task_protocol(name):
+    task = make_task(name)
+    assert isinstance(task, Task) and check_task(task) is task
+    with pytest.raises(TypeError, match=r"a task needs \['metric'"):
+        check_task(object())
+
+
+def test_ars_v1_policies_see_raw_observations():
+    v1 = build(TrainConfig(task="pendulum", strategy="ars", ars_version="v1", hidden=()).resolved(), torch.device("cpu"))
+    v2 = build(TrainConfig(task="pendulum", strategy="ars", hidden=()).resolved(), torch.device("cpu"))
+    assert isinstance(v1[1].norm, torch.nn.Identity) and not v1[0].normalize_observations
+    assert not isinstance(v2[1].norm, torch.nn.Identity) and v2[0].normalize_observations
+
+
+def small_step(chunk, **cfg):
+    cfg = TrainConfig(task="digits", population=32, hidden=(8,), batch_size=8, layer="gaussian", **cfg).resolved()
+    task, model, pm, strategy = build(cfg, torch.device("cpu"))
+    return PopulationStep(task, pm, strategy, Ranks(), chunk, "fp32", log=lambda *a: None), model
+
+
+def test_a_population_that_cannot_fit_is_refused_up_front_with_what_it_needs(monkeypatch):
+    per_direction = small_step(None)[0].noise_bytes_per_direction()
+    assert per_direction == (64 * 8 + 8 + 8 * 10 + 10) * 4  # IID noise: every parameter, fp32
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction * 10))
+    with pytest.raises(ValueError, match=r"the noise of a block of 16 directions needs 0.00 GiB, but cpu has "
+                                         r"0.00 GiB free; use --chunk-size auto"):
+        small_step(None)
+    auto, _ = small_step("auto")  # the largest block whose noise fits in half the free memory
+    assert auto.chunk == 5 and [len(b) for b in auto.forward_blocks()] == [5, 5, 5, 1]
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction // 2))
+    with pytest.raises(ValueError, match="the noise of one direction needs .* the model is too large"):
+        small_step("auto")
+
+
+def test_one_owner_cuts_the_blocks_and_a_chunked_step_equals_a_whole_one():
+    whole, model_a = small_step(None)
+    chunked, model_b = small_step(3)
+    assert [len(b) for b in chunked.forward_blocks()] == [3, 3, 3, 3, 3, 1]
+    assert chunked.update_blocks() == chunked.forward_blocks()
+    for _ in range(2):
+        a, b = whole.run(), chunked.run()
+        assert a["fitness_mean"] == pytest.approx(b["fitness_mean"], rel=1e-6)
+    for p, q in zip(model_a.parameters(), model_b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_tell_refuses_blocks_that_do_not_cover_the_directions():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    from nesgpu import convert
+    pm = PerturbedModel(convert(model, "gaussian"), 6, sigma=0.1, antithetic=True)
+    strategy = OpenAIES(pm)
+    strategy.ask()
+    fitness = torch.randn(2, 6)
+    for blocks in ([range(0, 3)], [range(0, 3), range(2, 6)], [range(3, 6), range(0, 3)]):
+        with pytest.raises(ValueError, match="blocks must be ranges covering the 6 directions in order"):
+            strategy.tell(fitness, blocks=blocks)
+    strategy.tell(fitness, blocks=[range(0, 4), range(4, 6)])
+    assert strategy.step == 1
