@@ -1,4 +1,5 @@
-"""Every Python snippet in the README runs as written (with fewer loop steps, to keep the suite fast)."""
+"""Every Python snippet in the README runs as written (with fewer loop steps, to keep the suite fast), and
+every `nesgpu train` command in it parses and resolves."""
 
 import re
 from pathlib import Path
@@ -18,3 +19,42 @@ def test_readme_snippet_runs(index, capsys):
     code = re.sub(r"range\((\d+), (\d+)\)", r"range(\1, \1 + 3)", SNIPPETS[index])  # the same loops, 3 steps each
     code = re.sub(r"range\((\d+)\)", "range(3)", code)
     exec(compile(code, f"README.md snippet {index}", "exec"), {"__name__": "readme"})
+
+
+def readme_train_commands() -> list[str]:
+    """The `nesgpu train` command lines of the README's shell blocks (torchrun's too), comments removed."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("#")[0].strip()
+            if "nesgpu train" in line:
+                lines.append(line[line.index("nesgpu train") + len("nesgpu "):])
+    return lines
+
+
+def test_every_readme_train_command_resolves(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    from nesgpu.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    commands = readme_train_commands()
+    assert len(commands) >= 10
+    checked = 0
+    for line in commands:
+        args = shlex.split(line)
+        redirect = None
+        if ">" in args:
+            redirect = args[args.index(">") + 1]
+            args = args[:args.index(">")]
+        if "--resume" in args:  # needs a finished run; the resume tests cover it
+            continue
+        if any(a.startswith("gym:") and "Cheetah" in a for a in args):
+            pytest.importorskip("mujoco")
+        assert main([*args, "--print-config"]) == 0, line
+        out = capsys.readouterr().out
+        assert out.startswith("task: "), line
+        if redirect:
+            (tmp_path / redirect).write_text(out)
+        checked += 1
+    assert checked >= 10
