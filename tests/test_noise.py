@@ -88,3 +88,47 @@ def test_random_subsets_stay_in_groups_and_are_distinct():
     groups = idx.view(50, 3, 2) // 4
     assert torch.equal(groups, torch.arange(3).view(1, 3, 1).expand(50, 3, 2))
     assert (idx.view(50, 3, 2)[..., 0] != idx.view(50, 3, 2)[..., 1]).all()
+
+
+def test_iid_noise_is_drawn_in_place_with_the_values_of_a_fresh_draw(monkeypatch):
+    from nesgpu.kinds import Gaussian
+
+    layer = nesgpu.convert(nn.Linear(7, 5), "gaussian")
+    nesgpu.PerturbedModel(layer, 96, sigma=0.1)
+    copies = []
+    original = torch.Tensor.__setitem__
+
+    def counting(self, key, value):
+        copies.append(key)
+        return original(self, key, value)
+
+    monkeypatch.setattr(torch.Tensor, "__setitem__", counting)
+    layer.set_noise(seed=3, step=2, start=0, stop=96)  # three whole blocks: no copies
+    in_place = layer.dense_noise()
+    assert not copies
+    layer.set_noise(seed=3, step=2, start=5, stop=77)  # partial blocks at both ends are copied
+    partial = layer.dense_noise()
+    assert len(copies) == 2 * 2  # weight and bias of the first and the last block
+    monkeypatch.setattr(Gaussian, "allocate_directions", lambda self, n, geometry, like: None)
+    layer.set_noise(seed=3, step=2, start=0, stop=96)  # the draw-and-copy path
+    fresh = layer.dense_noise()
+    for key in fresh:
+        assert torch.equal(in_place[key], fresh[key])
+        assert torch.equal(partial[key], fresh[key][5:77])
+
+
+def test_iid_noise_reuses_the_last_steps_tensors_unless_someone_holds_them():
+    layer = nesgpu.convert(nn.Linear(7, 5), "gaussian")
+    pm = nesgpu.PerturbedModel(layer, 64, sigma=0.1)
+    pm.set_noise(step=1)
+    storage = layer.noise_record("weight")["z"].data_ptr()
+    pm.set_noise(step=2)
+    assert layer.noise_record("weight")["z"].data_ptr() == storage  # refilled in place
+    held = layer.dense_noise()["weight"]  # a caller's view of step 2's noise
+    kept = held.clone()
+    pm.set_noise(step=3)
+    assert torch.equal(held, kept)  # not overwritten: step 3 got new memory
+    fresh = nesgpu.PerturbedModel(nesgpu.convert(nn.Linear(7, 5), "gaussian"), 64, sigma=0.1)
+    fresh.model.load_state_dict(layer.state_dict())
+    fresh.set_noise(step=3)
+    assert torch.equal(fresh.dense_noise()["weight"], layer.dense_noise()["weight"])

@@ -61,22 +61,29 @@ class NoiseSource:
         return self.generator_for(step, SHARED)
 
     def per_direction(
-        self, step: int, start: int, stop: int, draw: Callable[[torch.Generator, int], dict[str, torch.Tensor]]
+        self, step: int, start: int, stop: int, draw: Callable[[torch.Generator, int], dict[str, torch.Tensor]],
+        allocate: Callable[[int], dict[str, torch.Tensor]] | None = None,
+        fill: Callable[[torch.Generator, dict[str, torch.Tensor]], None] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Draw per-direction tensors for directions ``[start, stop)``.
 
         ``draw(generator, n)`` returns a dict of tensors whose first dimension is ``n`` (one block of
         directions) and must consume the generator the same way every time. Blocks are always drawn
-        whole, then sliced, so direction ``d`` gets the same values whatever the range.
+        whole, then sliced, so direction ``d`` gets the same values whatever the range. With ``allocate(n)``
+        (empty tensors of n rows) and ``fill(generator, slices)`` (the same values as ``draw``, written in
+        place), a block that lies wholly inside the range is drawn straight into its slice of the result.
         """
         if not 0 <= start < stop:
             raise ValueError(f"direction range must satisfy 0 <= start < stop; got [{start}, {stop})")
         first, last = start // BLOCK, (stop - 1) // BLOCK
-        out: dict[str, torch.Tensor] = {}
+        out: dict[str, torch.Tensor] = {} if allocate is None else allocate(stop - start)
         for b in range(first, last + 1):
-            # the part of block b inside [start, stop), written into place: peak memory is the
-            # result plus one block
             lo, hi = max(start, b * BLOCK), min(stop, (b + 1) * BLOCK)
+            if fill is not None and hi - lo == BLOCK:
+                fill(self.generator_for(step, b), {k: v[lo - start : hi - start] for k, v in out.items()})
+                continue
+            # the part of block b inside [start, stop), copied into place: peak memory is the result
+            # plus one block
             for key, value in draw(self.generator_for(step, b), BLOCK).items():
                 if key not in out:
                     out[key] = value.new_empty((stop - start, *value.shape[1:]))

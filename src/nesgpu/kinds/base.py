@@ -85,6 +85,16 @@ class Kind:
         """Per-direction noise of ``n`` directions: tensors with ``n`` rows first."""
         raise NotImplementedError
 
+    def allocate_directions(self, n: int, geometry: Geometry, like: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """Empty tensors for ``n`` directions' noise that :meth:`fill_directions` writes in place, or None if
+        this kind only draws fresh tensors (then a block is drawn and copied into place)."""
+        return None
+
+    def fill_directions(self, gen: torch.Generator, out: dict[str, torch.Tensor], geometry: Geometry) -> None:
+        """Write one block of directions' noise into ``out`` (slices of :meth:`allocate_directions`'
+        tensors), consuming ``gen`` exactly as :meth:`draw_directions` does, so the values are the same."""
+        raise NotImplementedError
+
     def apply_(self, op: Op, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, noise: Noise) -> None:
         """y (R, D, ...) += scale_r * (x_{r,d} times z_d), the product ``op`` defines."""
         raise NotImplementedError

@@ -23,6 +23,12 @@ class Gaussian(Kind):
     def draw_directions(self, gen, n, geometry, like):
         return {"z": randn(like, n, *like.shape, gen=gen)}
 
+    def allocate_directions(self, n, geometry, like):
+        return {"z": like.new_empty((n, *like.shape))}
+
+    def fill_directions(self, gen, out, geometry):
+        out["z"].normal_(generator=gen)  # what torch.randn does: the same values, without a copy
+
     def apply_(self, op, x, y, scale, noise):
         delta = op.per_direction(x, noise["z"], noise.geometry.groups)
         y.addcmul_(delta, op.per_repeat(scale, y))

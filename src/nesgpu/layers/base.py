@@ -14,6 +14,7 @@ second half of the repeats with antithetic sampling.
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -151,7 +152,7 @@ class PerturbedModule(nn.Module):
         stop = self.directions if stop is None else stop
         if not 0 <= start < stop <= self.directions:
             raise ValueError(f"direction range must lie in [0, {self.directions}]; got [{start}, {stop})")
-        self._noise = None  # free the old noise before drawing the new
+        previous, self._noise = self._noise, None  # free the old noise before drawing the new (or reuse it)
         if not self._slots:
             self._range = range(start, stop)
             self._noise = {}
@@ -171,7 +172,31 @@ class PerturbedModule(nn.Module):
             return {f"{slot.name}/{key}": value for slot in self._slots
                     for key, value in slot.kind.draw_directions(gen, n, slot.geometry, params[slot.name]).items()}
 
-        per_direction = src.per_direction(step, start, stop, draw)
+        allocate = fill = None
+        if all(slot.kind.allocate_directions(1, slot.geometry, params[slot.name]) is not None for slot in self._slots):
+            def allocate(n: int) -> dict[str, torch.Tensor]:
+                # the last step's tensors where the shapes match and nothing else holds them (a view, a
+                # caller's reference): no new allocation, no page faults
+                out = {}
+                for slot in self._slots:
+                    like = params[slot.name]
+                    old = previous[slot.name].tensors if previous and slot.name in previous else {}
+                    for key, meta in slot.kind.allocate_directions(n, slot.geometry, like.to("meta")).items():
+                        reuse = old.get(key)
+                        if (reuse is not None and reuse.shape == meta.shape and reuse.dtype == meta.dtype
+                                and reuse.device == like.device and sys.getrefcount(reuse) <= 3):
+                            out[f"{slot.name}/{key}"] = reuse
+                        else:
+                            out[f"{slot.name}/{key}"] = torch.empty(meta.shape, dtype=meta.dtype, device=like.device)
+                return out
+
+            def fill(gen: torch.Generator, out: dict[str, torch.Tensor]) -> None:
+                for slot in self._slots:  # in draw's order: the generator is consumed the same way
+                    prefix = slot.name + "/"
+                    slot.kind.fill_directions(gen, {k[len(prefix):]: v for k, v in out.items() if k.startswith(prefix)},
+                                              slot.geometry)
+
+        per_direction = src.per_direction(step, start, stop, draw, allocate, fill)
         noise = {}
         for slot in self._slots:
             tensors = dict(shared[slot.name])
