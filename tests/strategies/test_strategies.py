@@ -163,3 +163,27 @@ def test_state_dict_round_trip_continues_identically():
     full, resumed = run(6), run(3)
     for k in full:
         assert torch.equal(full[k], resumed[k])
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_state_keeps_each_parameter_groups_step_size(scheduled):
+    from nesgpu.strategies import OpenAIES, Schedule
+
+    def make():
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+        pm = nesgpu.PerturbedModel(nesgpu.convert(model, "gaussian"), 4, sigma=0.1, antithetic=True)
+        opt = torch.optim.Adam([{"params": model[0].parameters(), "lr": 0.1},
+                                {"params": model[1].parameters(), "lr": 0.01}])
+        return OpenAIES(pm, optimizer=opt, lr_schedule=Schedule("cosine", 0.1, 10) if scheduled else None)
+
+    first = make()
+    for _ in range(3):
+        first.ask()
+        first.tell(torch.randn(2, 4))
+    second = make()
+    second.load_state_dict(first.state_dict())
+    lrs = [g["lr"] for g in first.optimizer.param_groups]
+    assert [g["lr"] for g in second.optimizer.param_groups] == pytest.approx(lrs)
+    assert lrs[1] == pytest.approx(lrs[0] / 10)
+    second.set_lr(0.2)  # the first group's base; the others keep their ratio
+    assert [g["lr"] for g in second.optimizer.param_groups] == pytest.approx([2 * lrs[0], 2 * lrs[1]])

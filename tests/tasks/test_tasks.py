@@ -216,3 +216,15 @@ def test_streaming_task_feeds_the_same_batches_as_the_in_memory_task(workers):
     fitness, _ = streaming.fitness(pm, 4)
     assert fitness.shape == (2, 4)
     assert 0.0 <= streaming.evaluate(model) <= 1.0
+
+
+def test_weights_of_an_old_unnormalised_policy_still_load_and_act_the_same():
+    # nesgpu 0.1.0 gave ARS V1 policies a never-updated ObservationNorm (identity statistics, clip at +-5)
+    from nesgpu.tasks.rl import ObservationNorm, Policy
+
+    old = Policy(3, False, 1, 2.0, (4,), normalize=True)
+    new = Policy(3, False, 1, 2.0, (4,), normalize=False)
+    new.load_state_dict(old.state_dict())
+    assert isinstance(new.norm, ObservationNorm)
+    obs = torch.tensor([[9.0, -7.0, 0.5]])
+    torch.testing.assert_close(new(obs), old(obs))

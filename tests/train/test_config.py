@@ -57,7 +57,8 @@ def test_print_config_round_trips_through_yaml(tmp_path, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--rank", "two"], "argument --rank: invalid int value: 'two'"),
     (["--layer", "gaussian", "--rank", "2"], "layer option(s) ['rank'] do not apply to layer 'gaussian'"),
-    (["--hidden", "8,-1"], "layer sizes must be >= 0"),
+    (["--hidden", "8,-1"], "layer sizes must be >= 1 (or a lone 0 for none); got '8,-1'"),
+    (["--hidden", "64,0,32"], "layer sizes must be >= 1"),
     (["--top-b", "4"], "option 'top_b' (= 4) applies to strategy 'ars', not 'openai_es'"),
     (["--sigma", "nan"], "sigma must be a positive finite number; got nan"),
     (["--population", "0"], "population must be >= 2; got 0"),
@@ -106,17 +107,26 @@ def small_step(chunk, **cfg):
 
 
 def test_a_population_that_cannot_fit_is_refused_up_front_with_what_it_needs(monkeypatch):
-    per_direction = small_step(None)[0].noise_bytes_per_direction()
-    assert per_direction == (64 * 8 + 8 + 8 * 10 + 10) * 4  # IID noise: every parameter, fp32
-    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction * 10))
+    shared, per_direction = small_step(None)[0].noise_bytes_per_direction()
+    assert (shared, per_direction) == (0, (64 * 8 + 8 + 8 * 10 + 10) * 4)  # IID noise: every parameter, fp32
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction * 80))  # 16 directions + a drawn block of 32 fit
+    assert small_step(None)[0].chunk == 16
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction * 40))
     with pytest.raises(ValueError, match=r"the noise of a block of 16 directions needs 0.00 GiB, but cpu has "
                                          r"0.00 GiB free; use --chunk-size auto"):
         small_step(None)
-    auto, _ = small_step("auto")  # the largest block whose noise fits in half the free memory
-    assert auto.chunk == 5 and [len(b) for b in auto.forward_blocks()] == [5, 5, 5, 1]
-    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction // 2))
+    auto, _ = small_step("auto")  # the largest block whose noise (and one drawn block) fits in half: none
+    assert auto.chunk == 1
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction * 90))
+    assert small_step("auto")[0].chunk == 90 // 2 - 32 == 13
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction * 100))
+    assert small_step("auto")[0].chunk == 16  # 18 would fit: the whole share (16)
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction * 20))
     with pytest.raises(ValueError, match="the noise of one direction needs .* the model is too large"):
         small_step("auto")
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", "4GB")
+    with pytest.raises(ValueError, match="NESGPU_FREE_MEMORY must be a number of bytes; got '4GB'"):
+        small_step(None)
 
 
 def test_one_owner_cuts_the_blocks_and_a_chunked_step_equals_a_whole_one():
@@ -143,3 +153,27 @@ def test_tell_refuses_blocks_that_do_not_cover_the_directions():
             strategy.tell(fitness, blocks=blocks)
     strategy.tell(fitness, blocks=[range(0, 4), range(4, 6)])
     assert strategy.step == 1
+
+
+def test_a_yaml_resumes_its_own_values_and_cannot_redirect_the_resume(tmp_path, capsys):
+    base = ["--task", "cartpole", "--population", "8", "--hidden", "4", "--steps", "2"]
+    assert main(["train", *base, "--sigma-schedule", "linear", "--sigma-final", "0.5", "--out", str(tmp_path / "a"),
+                 "--strategy", "openai_es"]) == 0
+    capsys.readouterr()  # the run's summary JSON
+    assert main(["train", *base, "--strategy", "openai_es", "--out", str(tmp_path / "b"), "--print-config"]) == 0
+    (tmp_path / "b.yaml").write_text(capsys.readouterr().out.replace("out: null", f"out: {tmp_path / 'b'}"))
+    with pytest.raises(SystemExit):  # the YAML names another run directory
+        main(["train", "--resume", str(tmp_path / "a"), "--config", str(tmp_path / "b.yaml"), "--print-config"])
+    assert "the options name out" in capsys.readouterr().err
+    # values equal to a default still count: sigma_schedule constant replaces the run's linear schedule
+    (tmp_path / "c.yaml").write_text("sigma_schedule: constant\nlr: 1e-3\n")
+    assert main(["train", "--resume", str(tmp_path / "a"), "--config", str(tmp_path / "c.yaml"), "--steps", "3",
+                 "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "sigma_schedule: constant" in printed and "lr: 0.001" in printed
+
+
+def test_a_printed_config_of_another_strategy_runs_with_a_new_task(tmp_path, capsys):
+    assert main(["train", "--task", "cartpole", "--print-config"]) == 0  # pgpe, weight_decay 0.0
+    (tmp_path / "cp.yaml").write_text(capsys.readouterr().out)
+    assert main(["train", "--config", str(tmp_path / "cp.yaml"), "--task", "digits", "--print-config"]) == 0

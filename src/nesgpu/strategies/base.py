@@ -128,54 +128,65 @@ class Strategy:
     # ----- state -------------------------------------------------------------------------------------
     @property
     def base_lr(self) -> float:
-        """The step size before the schedule's factor."""
-        group = self.optimizer.param_groups[0]
-        return group.get("initial_lr", group["lr"]) if self.lr_scheduler is not None else group["lr"]
+        """The step size of the first parameter group before the schedule's factor."""
+        return self.base_lrs[0]
+
+    @property
+    def base_lrs(self) -> list[float]:
+        """Each parameter group's step size before the schedule's factor."""
+        if self.lr_scheduler is None:
+            return [group["lr"] for group in self.optimizer.param_groups]
+        return [group.get("initial_lr", group["lr"]) for group in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
         """Step, sigma and the optimizer's state. The lr schedule is not stored: the one this strategy was
         built with applies from the loaded step on (a resumed run may change it)."""
-        return {"step": self.step, "sigma": self.pm.sigma, "sigma0": self.sigma0, "lr": self.base_lr,
+        return {"step": self.step, "sigma": self.pm.sigma, "sigma0": self.sigma0, "lr": self.base_lrs,
                 "optimizer": self.optimizer.state_dict()}
 
     def set_lr(self, lr: float) -> None:
-        """A new base step size from the current step on (a schedule keeps scaling it). An optimizer whose
-        groups carry a ``max_speed`` (ClipUp: twice the step size) has it scaled by the same factor."""
+        """A new base step size from the current step on (a schedule keeps scaling it): the first group gets
+        ``lr`` and every other group keeps its ratio to the first. A group with a ``max_speed`` (ClipUp:
+        twice the step size) has it scaled by the same factor."""
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
             raise ValueError(f"lr must be a positive number; got {lr!r}")
-        base = self.base_lr
-        factor = 1.0 if self.lr_scheduler is None else self.lr_scheduler.lr_lambdas[0](self.step)
+        ratio = lr / self.base_lr
         for group in self.optimizer.param_groups:
             if "max_speed" in group:
-                group["max_speed"] = group["max_speed"] * lr / base
+                group["max_speed"] = group["max_speed"] * ratio
+        self._set_base_lrs([base * ratio for base in self.base_lrs])
+
+    def _set_base_lrs(self, bases: list[float]) -> None:
+        """Each group's base step size, with the schedule's factor at the current step applied."""
+        factor = 1.0 if self.lr_scheduler is None else self.lr_scheduler.lr_lambdas[0](self.step)
+        for group, base in zip(self.optimizer.param_groups, bases):
             if self.lr_scheduler is not None:
-                group["initial_lr"] = lr
-            group["lr"] = lr * factor
+                group["initial_lr"] = base
+            group["lr"] = base * factor
         if self.lr_scheduler is not None:
-            self.lr_scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
+            self.lr_scheduler.base_lrs = list(bases)
             self.lr_scheduler.last_epoch = self.step
             self.lr_scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a :meth:`state_dict`; the saved base lr is set under this strategy's own schedule."""
+        """Restore a :meth:`state_dict`; the saved base step sizes are set under this strategy's own schedule."""
         self.step = int(state["step"])
         self.pm.sigma = float(state["sigma"])
         self.sigma0 = float(state["sigma0"])
         self.pm.step = self.step
         self.optimizer.load_state_dict(state["optimizer"])
+        groups = self.optimizer.param_groups
         if "lr" in state:
-            base = float(state["lr"])
+            bases = state["lr"] if isinstance(state["lr"], list) else [float(state["lr"])] * len(groups)
         elif "lr_scheduler" in state:  # checkpoints of nesgpu 0.1.0 stored the scheduler
-            base = float(state["lr_scheduler"]["base_lrs"][0])
+            bases = list(state["lr_scheduler"]["base_lrs"])
         else:
-            base = float(self.optimizer.param_groups[0]["lr"])
-        for group in self.optimizer.param_groups:  # the loaded groups hold the saving run's lr
+            bases = [group["lr"] for group in groups]
+        if len(bases) != len(groups):
+            raise ValueError(f"the state has {len(bases)} parameter groups' step sizes; the optimizer has {len(groups)}")
+        for group in groups:  # the loaded groups hold the saving run's scheduled lr
             group.pop("initial_lr", None)
-            group["lr"] = base
-        if self.lr_scheduler is not None:
-            for group in self.optimizer.param_groups:
-                group["initial_lr"] = base
-        self.set_lr(base)
+        self._set_base_lrs([float(b) for b in bases])
 
 
 def _check_blocks(blocks: list[range], directions: int) -> list[range]:

@@ -79,6 +79,15 @@ class Policy(nn.Module):
         self.net = nn.Sequential(*layers)
         if not hidden:  # a linear policy starts at zero, as in ARS
             nn.init.zeros_(self.net[0].weight)
+        self.obs_dim = obs_dim
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # weights saved by nesgpu 0.1.0 for a policy without normalisation (ARS V1) carry a never-updated
+        # ObservationNorm (identity statistics that clip inputs to +-5): keep it, so those runs load and act
+        # as they did (its statistics stay frozen: the task does not update them)
+        if isinstance(self.norm, nn.Identity) and f"{prefix}norm.mean" in state_dict:
+            self.norm = ObservationNorm(self.obs_dim).to(state_dict[f"{prefix}norm.mean"].device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         out = self.net(self.norm(obs))

@@ -18,9 +18,11 @@ def _hidden(text: str) -> tuple[int, ...]:
         sizes = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer sizes like 64,64; got {text!r}") from None
-    if any(s < 0 for s in sizes):
-        raise argparse.ArgumentTypeError(f"layer sizes must be >= 0; got {text!r}")
-    return tuple(s for s in sizes if s > 0)
+    if sizes in ((), (0,)):
+        return ()
+    if any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"layer sizes must be >= 1 (or a lone 0 for none); got {text!r}")
+    return sizes
 
 
 def _chunk(text: str) -> int | str:
@@ -144,10 +146,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
         except (OSError, ValueError) as e:
             raise ValueError(f"--resume {args.resume}: cannot read {path} ({e})") from e
         values["out"] = args.resume
-    if args.config:
-        loaded = TrainConfig.from_yaml(args.config)
-        values.update({f.name: getattr(loaded, f.name) for f in dataclasses.fields(TrainConfig)
-                       if getattr(loaded, f.name) != getattr(TrainConfig(), f.name)})
+    if args.config:  # the keys the file sets, each type-checked (a value equal to a default still counts)
+        values.update(TrainConfig.read_yaml(args.config))
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for key, value in vars(args).items():
         if key in fields and value is not None:
@@ -156,6 +156,11 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
                if key.startswith("layer_option:") and value is not None}
     if options:
         values["layer_options"] = {**values.get("layer_options", {}), **options}
+    if args.resume:  # a config file's or a flag's out cannot send the resumed run elsewhere
+        if values.get("out") is not None and Path(values["out"]) != Path(args.resume):
+            raise ValueError(f"--resume {args.resume} continues the run in that directory; the options name out "
+                             f"{values['out']} (drop it from the config file)")
+        values["out"] = args.resume
     return TrainConfig.from_dict(values, source="options"), bool(args.resume)
 
 

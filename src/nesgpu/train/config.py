@@ -70,7 +70,8 @@ def _check_strategy_options(values: dict, strategy: str) -> None:
     own = STRATEGIES[strategy].config_options
     for other, cls in STRATEGIES.items():
         for name in cls.config_options:
-            if name not in own and values.get(name) not in (defaults[name], preset.get(name, defaults[name])):
+            if name not in own and values.get(name) not in (defaults[name], preset.get(name, defaults[name]),
+                                                            GLOBAL_DEFAULTS.get(name, defaults[name])):
                 raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy {other!r}, not "
                                  f"{strategy!r}; drop it or choose --strategy {other}")
 
@@ -251,6 +252,12 @@ class TrainConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
+        """A config from a YAML (or JSON) file of options; unknown or mistyped options name the field."""
+        return cls.from_dict(cls.read_yaml(path), source=str(path))
+
+    @classmethod
+    def read_yaml(cls, path: str | Path) -> dict:
+        """The options a YAML (or JSON) file sets, checked against the fields (as from_dict does)."""
         import yaml
 
         try:
@@ -264,7 +271,15 @@ class TrainConfig:
                              + (f" (line {e.problem_mark.line + 1})" if getattr(e, "problem_mark", None) else "")) from e
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of options; got {type(values).__name__}")
-        return cls.from_dict(values, source=str(path))
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        for name, value in values.items():  # YAML 1.1 reads 1e-3 (no dot) as a string
+            if isinstance(value, str) and "float" in types.get(name, ""):
+                try:
+                    values[name] = float(value)
+                except ValueError:
+                    pass
+        cls.from_dict(values, source=str(path))  # names any unknown or mistyped option
+        return values
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)

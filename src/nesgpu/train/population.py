@@ -14,6 +14,7 @@ import sys
 import torch
 
 from ..model import PerturbedModel, direction_blocks
+from ..noise import BLOCK
 from ..strategies import Strategy
 from .config import PRECISIONS
 from .distributed import Ranks
@@ -98,13 +99,26 @@ class PopulationStep:
         whose noise fits in half the free memory (the other half for activations)."""
         free = free_memory(device)
         if os.environ.get("NESGPU_FREE_MEMORY"):  # tests and users may state the budget
-            free = int(float(os.environ["NESGPU_FREE_MEMORY"]))
+            try:
+                free = int(float(os.environ["NESGPU_FREE_MEMORY"]))
+            except ValueError:
+                raise ValueError(f"NESGPU_FREE_MEMORY must be a number of bytes; got "
+                                 f"{os.environ['NESGPU_FREE_MEMORY']!r}") from None
         if free is None:
             return
-        per_direction = self.noise_bytes_per_direction()
+        try:
+            shared, per_direction = self.noise_bytes_per_direction()
+        except RuntimeError as e:
+            if not _out_of_memory(e):
+                raise
+            self.pm.free_memory()
+            raise ValueError(f"the noise of one block of {BLOCK} directions does not fit in {device}'s memory "
+                             f"({_gib(free)} free); the model is too large for this device (or use a kind with "
+                             f"less noise, e.g. --layer lowrank)") from None
         if not per_direction:
             return
-        need = per_direction * (1 if self.auto else self.chunk)
+        # a block is drawn whole (BLOCK directions) before it is sliced: the peak is one block more
+        need = shared + per_direction * ((1 if self.auto else self.chunk) + BLOCK)
         if need > free:
             what = "one direction" if self.auto else f"a block of {self.chunk} directions"
             hint = ("the model is too large for this device" if self.auto or self.chunk == 1
@@ -112,23 +126,27 @@ class PopulationStep:
             raise ValueError(f"the noise of {what} needs {_gib(need)}, but {device} has {_gib(free)} free; {hint} "
                              f"(or a kind with less noise, e.g. --layer lowrank)")
         if self.auto:
-            fits = max(1, int(free // 2 // per_direction))
+            fits = max(1, int((free // 2 - shared) // per_direction) - BLOCK)
             if fits < self.chunk:
                 self.chunk = fits
                 self.log(f"chunk size {fits}: the noise of {fits} directions ({_gib(fits * per_direction)}) fits in "
                          f"half of the {_gib(free)} free on {device}")
 
-    def noise_bytes_per_direction(self) -> int:
-        """Bytes of noise one more direction costs (measured by drawing one and two directions)."""
+    def noise_bytes_per_direction(self) -> tuple[int, int]:
+        """(bytes of the noise every direction shares, bytes one more direction costs), measured by drawing
+        one and two directions."""
         if len(self.share) < 2:
-            return 0
+            return 0, 0
         step, start = self.strategy.step + 1, self.share.start
-        self.pm.set_noise(step=step, directions=range(start, start + 1))
-        one = self.pm.noise_bytes()
-        self.pm.set_noise(step=step, directions=range(start, start + 2))
-        two = self.pm.noise_bytes()
-        self.pm.free_memory()
-        return max(0, two - one)
+        try:
+            self.pm.set_noise(step=step, directions=range(start, start + 1))
+            one = self.pm.noise_bytes()
+            self.pm.set_noise(step=step, directions=range(start, start + 2))
+            two = self.pm.noise_bytes()
+        finally:
+            self.pm.free_memory()
+        per_direction = max(0, two - one)
+        return max(0, one - per_direction), per_direction
 
     # ----- the step ----------------------------------------------------------------------------------
     def run(self) -> dict:

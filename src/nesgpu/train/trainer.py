@@ -156,7 +156,8 @@ def _scheduled_values(old: dict, cfg: TrainConfig, strategy: Strategy) -> list[t
         kinds = (old.get(f"{name}_schedule") or "constant", getattr(cfg, f"{name}_schedule"))
         if kinds == ("constant", "constant"):
             continue
-        before = Schedule(kinds[0], old.get(f"{name}_final") or 1.0, max(1, int(old.get("steps") or 1)))(step)
+        final = old.get(f"{name}_final")
+        before = Schedule(kinds[0], 1.0 if final is None else final, max(1, int(old.get("steps") or 1)))(step)
         after = Schedule(kinds[1], getattr(cfg, f"{name}_final"), cfg.steps)(step)
         values.append((f"{name} factor", before, after))
     return values
