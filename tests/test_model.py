@@ -239,3 +239,35 @@ def test_noise_sq_norms_match_dense_noise(case):
     dense = sum(z.flatten(1).pow(2).sum(1) for z in pm.dense_noise().values())
     torch.testing.assert_close(pm.noise_sq_norms(), dense, rtol=1e-12, atol=1e-12)
     assert pm.num_perturbed == sum(p.numel() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sparse", "permuted", "flipout", "lowrank"])
+@pytest.mark.parametrize("antithetic", [True, False])
+def test_a_shared_input_gives_the_population_of_the_repeated_rows(kind, antithetic):
+    if kind == "permuted" and not antithetic:
+        pytest.skip("the permuted kind needs antithetic sampling")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    model = nesgpu.convert(model, kind, **({"rank": 2} if kind == "lowrank" else {}))
+    pm = nesgpu.PerturbedModel(model, 40, sigma=0.1, antithetic=antithetic)
+    pm.set_noise(step=1)
+    x = torch.randn(5, 3, 4, dtype=torch.double)
+    signs = 2 if antithetic else 1
+    rows = x.unsqueeze(0).unsqueeze(2).expand(signs, 5, 40, 3, 4).reshape(-1, 3, 4)
+    torch.testing.assert_close(pm.shared_input(x), pm(rows), rtol=1e-12, atol=1e-12)
+    assert pm._shared_entry() is not None  # the fast path ran
+
+
+def test_a_shared_input_through_another_model_runs_on_the_rows():
+    torch.manual_seed(0)
+    for model in (nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)),  # fast path, frozen first bias
+                  nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 2)),  # a perturbed norm first: rows
+                  nn.Linear(4, 2)):  # not a Sequential: rows
+        if isinstance(model, nn.Sequential) and isinstance(model[0], nn.Linear):
+            model[0].bias.requires_grad_(False)
+        model = nesgpu.convert(model.double(), "lowrank")
+        pm = nesgpu.PerturbedModel(model, 8, sigma=0.1, antithetic=True)
+        pm.set_noise(step=1)
+        x = torch.randn(3, 4, dtype=torch.double)
+        rows = x.unsqueeze(0).unsqueeze(2).expand(2, 3, 8, 4).reshape(-1, 4)
+        torch.testing.assert_close(pm.shared_input(x), pm(rows), rtol=1e-12, atol=1e-12)

@@ -174,6 +174,50 @@ class PerturbedModel:
         with self.perturbing():
             return self.model(*args, **kwargs)
 
+    def shared_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The population on one input x (B, ...) that every member sees: the same as calling this object
+        on x repeated as rows (R, B, D) (R = 2 signs with antithetic sampling, else 1), laid out the same.
+
+        When the model is an nn.Sequential whose first perturbed module is a Linear, reached through
+        parameter-free row-wise modules (Flatten, Identity) on 2-D inputs, that Linear computes the plain
+        product once per sample and never builds the repeated rows; any other model runs on the rows.
+        """
+        signs = 2 if self.antithetic else 1
+        d = self.local_directions
+        entry = self._shared_entry()
+        with self.perturbing():
+            if entry is not None:
+                prefix, first, rest = entry
+                h = x
+                for module in prefix:
+                    h = module(h)
+                if h.dim() == 2:
+                    h = first.population_forward_shared(h, signs)
+                    for module in rest:
+                        h = module(h)
+                    return h
+            rows = x.unsqueeze(0).unsqueeze(2).expand(signs, x.shape[0], d, *x.shape[1:])
+            return self.model(rows.reshape(-1, *x.shape[1:]))
+
+    def _shared_entry(self):
+        """(row-wise modules before, the first perturbed Linear, the modules after) of a Sequential model
+        whose first perturbed module is a Linear, or None."""
+        from .layers.linear import PerturbedLinear
+
+        if not isinstance(self.model, nn.Sequential):
+            return None
+        modules = list(self.model)
+        for i, module in enumerate(modules):
+            plain = isinstance(module, PerturbedLinear) and (
+                type(module).population_forward is PerturbedLinear.population_forward)  # not a subclass's own
+            if plain:
+                return modules[:i], module, modules[i + 1:]
+            row_wise = isinstance(module, nn.Identity) or (
+                isinstance(module, nn.Flatten) and module.start_dim == 1 and module.end_dim == -1)
+            if not row_wise:
+                return None
+        return None
+
     # ----- estimator ---------------------------------------------------------------------------------
     def update(self, weights: torch.Tensor) -> None:
         """Add the ES gradient estimate to ``.grad`` of every perturbed parameter.

@@ -94,7 +94,8 @@ def test_every_task_meets_the_task_protocol(name):
 
 
 def test_ars_v1_policies_see_raw_observations():
-    v1 = build(TrainConfig(task="pendulum", strategy="ars", ars_version="v1", hidden=()).resolved(), torch.device("cpu"))
+    cpu = torch.device("cpu")
+    v1 = build(TrainConfig(task="pendulum", strategy="ars", ars_version="v1", hidden=()).resolved(), cpu)
     v2 = build(TrainConfig(task="pendulum", strategy="ars", hidden=()).resolved(), torch.device("cpu"))
     assert isinstance(v1[1].norm, torch.nn.Identity) and not v1[0].normalize_observations
     assert not isinstance(v2[1].norm, torch.nn.Identity) and v2[0].normalize_observations

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from .ops import Geometry, Op
+from .ops import LINEAR, Geometry, Op
 
 
 def randn(like: torch.Tensor, *shape: int, gen: torch.Generator) -> torch.Tensor:
@@ -106,6 +106,14 @@ class Kind:
         self.apply_(op, x, y, scale, noise)
         if bias is not None:
             y.addcmul_(op.per_channel(bias, y), op.per_repeat(scale, y))
+
+    def apply_shared_(self, x: torch.Tensor, y: torch.Tensor, noise: Noise) -> None:
+        """y (B, D, out) += x_b times z_d for a 2-D input x (B, in) that every direction shares (a linear
+        product at unit scale). The default expands x over the directions (no copy) and runs ``apply_``; a
+        kind with a cheaper form for a shared input overrides it."""
+        b, d = y.shape[0], y.shape[1]
+        x4 = x.view(b, 1, 1, x.shape[-1]).expand(b, d, 1, x.shape[-1])
+        self.apply_(LINEAR, x4, y.view(b, d, 1, y.shape[-1]), torch.ones(b, dtype=y.dtype, device=y.device), noise)
 
     def embed_(self, index: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, noise: Noise) -> None:
         """y (R, D, M, dim) += scale_r * z_d[index_{r,d}] for an embedding table z_d of shape (num, dim)."""

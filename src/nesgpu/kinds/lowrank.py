@@ -65,6 +65,17 @@ class LowRank(Kind):
             if self._batched(op, x, y):
                 self._batched_linear_(x, y, rows, a, b, None)
                 return
+            one_position = x.shape[2] == 1 and isinstance(op, LinearOp) and x.is_contiguous() and y.is_contiguous()
+            if self.rank <= ELEMENTWISE_MAX_RANK and one_position:
+                # one position per row (an MLP): x B_d^T for all rows of direction d as one batched GEMM over
+                # a strided view of x (no copy, no full-size temporary), then r passes over y
+                r_, i = x.shape[0], x.shape[3]
+                t = torch.bmm(x.view(r_, d, i).transpose(0, 1), b.transpose(1, 2))  # (D, R, r)
+                t.mul_(scale.view(1, r_, 1).to(t.dtype))
+                y_rows = y.view(r_, d, -1)
+                for k in range(self.rank):
+                    y_rows.addcmul_(t[:, :, k].t().unsqueeze(-1), a[:, k].unsqueeze(0))
+                return
             if self.rank <= ELEMENTWISE_MAX_RANK:
                 for k in range(self.rank):
                     t = (x * op.per_channel(b[:, k], x)).sum(op.channel_dim, keepdim=True).mul_(rows)
@@ -83,6 +94,16 @@ class LowRank(Kind):
                 y_groups.addcmul_(t[:, :, :, k : k + 1], a[..., k].unsqueeze(-1))
         else:
             y_groups.add_(torch.einsum("rdgkp,dgok->rdgop", t, a))
+
+    def apply_shared_(self, x, y, noise):
+        a, b, g = noise["a"], noise["b"], noise.geometry
+        if not g.is_matrix or g.groups != 1:
+            super().apply_shared_(x, y, noise)
+            return
+        bsz, d, r = x.shape[0], a.shape[0], self.rank
+        t = (x @ b.reshape(d * r, -1).t()).view(bsz, d, r)  # x B_d^T for every sample and direction: one GEMM
+        for k in range(r):
+            y.addcmul_(t[:, :, k : k + 1], a[:, k].unsqueeze(0))
 
     @staticmethod
     def _batched(op, x, y) -> bool:

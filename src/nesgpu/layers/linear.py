@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import Flipout, Geometry, LowRank, Permuted, Sparse, make_kind
@@ -38,6 +39,30 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
                              f"{self.in_features}); got {tuple(x.shape)}")
         pop = self._population(x.shape[0], compute_dtype(x), x.device)
         return self._perturbed_linear(x, pop, "weight", "bias")
+
+    def population_forward_shared(self, x: torch.Tensor, signs: int) -> torch.Tensor:
+        """The population output for an input x (B, in) that every member shares: what
+        :meth:`population_forward` returns for x repeated as rows (signs, B, D), without those rows. The
+        plain product is computed once per sample and each direction's perturbation once per (sample,
+        direction) for both signs; the result is written in one pass."""
+        if x.dim() != 2 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{type(self).__name__}: expected a shared input of shape (samples, {self.in_features}); "
+                             f"got {tuple(x.shape)}")
+        bsz, d = x.shape[0], self.local_directions
+        pop = self._population(signs * bsz * d, compute_dtype(x), x.device)
+        base = F.linear(x, self.weight, self.bias)  # (B, out)
+        x = x.to(base.dtype)
+        per_direction = base.new_zeros(bsz, d, self.out_features)
+        noise = self._noise_of("weight", base.dtype)
+        if noise is not None:
+            self._slot("weight").kind.apply_shared_(x, per_direction, noise)
+        if self.bias is not None:
+            bias_noise = self._noise_of("bias", base.dtype)
+            if bias_noise is not None:
+                per_direction += bias_noise["z"].unsqueeze(0)
+        # row (s, b, d): base_b + scale_s P_{b,d}; the scale of repeat (s, b) depends on the sign only
+        scale = pop.scale.view(signs, bsz, 1, 1)
+        return torch.addcmul(base.view(1, bsz, 1, -1), scale, per_direction.unsqueeze(0)).view(-1, self.out_features)
 
 
 class SparsePerturbedLinear(PerturbedLinear):

@@ -183,7 +183,8 @@ class Strategy:
         else:
             bases = [group["lr"] for group in groups]
         if len(bases) != len(groups):
-            raise ValueError(f"the state has {len(bases)} parameter groups' step sizes; the optimizer has {len(groups)}")
+            raise ValueError(f"the state has {len(bases)} parameter groups' step sizes; the optimizer has "
+                             f"{len(groups)}")
         for group in groups:  # the loaded groups hold the saving run's scheduled lr
             group.pop("initial_lr", None)
         self._set_base_lrs([float(b) for b in bases])

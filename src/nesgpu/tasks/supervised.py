@@ -85,8 +85,7 @@ class ClassificationTask:
         """Fitness (signs, D_local) of the directions whose noise is drawn, and their mean training loss."""
         x, y = self.batch(step)
         signs, b, d = (2 if pm.antithetic else 1), self.batch_size, pm.local_directions
-        rows = x.unsqueeze(0).unsqueeze(2).expand(signs, b, d, *self.input_shape).reshape(-1, *self.input_shape)
-        logits = pm(rows).view(signs, b, d, -1)
+        logits = pm.shared_input(x).view(signs, b, d, -1)  # rows (sign, sample, direction), never materialised
         target = y.view(1, b, 1).expand(signs, b, d)
         losses = F.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none").mean(1)  # (signs, D)
         return -losses, {"train_loss": losses.mean()}

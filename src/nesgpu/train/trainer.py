@@ -297,7 +297,8 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
                                                                   "nesgpu_version": __version__})
         plot_curve(metrics.rows, task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
         write_json(out / "summary.json", summary)
-        log(f"{cfg.task}: {task.metric} = {summary['value']:.4f} after {strategy.step} steps in {elapsed:.1f} s -> {out}")
+        log(f"{cfg.task}: {task.metric} = {summary['value']:.4f} after {strategy.step} steps in {elapsed:.1f} s "
+            f"-> {out}")
     except BaseException as e:  # the trackers' runs end as killed (Ctrl-C) or failed
         if metrics is not None:
             metrics.close(status="KILLED" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "FAILED")
