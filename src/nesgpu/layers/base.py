@@ -108,7 +108,7 @@ class PerturbedModule(nn.Module):
         self._range = range(0)
         self._active: Active | None = None
         self._scale: tuple[tuple, torch.Tensor] | None = None  # the last repeat_scale and its key
-        self.population_calls = 0  # noise uses since the last ``perturbing`` began (the bypass check reads it)
+        self.population_calls = 0  # 1 once the noise was used since ``perturbing`` began (the bypass check)
 
     # ----- parameters and noise ----------------------------------------------------------------------
     def declare_parameters(self) -> None:
@@ -326,7 +326,8 @@ class PerturbedModule(nn.Module):
         noise = self._require_noise().get(name)
         if noise is None:
             return None
-        self.population_calls += 1
+        if not self.population_calls:  # set once: a compiled rollout step must not see a changing counter
+            self.population_calls = 1
         return noise.to(dtype)
 
     def _product_(self, name: str, op: Op, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor) -> None:

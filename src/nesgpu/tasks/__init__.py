@@ -24,11 +24,13 @@ def model_choices(task: str) -> tuple[str, ...]:
 
 def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batch_size: int = 64,
               episodes: int = 1, eval_episodes: int = 10, vector_mode: str = "sync",
-              normalize_observations: bool = True):
+              normalize_observations: bool = True, compile: bool = False):
     """A task by name: "digits", "mnist1d", "reverse", "sort", "cartpole", "pendulum", "acrobot", "mountaincar"
     or "gym:<id>". ``vector_mode`` ("sync" or "async", see :class:`GymVectorEnv`) is for gym:<id> tasks only;
     the others refuse anything but "sync". RL tasks take ``episodes``, ``eval_episodes`` and
-    ``normalize_observations`` (running observation statistics in the policy); supervised ones ``batch_size``."""
+    ``normalize_observations`` (running observation statistics in the policy) and ``compile`` (built-in torch
+    environments: each environment step and the population forward as one compiled program); supervised
+    ones ``batch_size``."""
     from .gym import check_vector_mode
 
     check_vector_mode(vector_mode)
@@ -40,7 +42,7 @@ def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batc
     if name in ENVS:
         env_cls = ENVS[name]
         return RLTask(env_cls, env_cls, name, episodes=episodes, eval_episodes=eval_episodes, device=device,
-                      seed=seed, normalize_observations=normalize_observations)
+                      seed=seed, normalize_observations=normalize_observations, compile=compile)
     if name.startswith("gym:") and len(name) > 4:
         env_id = name[4:]
         try:

@@ -7,6 +7,7 @@ from torch import nn
 
 from ..model import PerturbedModel
 from ..noise import derive_seed
+from .envs.base import TorchEnv
 
 _ENV_STREAM = 0x656E76  # keys environment resets apart from the noise
 _EVAL_STREAM = 0x6576616C
@@ -36,8 +37,8 @@ class ObservationNorm(nn.Module):
             return self.mean.to(dtype), (self.var + self.eps).rsqrt().to(dtype)
 
         mean, var = self.mean, self.var
-        if mean.is_inference() or var.is_inference():  # no version counters to watch: no cache
-            return compute()
+        if torch.compiler.is_compiling() or mean.is_inference() or var.is_inference():  # compiled code fuses
+            return compute()  # these few ops itself; inference tensors have no version counters to watch
         # the same tensor objects (held here, so never recycled), unmodified since (version counters; the
         # storage pointers catch a `.data = ...` swap, which the counters do not see)
         key = (dtype, mean._version, var._version, mean.data_ptr(), var.data_ptr())
@@ -95,13 +96,14 @@ class Policy(nn.Module):
 
 
 def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int, obs_stats: bool = False,
-            count: int | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+            count: int | None = None, step=None) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Run one episode in every row of ``env`` with ``act(obs) -> action``; rows of the same group (ids in
     [0, count), default: one group per row) start from the same state.
 
     Returns (episode return per row (float64), steps per row, observation statistics). A row's return
     stops counting when it terminates; the loop stops when every row is done or at ``max_steps``.
     All-done is checked every 16 steps, so the hot loop does not wait on the device at each step.
+    ``step`` (default :func:`env_step`) advances every row by one step, e.g. a :class:`CompiledStep`.
     """
     obs = env.reset(seed, groups, groups.numel() if count is None else count)
     n = obs.shape[0]
@@ -112,24 +114,77 @@ def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int, obs_stats
     # observation sums per row, reduced over rows once at the end (fewer ops in the loop)
     row_sum = torch.zeros(n, obs.shape[1], dtype=torch.float64, device=device) if obs_stats else None
     row_sum_sq = torch.zeros_like(row_sum) if obs_stats else None
-    for t in range(max_steps):
-        if obs_stats:
-            live = obs.to(torch.float64, copy=True).mul_(alive.unsqueeze(1))  # never the env's own tensor
-            row_sum += live
-            row_sum_sq.addcmul_(live, live)  # alive is 0 or 1, so live * live = alive * obs^2
-        action = act(obs)
-        if action.dtype in (torch.bfloat16, torch.float16):  # a policy under autocast: numpy has no bf16
-            action = action.float()
-        obs, reward, terminated = env.step(action)
-        total += reward.to(device) * alive
-        lengths += alive
-        alive &= ~terminated.to(device)
-        if t % 16 == 15 and not alive.any():
-            break
+    if step is None:
+        for t in range(max_steps):
+            obs, total, lengths, alive, row_sum, row_sum_sq = env_step(env, act, obs, total, lengths, alive,
+                                                                       row_sum, row_sum_sq)
+            if t % 16 == 15 and not alive.any():
+                break
+    else:  # a compiled step runs step.steps environment steps per call, none past max_steps
+        # the first step eagerly: it records that the policy's modules used their noise (the bypass check)
+        # and fills their per-call caches, so the compiled program always sees them in the same state
+        obs, total, lengths, alive, row_sum, row_sum_sq = env_step(env, act, obs, total, lengths, alive, row_sum,
+                                                                   row_sum_sq)
+        for t in range(1, max_steps, step.steps):
+            obs, total, lengths, alive, row_sum, row_sum_sq = step(env, act, obs, total, lengths, alive, row_sum,
+                                                                   row_sum_sq, t=t, max_steps=max_steps)
+            if not alive.any():
+                break
     stats = {}
     if obs_stats:  # every row counts one observation for each step it was alive: its length
         stats = {"sum": row_sum.sum(0), "sum_sq": row_sum_sq.sum(0), "count": lengths.sum().double()}
     return total, lengths, stats
+
+
+def env_step(env, act, obs, total, lengths, alive, row_sum=None, row_sum_sq=None):
+    """One step of every row, the body of :func:`rollout`: observation statistics of the live rows, the
+    action, the environment step, and the running return, length and liveness. Written without in-place
+    updates of its inputs, so that ``torch.compile`` can make it one program (:class:`CompiledStep`)."""
+    if row_sum is not None:
+        live = obs.to(torch.float64) * alive.unsqueeze(1)
+        row_sum = row_sum + live
+        row_sum_sq = row_sum_sq + live * live  # alive is 0 or 1, so live * live = alive * obs^2
+    action = act(obs)
+    if action.dtype in (torch.bfloat16, torch.float16):  # a policy under autocast: numpy has no bf16
+        action = action.float()
+    obs, reward, terminated = env.step(action)
+    total = total + reward.to(total.device) * alive
+    lengths = lengths + alive
+    alive = alive & ~terminated.to(alive.device)
+    return obs, total, lengths, alive, row_sum, row_sum_sq
+
+
+class CompiledStep:
+    """``steps`` calls of :func:`env_step` of one torch environment and policy as one compiled program
+    (``torch.compile``, inductor): the environment's dynamics and the population forward fused, instead of
+    a few hundred small eager ops per environment step, and one call (with its guard checks) per ``steps``
+    steps. The environment's state travels as an argument; steps past the episode limit change nothing.
+    Compiling takes seconds on the first rollout (and again for a new shape); results match the eager
+    step within float rounding."""
+
+    def __init__(self, env, act, steps: int = 8):
+        self.env, self.act, self.steps = env, act, steps
+        self.compiled = torch.compile(self._run, dynamic=False)
+
+    def _run(self, state, t, limit, obs, total, lengths, alive, row_sum, row_sum_sq):
+        self.env.state = state
+        for i in range(self.steps):
+            alive = alive & (t + i < limit)  # the time limit: a row past it is done
+            obs, total, lengths, alive, row_sum, row_sum_sq = env_step(self.env, self.act, obs, total, lengths,
+                                                                       alive, row_sum, row_sum_sq)
+        alive = alive & (t + self.steps < limit)
+        return self.env.state, obs, total, lengths, alive, row_sum, row_sum_sq
+
+    def __call__(self, env, act, obs, total, lengths, alive, row_sum=None, row_sum_sq=None, *, t: int,
+                 max_steps: int):
+        if env is not self.env or act is not self.act:
+            raise ValueError("a CompiledStep runs the environment and policy it was built for")
+        device = obs.device
+        t = torch.tensor(t, device=device)  # tensors, not ints: one program for every t and limit
+        limit = torch.tensor(max_steps, device=device)
+        state, *out = self.compiled(env.state, t, limit, obs, total, lengths, alive, row_sum, row_sum_sq)
+        env.state = state
+        return tuple(out)
 
 
 class RLTask:
@@ -145,6 +200,8 @@ class RLTask:
             action_high and max_steps.
         episodes: episodes per member per step.
         eval_episodes: episodes of the final evaluation.
+        compile: run each environment step of a torch environment and the population forward as one
+            compiled program (:class:`CompiledStep`); gymnasium environments always run eagerly.
         normalize_observations: keep running observation statistics in the policy's ObservationNorm and
             standardise inputs by them (False: raw observations, as ARS V1).
     """
@@ -154,7 +211,7 @@ class RLTask:
 
     def __init__(self, make_env, env_spec, name: str, episodes: int = 1, eval_episodes: int = 10,
                  max_steps: int | None = None, device: torch.device | str = "cpu", seed: int = 0,
-                 normalize_observations: bool = True):
+                 normalize_observations: bool = True, compile: bool = False):
         if episodes < 1:
             raise ValueError(f"episodes must be >= 1; got {episodes}")
         self.make_env, self.spec, self.name = make_env, env_spec, name
@@ -163,7 +220,9 @@ class RLTask:
         self.device = torch.device(device)
         self.seed = seed
         self.normalize_observations = normalize_observations
+        self.compile = compile
         self._env = None
+        self._compiled: CompiledStep | None = None
 
     def make_model(self, hidden: tuple[int, ...] = (16,), model: str = "mlp") -> Policy:
         """The policy: an MLP with ``hidden`` sizes (tanh), or a linear one for ``hidden=()``."""
@@ -194,13 +253,23 @@ class RLTask:
         signs, e, d = (2 if pm.antithetic else 1), self.episodes, pm.local_directions
         groups = torch.arange(e, device=self.device).view(1, e, 1).expand(signs, e, d).reshape(-1)
         normalizing = self._norm(pm) is not None
-        returns, lengths, stats = rollout(self._env_for(groups.numel()), pm, groups,
-                                          derive_seed(self.seed, step, _ENV_STREAM), self.max_steps,
-                                          normalizing, count=e)
+        env = self._env_for(groups.numel())
+        with pm.perturbing():  # once per rollout, not once per environment step
+            returns, lengths, stats = rollout(env, pm.model, groups, derive_seed(self.seed, step, _ENV_STREAM),
+                                              self.max_steps, normalizing, count=e, step=self._step_for(env, pm))
         info = {"env_steps": lengths.sum(), "episode_return": returns.mean()}
         if normalizing:
             info.update(obs_sum=stats["sum"], obs_sum_sq=stats["sum_sq"], obs_count=stats["count"])
         return returns.view(signs * e, d), info
+
+    def _step_for(self, env, pm: PerturbedModel):
+        """The compiled environment step for ``env`` and the policy when compiling (torch environments
+        only), else None (the eager step)."""
+        if not self.compile or not isinstance(env, TorchEnv):
+            return None
+        if self._compiled is None or self._compiled.env is not env or self._compiled.act is not pm.model:
+            self._compiled = CompiledStep(env, pm.model)
+        return self._compiled
 
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
         """Merge the step's observation statistics (summed over chunks and ranks) into the policy."""

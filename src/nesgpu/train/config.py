@@ -62,6 +62,28 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
     return values
 
 
+def _torch_env_tasks() -> list[str]:
+    from ..tasks import ENVS
+
+    return sorted(ENVS)
+
+
+# the built-in RL runs compile their rollouts when they make at least this many environment steps: compiling
+# takes ~3 s (cached) to ~12 s (cold) on a 2-core CPU, and the compiled loop is ~2.8x faster (BENCHMARKS.md)
+COMPILE_MIN_ENV_STEPS = 20_000_000
+
+
+def compiles(cfg: TrainConfig) -> bool:
+    """Whether a resolved config's rollouts run compiled (``compile``: on, off, or auto by the run's size)."""
+    if cfg.compile != "auto":
+        return cfg.compile == "on"
+    if cfg.task not in _torch_env_tasks():
+        return False
+    from ..tasks import ENVS
+
+    return cfg.steps * cfg.population * cfg.episodes * ENVS[cfg.task].max_steps >= COMPILE_MIN_ENV_STEPS
+
+
 def _check_strategy_options(values: dict, strategy: str) -> None:
     """An option of another strategy (``top_b`` under openai_es) set away from its default is an error, not
     silently ignored."""
@@ -167,6 +189,9 @@ class TrainConfig:
                                        "largest that fits; default: all at once)", metavar="N|auto",
                                        parse="chunk")
     precision: str = opt("fp32", "population forward under autocast", choices=tuple(PRECISIONS))
+    compile: str = opt("auto", "built-in RL envs: compile each env step with the population forward (torch.compile; "
+                       "auto: on when the run makes >= 20M env steps, where the seconds of compiling pay)",
+                       choices=("auto", "on", "off"))
     dist_timeout: float = opt(300.0, "torchrun: seconds before a collective with a dead or hung process fails")
 
     def resolved(self) -> TrainConfig:
@@ -226,6 +251,9 @@ class TrainConfig:
             raise ValueError(f"strategy {self.strategy!r} needs antithetic sampling")
         if self.strategy == "pgpe" and self.sigma_schedule != "constant":
             raise ValueError("strategy 'pgpe' adapts sigma itself; a sigma_schedule does not apply to it")
+        if self.compile == "on" and self.task not in _torch_env_tasks():
+            raise ValueError(f"compile='on' applies to the built-in torch environments {_torch_env_tasks()}; task "
+                             f"{self.task!r} runs eagerly (use --compile auto or off)")
         if self.chunk_size is not None and self.chunk_size != "auto" and not (
                 isinstance(self.chunk_size, int) and 1 <= self.chunk_size <= self.directions):
             raise ValueError(f"chunk_size must be 'auto' or a number of directions in [1, {self.directions}]; "

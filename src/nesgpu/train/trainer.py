@@ -23,7 +23,7 @@ from ..tasks import make_task
 from ..tasks.protocol import check_task
 from . import rundir
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
-from .config import TrainConfig
+from .config import TrainConfig, compiles
 from .distributed import Ranks, init_from_environment, shutdown
 from .loggers import make_loggers
 from .metrics import MetricsLog, plot_curve
@@ -62,7 +62,7 @@ def build(cfg: TrainConfig, device: torch.device):
     normalize = STRATEGIES[cfg.strategy].uses_observation_statistics(**strategy_options(cfg))
     task = check_task(make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size,
                                 episodes=cfg.episodes, eval_episodes=cfg.eval_episodes, vector_mode=cfg.vector_mode,
-                                normalize_observations=normalize))
+                                normalize_observations=normalize, compile=compiles(cfg)))
     with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the caller's RNG alone
         torch.manual_seed(cfg.seed)
         model = task.make_model(cfg.hidden, model=cfg.model)
