@@ -55,3 +55,7 @@ print("chunk vs unchunked:", {row["chunk"]: round(row["vs_unchunked"], 2) for ro
 p = r["precision"]
 print(f"ES step, P = {p['population']}: bf16 {p['bf16_speed_vs_fp32']:.2f}x fp32")
 PYEOF
+# issue 9/10: config, compiled rollouts (inductor on CUDA) and the shared-input path on the GPU
+$PY -m pytest -q tests/train/test_config.py tests/tasks/test_compiled.py tests/test_noise.py -x
+$PY benchmarks/population_floor.py --device cuda --rounds 9 | tail -3
+$PY benchmarks/iid_noise.py --device cuda --rounds 7 | tail -4
