@@ -83,11 +83,7 @@ class _ShowOnce:
         if not isinstance(self._previous, _OnceShower):
             warnings.showwarning = _OnceShower(self._previous)
         self._mujoco = sys.modules.get("mujoco") if self._hook_mujoco else None
-        self._messages = None
-        get = getattr(self._mujoco, "get_mju_user_warning", None)
-        if get is not None and get() is None:  # a handler the process set itself (or an outer call's) stays
-            self._messages = []
-            self._mujoco.set_mju_user_warning(self._messages.append)
+        self._messages = _catch_mujoco_messages(self._mujoco)  # a handler set before (the process's) stays
         return self
 
     def __exit__(self, *exc):
@@ -117,6 +113,17 @@ class _OnceShower:
         self.show(message, category, filename, lineno, file, line)
 
 
+def _catch_mujoco_messages(mujoco) -> list[str] | None:
+    """Route MuJoCo's C-level warning messages into a new list (returned) while no other handler is set;
+    None (nothing routed) when mujoco is not loaded or a handler is already in place."""
+    get = getattr(mujoco, "get_mju_user_warning", None)
+    if get is None or get() is not None:
+        return None
+    messages: list[str] = []
+    mujoco.set_mju_user_warning(messages.append)
+    return messages
+
+
 def _warn_mujoco(text: str) -> None:
     warnings.warn_explicit(text, MujocoWarning, "mujoco", 0, module="mujoco", registry=_MUJOCO_REGISTRY)
 
@@ -137,11 +144,7 @@ class _Record:
         self._log = self._catch.__enter__()
         warnings.simplefilter("always")
         self._mujoco = sys.modules.get("mujoco")
-        self._messages = None
-        get = getattr(self._mujoco, "get_mju_user_warning", None)
-        if get is not None and get() is None:  # the worker's own (fork copies none: see GymVectorEnv.__init__)
-            self._messages = []
-            self._mujoco.set_mju_user_warning(self._messages.append)
+        self._messages = _catch_mujoco_messages(self._mujoco)  # the worker's own (fork copies none)
         return self
 
     def __exit__(self, *exc):
