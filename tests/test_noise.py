@@ -132,3 +132,17 @@ def test_iid_noise_reuses_the_last_steps_tensors_unless_someone_holds_them():
     fresh.model.load_state_dict(layer.state_dict())
     fresh.set_noise(step=3)
     assert torch.equal(fresh.dense_noise()["weight"], layer.dense_noise()["weight"])
+
+
+def test_a_held_noise_record_or_storage_is_never_refilled():
+    layer = nesgpu.convert(nn.Linear(7, 5), "gaussian")
+    pm = nesgpu.PerturbedModel(layer, 64, sigma=0.1)
+    pm.set_noise(step=1)
+    record = layer.noise_record("weight")  # a caller's record of step 1
+    detached = record["z"].detach()  # and another tensor on the same storage
+    kept = record["z"].clone()
+    pm.set_noise(step=2)
+    assert torch.equal(record["z"], kept) and torch.equal(detached, kept)
+    del record
+    pm.set_noise(step=3)
+    assert torch.equal(detached, kept)  # the storage is still shared: step 3 got new memory too

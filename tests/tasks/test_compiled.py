@@ -52,3 +52,21 @@ def test_compile_on_is_refused_where_it_cannot_apply():
     with pytest.raises(ValueError, match="compile='on' applies to the built-in torch environments"):
         TrainConfig(task="digits", compile="on").resolved()
     assert make_task("pendulum", compile=True).compile
+
+
+def test_a_changing_sigma_reuses_the_compiled_program():
+    from torch._dynamo.utils import counters
+
+    cfg = TrainConfig(task="pendulum", population=8, hidden=(4,), strategy="openai_es").resolved()
+    task, _, pm, _ = build(cfg, torch.device("cpu"))
+    task.compile = True
+    torch._dynamo.reset()
+    counters.clear()
+    eager_task = build(cfg, torch.device("cpu"))[0]
+    for step in range(1, 6):
+        pm.sigma = 0.5 * 1.1**step  # PGPE's adaptation or a sigma schedule
+        pm.set_noise(step=step)
+        compiled, _ = task.fitness(pm, step)
+        reference, _ = eager_task.fitness(pm, step)
+        torch.testing.assert_close(compiled, reference, rtol=1e-4, atol=1e-3)
+    assert counters["stats"]["unique_graphs"] == 1

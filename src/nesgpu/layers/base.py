@@ -29,6 +29,22 @@ VECTOR = Gaussian()
 """The kind of every parameter that is not a matrix: IID Gaussian, elementwise."""
 
 
+def _storage_uses(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+# CPython before 3.14 counts every reference in sys.getrefcount; later versions may skip some
+_EXACT_REFCOUNTS = sys.version_info < (3, 14)
+_STORAGE_USES_ALONE = _storage_uses(torch.empty(1))
+
+
+def _unshared(t: torch.Tensor) -> bool:
+    """Whether only the noise record holds ``t``: no other Python reference (a caller's ``z``, an indexing
+    view) and no other tensor on its storage (``.detach()``, ``.data``, numpy): then it may be refilled."""
+    # references: the record's dict, the caller's local, this argument, getrefcount's own argument
+    return _EXACT_REFCOUNTS and sys.getrefcount(t) <= 4 and _storage_uses(t) == _STORAGE_USES_ALONE
+
+
 def rows_view(t: torch.Tensor, repeats: int, directions: int) -> torch.Tensor:
     """(R * D, ..., C) -> (R, D, M, C): every dimension between the rows and the channels is per member."""
     return t.view(repeats, directions, -1, t.shape[-1])
@@ -184,7 +200,8 @@ class PerturbedModule(nn.Module):
                     for key, meta in slot.kind.allocate_directions(n, slot.geometry, like.to("meta")).items():
                         reuse = old.get(key)
                         if (reuse is not None and reuse.shape == meta.shape and reuse.dtype == meta.dtype
-                                and reuse.device == like.device and sys.getrefcount(reuse) <= 3):
+                                and reuse.device == like.device and _unshared(reuse)
+                                and sys.getrefcount(previous[slot.name]) <= 2):  # nobody holds the record
                             out[f"{slot.name}/{key}"] = reuse
                         else:
                             out[f"{slot.name}/{key}"] = torch.empty(meta.shape, dtype=meta.dtype, device=like.device)
@@ -299,6 +316,10 @@ class PerturbedModule(nn.Module):
                              f"has {rows} rows = {r} repeats x {d} directions")
         # kept while repeats, sigma, dtype and device stay the same (an RL rollout calls the module hundreds
         # of times per step with the same ones); read-only
+        if self._scale is not None and torch.compiler.is_compiling():
+            # a compiled rollout step: the eager first step of the rollout filled the cache for this rollout's
+            # repeats and sigma; checking the key would make the program depend on sigma (a recompile per value)
+            return Population(r, d, self._scale[1])
         key = (r, *self._active, dtype, device)
         if self._scale is None or self._scale[0] != key:
             self._scale = (key, repeat_scale(r, *self._active, torch.empty(0, dtype=dtype, device=device)))
