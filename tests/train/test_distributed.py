@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from nesgpu.train.checkpoint import find_checkpoint
+
 ARGS = {
     "cartpole": ["--task", "cartpole", "--population", "16", "--steps", "4", "--hidden", "4"],
     "digits": ["--task", "digits", "--population", "16", "--steps", "4", "--hidden", "8", "--batch-size", "8"],
@@ -104,9 +106,10 @@ def test_dead_rank_ends_the_job_with_a_clear_error_and_resume_continues(tmp_path
     assert time.time() - start < 60
     assert "another process died or hung" in err, err[-2000:]
     # the last checkpoint is intact: one process continues the run (blocks of D / 2, as the two did)
-    resumed = nesgpu("train", "--resume", str(out), "--steps", "12", "--chunk-size", "4")
+    at = torch.load(find_checkpoint(out / "checkpoint") / "state.pt", weights_only=True)["strategy"]["step"]
+    resumed = nesgpu("train", "--resume", str(out), "--steps", str(at + 2), "--chunk-size", "4")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert '"steps": 12' in resumed.stdout
+    assert f'"steps": {at + 2}' in resumed.stdout
 
 
 # ----- the exchange itself, in a real 3-process gloo group -------------------------------------------------
