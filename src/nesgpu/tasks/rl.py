@@ -164,7 +164,7 @@ class CompiledStep:
 
     def __init__(self, env, act, steps: int = 8):
         self.env, self.act, self.steps = env, act, steps
-        self.compiled = torch.compile(self._run, dynamic=False, options={"cpp_wrapper": True})
+        self.compiled = torch.compile(self._run, dynamic=False)
 
     def _run(self, state, t, limit, obs, total, lengths, alive, row_sum, row_sum_sq):
         self.env.state = state
