@@ -189,22 +189,21 @@ class PerturbedModule(nn.Module):
                     for key, value in slot.kind.draw_directions(gen, n, slot.geometry, params[slot.name]).items()}
 
         allocate = fill = None
-        if all(slot.kind.allocate_directions(1, slot.geometry, params[slot.name]) is not None for slot in self._slots):
+        metas = {slot.name: params[slot.name].to("meta") for slot in self._slots}  # shapes without memory
+        if all(slot.kind.allocate_directions(1, slot.geometry, metas[slot.name]) is not None for slot in self._slots):
             def allocate(n: int) -> dict[str, torch.Tensor]:
                 # the last step's tensors where the shapes match and nothing else holds them (a view, a
-                # caller's reference): no new allocation, no page faults
+                # caller's reference, the record): no new allocation, no page faults
                 out = {}
                 for slot in self._slots:
-                    like = params[slot.name]
-                    old = previous[slot.name].tensors if previous and slot.name in previous else {}
-                    for key, meta in slot.kind.allocate_directions(n, slot.geometry, like.to("meta")).items():
+                    held = previous is None or slot.name not in previous or sys.getrefcount(previous[slot.name]) > 2
+                    old = {} if held else previous[slot.name].tensors
+                    device = params[slot.name].device
+                    for key, meta in slot.kind.allocate_directions(n, slot.geometry, metas[slot.name]).items():
                         reuse = old.get(key)
-                        if (reuse is not None and reuse.shape == meta.shape and reuse.dtype == meta.dtype
-                                and reuse.device == like.device and _unshared(reuse)
-                                and sys.getrefcount(previous[slot.name]) <= 2):  # nobody holds the record
-                            out[f"{slot.name}/{key}"] = reuse
-                        else:
-                            out[f"{slot.name}/{key}"] = torch.empty(meta.shape, dtype=meta.dtype, device=like.device)
+                        fits = (reuse is not None and reuse.shape == meta.shape and reuse.dtype == meta.dtype
+                                and reuse.device == device and _unshared(reuse))
+                        out[f"{slot.name}/{key}"] = reuse if fits else torch.empty_like(meta, device=device)
                 return out
 
             def fill(gen: torch.Generator, out: dict[str, torch.Tensor]) -> None:

@@ -77,7 +77,7 @@ class PopulationStep:
         self.update_chunk = chunk if isinstance(chunk, int) else (len(self.share) if self.ranks.distributed
                                                                    else None)
         device = next(pm.model.parameters()).device
-        self._check_memory(device, explicit=isinstance(chunk, int))
+        self._check_memory(device)
         dtype = getattr(torch, PRECISIONS[precision]) if PRECISIONS[precision] else None
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
         note = slow_precision_note(device, dtype) if dtype else None
@@ -94,7 +94,7 @@ class PopulationStep:
         return direction_blocks(range(self.pm.directions), self.update_chunk or self.chunk)
 
     # ----- memory ------------------------------------------------------------------------------------
-    def _check_memory(self, device: torch.device, explicit: bool) -> None:
+    def _check_memory(self, device: torch.device) -> None:
         """Refuse up front a population whose noise cannot fit; with "auto", start at the largest block
         whose noise fits in half the free memory (the other half for activations)."""
         free = free_memory(device)
@@ -111,7 +111,6 @@ class PopulationStep:
         except RuntimeError as e:
             if not _out_of_memory(e):
                 raise
-            self.pm.free_memory()
             raise ValueError(f"the noise of one block of {BLOCK} directions does not fit in {device}'s memory "
                              f"({_gib(free)} free); the model is too large for this device (or use a kind with "
                              f"less noise, e.g. --layer lowrank)") from None
