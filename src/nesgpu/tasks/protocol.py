@@ -52,13 +52,44 @@ class Task(Protocol):
         ...
 
 
+@runtime_checkable
+class DifferentiableTask(Task, Protocol):
+    """A task that a gradient baseline (``--strategy backprop``) can train as well: supervised tasks.
+
+    Attributes:
+        batch_size: samples per minibatch.
+        device: where the data lives.
+    """
+
+    batch_size: int
+    device: torch.device
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The minibatch (inputs, targets) of ``step``: a function of the run's seed and the step."""
+        ...
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean loss of the plain ``model`` on (x, y), differentiable (minus the ES fitness)."""
+        ...
+
+
 def check_task(task: object) -> Task:
     """``task`` if it has every member of :class:`Task`; else a TypeError naming what is missing."""
     missing = [name for name in ("metric", "default_target", "summed_info", "make_model", "fitness",
                                  "finish_step", "evaluate") if not hasattr(task, name)]
     if missing:
         raise TypeError(f"a task needs {missing} (see nesgpu.tasks.protocol.Task); got {type(task).__name__}")
+    return task
+
+
+def check_differentiable(task: object) -> DifferentiableTask:
+    """``task`` if a backprop run can train it; else a TypeError naming what is missing."""
+    check_task(task)
+    missing = [name for name in ("batch_size", "device", "batch", "loss") if not hasattr(task, name)]
+    if missing:
+        raise TypeError(f"backprop needs a task with {missing} (see nesgpu.tasks.protocol.DifferentiableTask); "
+                        f"got {type(task).__name__}")
     return task  # type: ignore[return-value]
 
 
-__all__ = ["Task", "check_task"]
+__all__ = ["DifferentiableTask", "Task", "check_differentiable", "check_task"]

@@ -218,6 +218,11 @@ class SequenceTask:
         losses = losses.mean(dim=(1, 3))  # over samples and positions: (signs, D)
         return -losses, {"train_loss": losses.mean()}
 
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy over the target positions of the plain ``model``: the loss a backprop run
+        minimises (the ES fitness is minus this loss per member)."""
+        return self.token_losses(model(x), y).mean()
+
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
         """Nothing to merge after a supervised step."""
 

@@ -90,6 +90,11 @@ class ClassificationTask:
         losses = F.cross_entropy(logits.permute(0, 3, 1, 2), target, reduction="none").mean(1)  # (signs, D)
         return -losses, {"train_loss": losses.mean()}
 
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of the plain ``model`` on (x, y): the loss a backprop run minimises (the ES
+        fitness is minus this loss per member)."""
+        return F.cross_entropy(model(x).float(), y)
+
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
         """Nothing to merge after a supervised step."""
 

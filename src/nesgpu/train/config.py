@@ -11,6 +11,7 @@ from pathlib import Path
 from ..layers import KINDS
 from ..strategies import STRATEGIES
 from ..strategies.schedules import KINDS as SCHEDULES
+from .initialization import INITS
 
 # Per-task defaults, tuned on a 2-core CPU from starting points in the ES literature (Salimans et al. 2017,
 # Mania et al. 2018, Toklu et al. 2020). Strategy: OpenAI-ES + Adam unless a task says otherwise (CartPole:
@@ -37,6 +38,15 @@ MODEL_DEFAULTS: dict[tuple[str, str], dict] = {
     ("mnist1d", "cnn"): dict(hidden=(32, 32, 32), lr=0.01, steps=1200),
 }
 PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+# the gradient baseline: not an ES strategy (no population, no noise) but a strategy name of the config, so a
+# run differs from an ES run by one option; its defaults are AdamW's own
+BACKPROP = "backprop"
+BACKPROP_DEFAULTS = dict(lr=1e-3, weight_decay=0.01)
+STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
+# the options of ES runs only, and of backprop runs only (each an error, when set, under the other)
+ES_ONLY = ("population", "sigma", "layer", "layer_options", "antithetic", "shaping", "sigma_schedule", "sigma_final",
+           "chunk_size", "compile")
+BACKPROP_ONLY = ("optimizer", "accumulate", "activation_checkpointing")
 # what neither the task nor its model sets
 GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0,
                        weight_decay=0.0)
@@ -56,9 +66,12 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
     model = model or choices[0]
     values = {**GLOBAL_DEFAULTS, **TASK_DEFAULTS[key], **MODEL_DEFAULTS.get((key, model), {}), "model": model}
     if strategy is not None and strategy != values["strategy"]:
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; expected one of {sorted(STRATEGIES)}")
-        values.update(strategy=strategy, lr=STRATEGIES[strategy].default_lr)
+        if strategy == BACKPROP:
+            values.update(strategy=strategy, **BACKPROP_DEFAULTS)
+        elif strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; expected one of {list(STRATEGY_CHOICES)}")
+        else:
+            values.update(strategy=strategy, lr=STRATEGIES[strategy].default_lr)
     return values
 
 
@@ -87,15 +100,38 @@ def compiles(cfg: TrainConfig) -> bool:
 def _check_strategy_options(values: dict, strategy: str) -> None:
     """An option of another strategy (``top_b`` under openai_es) set away from its default is an error, not
     silently ignored."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(TrainConfig)}
     preset = presets(values["task"], values.get("model"), values.get("strategy"))
-    own = STRATEGIES[strategy].config_options
+    if strategy == BACKPROP or any(values.get(name) != defaults[name] for name in BACKPROP_ONLY):
+        _check_backprop_options(values, strategy, defaults, preset)
+    own = {"weight_decay": "weight_decay"} if strategy == BACKPROP else STRATEGIES[strategy].config_options
     for other, cls in STRATEGIES.items():
         for name in cls.config_options:
             if name not in own and values.get(name) not in (defaults[name], preset.get(name, defaults[name]),
                                                             GLOBAL_DEFAULTS.get(name, defaults[name])):
                 raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy {other!r}, not "
                                  f"{strategy!r}; drop it or choose --strategy {other}")
+
+
+def _check_backprop_options(values: dict, strategy: str, defaults: dict, preset: dict) -> None:
+    """ES options set under backprop, or backprop options set under an ES strategy, are errors."""
+    def is_set(name):
+        value = values.get(name)
+        if isinstance(value, (list, tuple)):
+            value = tuple(value)
+        return value is not None and value not in (defaults[name], preset.get(name, defaults[name]))
+
+    if strategy == BACKPROP:
+        for name in ES_ONLY:
+            if is_set(name):
+                raise ValueError(f"option {name!r} (= {values[name]!r}) applies to the ES strategies, not to "
+                                 f"strategy 'backprop'; drop it or choose an ES strategy")
+        return
+    for name in BACKPROP_ONLY:
+        if is_set(name):
+            raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy 'backprop', not {strategy!r}; "
+                             f"drop it or choose --strategy backprop")
 
 
 def _check_layer_options(layer: str, options: dict) -> None:
@@ -146,7 +182,8 @@ class TrainConfig:
 
     task: str = opt("digits", "digits | mnist1d | reverse | sort | cartpole | pendulum | acrobot | mountaincar | "
                     "gym:<id>")
-    strategy: str | None = opt(help="the ES algorithm", choices=tuple(sorted(STRATEGIES)), per_task=True)
+    strategy: str | None = opt(help="the ES algorithm, or backprop: the gradient baseline (supervised tasks)",
+                               choices=STRATEGY_CHOICES, per_task=True)
     layer: str = opt("lowrank", "perturbation kind of the model's matrices", choices=tuple(sorted(KINDS)))
     model: str | None = opt(help="architecture: mlp; mnist1d also cnn (Conv1d); reverse, sort: transformer",
                             per_task=True)
@@ -192,6 +229,12 @@ class TrainConfig:
     compile: str = opt("auto", "built-in RL envs: compile each env step with the population forward (torch.compile; "
                        "auto: on when the run makes >= 20M env steps, where the seconds of compiling pay)",
                        choices=("auto", "on", "off"))
+    init: str = opt("default", "initial weights of Linear and Conv layers: torch's default, he (Kaiming normal) or "
+                    "xavier (Glorot uniform); biases zero", choices=INITS)
+    optimizer: str = opt("adamw", "backprop: a torch.optim optimizer by name (adamw, adam, sgd, ...)")
+    accumulate: int = opt(1, "backprop: micro-batches of batch_size per step, their gradients accumulated")
+    activation_checkpointing: bool = opt(False, "backprop: recompute each block's activations in the backward "
+                                         "pass instead of storing them (torch.utils.checkpoint)")
     dist_timeout: float = opt(300.0, "torchrun: seconds before a collective with a dead or hung process fails")
 
     def resolved(self) -> TrainConfig:
@@ -221,7 +264,7 @@ class TrainConfig:
         choices = model_choices("gym" if self.task.startswith("gym:") else self.task)
         if self.model not in choices:
             raise ValueError(f"unknown model {self.model!r} for task {self.task!r}; expected one of {list(choices)}")
-        for name, low in (("population", 2), ("steps", 1), ("batch_size", 1), ("episodes", 1), ("eval_episodes", 1),
+        for name, low in (("population", 2), ("accumulate", 1), ("steps", 1), ("batch_size", 1), ("episodes", 1), ("eval_episodes", 1),
                           ("seed", 0), ("eval_every", 0), ("checkpoint_every", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}; got {getattr(self, name)}")
@@ -251,6 +294,8 @@ class TrainConfig:
             raise ValueError(f"strategy {self.strategy!r} needs antithetic sampling")
         if self.strategy == "pgpe" and self.sigma_schedule != "constant":
             raise ValueError("strategy 'pgpe' adapts sigma itself; a sigma_schedule does not apply to it")
+        if self.strategy == BACKPROP:
+            self._validate_backprop()
         if self.compile == "on" and self.task not in _torch_env_tasks():
             raise ValueError(f"compile='on' applies to the built-in torch environments {_torch_env_tasks()}; task "
                              f"{self.task!r} runs eagerly (use --compile auto or off)")
@@ -258,6 +303,16 @@ class TrainConfig:
                 isinstance(self.chunk_size, int) and 1 <= self.chunk_size <= self.directions):
             raise ValueError(f"chunk_size must be 'auto' or a number of directions in [1, {self.directions}]; "
                              f"got {self.chunk_size!r}")
+
+    def _validate_backprop(self) -> None:
+        from ..tasks import SUPERVISED
+
+        if self.task not in SUPERVISED:
+            raise ValueError(f"strategy 'backprop' trains supervised tasks {sorted(SUPERVISED)}; task {self.task!r} "
+                             f"has no differentiable loss (use an ES strategy)")
+        from .backprop import optimizer_class
+
+        optimizer_class(self.optimizer)  # names the optimizers when unknown
 
     @property
     def directions(self) -> int:

@@ -66,6 +66,14 @@ class Ranks:
             offset += v.numel()
         return gathered, out
 
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of a tensor over the ranks (alone: the tensor)."""
+        if not self.distributed:
+            return value
+        value = value.clone()
+        dist.all_reduce(value)
+        return value / self.world
+
     def barrier(self) -> None:
         """Wait for every rank (alone: return)."""
         if self.distributed:

@@ -20,11 +20,14 @@ from .. import __version__
 from ..model import PerturbedModel, convert
 from ..strategies import STRATEGIES, Schedule, Strategy
 from ..tasks import make_task
-from ..tasks.protocol import check_task
+from ..tasks.protocol import check_differentiable, check_task
 from . import rundir
+from .activations import checkpoint_blocks
+from .backprop import Backprop, BackpropStep
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
-from .config import TrainConfig, compiles
+from .config import BACKPROP, TrainConfig, compiles
 from .distributed import Ranks, init_from_environment, shutdown
+from .initialization import init_weights
 from .loggers import make_loggers
 from .metrics import MetricsLog, plot_curve
 from .population import PopulationStep
@@ -57,15 +60,42 @@ def strategy_options(cfg: TrainConfig) -> dict:
     return {arg: getattr(cfg, name) for name, arg in STRATEGIES[cfg.strategy].config_options.items()}
 
 
-def build(cfg: TrainConfig, device: torch.device):
-    """Task, plain model (converted to the perturbed kind), PerturbedModel and strategy of a resolved config."""
-    normalize = STRATEGIES[cfg.strategy].uses_observation_statistics(**strategy_options(cfg))
+def make_backprop(cfg: TrainConfig, task, model: torch.nn.Module, ranks: Ranks | None = None) -> Backprop:
+    """The optimizer side of a backprop run: activation checkpointing when asked, DistributedDataParallel
+    under torchrun, the config's optimizer and lr schedule."""
+    if cfg.activation_checkpointing:
+        checkpoint_blocks(model)
+    module = model
+    if ranks is not None and ranks.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        module = DistributedDataParallel(model, device_ids=[model_device(model)] if task.device.type == "cuda"
+                                         else None)
+    schedule = None if cfg.lr_schedule == "constant" else Schedule(cfg.lr_schedule, cfg.lr_final, cfg.steps)
+    return Backprop(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, lr_schedule=schedule,
+                    module=module)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None):
+    """Task, model, PerturbedModel and strategy of a resolved config.
+
+    An ES run's model is converted to the perturbed kind. A backprop run's stays plain, its PerturbedModel is
+    None and its strategy a :class:`~nesgpu.train.backprop.Backprop`, which under torchrun (``ranks``)
+    calls the model through DistributedDataParallel."""
+    backprop = cfg.strategy == BACKPROP
+    normalize = backprop or STRATEGIES[cfg.strategy].uses_observation_statistics(**strategy_options(cfg))
     task = check_task(make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size,
                                 episodes=cfg.episodes, eval_episodes=cfg.eval_episodes, vector_mode=cfg.vector_mode,
                                 normalize_observations=normalize, compile=compiles(cfg)))
     with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the caller's RNG alone
         torch.manual_seed(cfg.seed)
-        model = task.make_model(cfg.hidden, model=cfg.model)
+        model = init_weights(task.make_model(cfg.hidden, model=cfg.model), cfg.init)
+    if backprop:
+        return task, model.to(device), None, make_backprop(cfg, check_differentiable(task), model.to(device), ranks)
     model = convert(model, cfg.layer, **cfg.layer_options).to(device)
     pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
     return task, model, pm, make_strategy(cfg, pm)
@@ -181,7 +211,7 @@ def _check_finite(model, strategy, step: int, last_good: int | None) -> None:
 def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resume: bool, log,
            stop_requested=lambda: False, callback=None, overwrite: bool = False) -> dict:
     main = ranks.is_main
-    task, model, pm, strategy = build(cfg, device)
+    task, model, pm, strategy = build(cfg, device, ranks)
     loggers = make_loggers(None if cfg.log is None else cfg.log.split(","), out) if main else []
     if main:  # only now that the new run is built: a mistyped option must not cost the old run
         rundir.clear(out, overwrite and not resume)
@@ -208,7 +238,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
         elapsed, env_steps = float(state["seconds"]), int(state["env_steps"])
         last_checkpoint = strategy.step
         old = state["config"]
-        if old.get("sigma") != cfg.sigma:  # an explicit new sigma replaces the run's current one
+        if pm is not None and old.get("sigma") != cfg.sigma:  # an explicit new sigma replaces the run's current one
             pm.sigma = strategy.sigma0 = cfg.sigma
         if old.get("lr") != cfg.lr:
             strategy.set_lr(cfg.lr)
@@ -219,7 +249,8 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
         log(f"resuming {out} at step {strategy.step} of {cfg.steps}"
             + (f"; from step {strategy.step + 1}: {'; '.join(changed)}" if changed else "")
             + (f" (at that step {', '.join(jumps)})" if jumps else ""))
-    population = PopulationStep(task, pm, strategy, ranks, cfg.chunk_size, cfg.precision, log)
+    population = (BackpropStep(task, strategy, ranks, cfg.precision, cfg.accumulate) if pm is None
+                  else PopulationStep(task, pm, strategy, ranks, cfg.chunk_size, cfg.precision, log))
     if main:
         write_json(out / "config.json", json.loads(cfg.to_json()))
     metrics = MetricsLog(out, resume_step=strategy.step if resume else 0, loggers=loggers,
@@ -241,6 +272,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             last_checkpoint = step
 
         bar = _progress(cfg.steps, strategy.step) if main else None
+        shown = ("fitness_mean" if pm is not None else "train_loss", task.metric)  # in the progress line
         last_line = time.perf_counter()
         start = time.perf_counter() - elapsed
         try:
@@ -263,11 +295,11 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
                 metrics.write(row)
                 if bar is not None and not bar.disable:
                     bar.update(1)
-                    bar.set_postfix({k: f"{row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row})
+                    bar.set_postfix({k: f"{row[k]:.4g}" for k in shown if k in row})
                 elif cfg.progress_every and time.perf_counter() - last_line >= cfg.progress_every:
                     last_line = time.perf_counter()  # no terminal (a log file, a job queue): a plain line now and then
                     log(f"step {step}/{cfg.steps}  {elapsed:.0f} s  " + "  ".join(
-                        f"{k} {row[k]:.4g}" for k in ("fitness_mean", task.metric) if k in row))
+                        f"{k} {row[k]:.4g}" for k in shown if k in row))
                 if step % checkpoint_every == 0 or step == cfg.steps or reached:
                     checkpoint(step)
                 if reached:
@@ -282,10 +314,13 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
         finally:
             if bar is not None:
                 bar.close()
-        pm.free_memory()
+        if pm is not None:
+            pm.free_memory()
+        es = pm is not None  # a backprop run has no population, noise or layer kind
         summary = {"task": cfg.task, "metric": task.metric, "value": None, "steps": strategy.step,
-                   "seconds": round(elapsed, 3), "env_steps": env_steps, "strategy": cfg.strategy, "layer": cfg.layer,
-                   "population": cfg.population, "sigma": pm.sigma, "lr": cfg.lr, "seed": cfg.seed,
+                   "seconds": round(elapsed, 3), "env_steps": env_steps, "strategy": cfg.strategy,
+                   "layer": cfg.layer if es else None, "population": cfg.population if es else None,
+                   "sigma": pm.sigma if es else None, "lr": cfg.lr, "seed": cfg.seed,
                    "device": str(device), "processes": ranks.world, "chunk_size": population.chunk,
                    "precision": cfg.precision}
         if not main:

@@ -1,0 +1,177 @@
+"""The gradient baseline: the same model, task, data and run files as an ES run, trained by autograd.
+
+``--strategy backprop`` swaps the ES step for :class:`BackpropStep`: every step draws the task's minibatch
+(micro-batch i of step t is the task's batch of "step" (t - 1) * accumulate + i + 1, so with one micro-batch
+it is exactly the batch the ES run sees at step t), runs forward and backward under optional autocast, and
+steps a torch optimizer (AdamW by default). :class:`Backprop` holds the optimizer, the step counter and the
+lr schedule, shaped like an ES strategy for the trainer (``step``, ``optimizer``, ``state_dict``).
+
+The efficient-training techniques that belong to gradient training:
+
+- mixed precision: ``precision`` bf16 or fp16 under ``torch.autocast``; fp16 with ``torch.amp.GradScaler``
+  (its state is part of the checkpoint);
+- gradient accumulation: ``accumulate`` micro-batches per optimizer step, each ``batch_size`` samples;
+- activation checkpointing (:func:`nesgpu.train.activations.checkpoint_blocks`);
+- under torchrun: DistributedDataParallel, each process a slice of every micro-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from ..strategies import Schedule
+from .distributed import Ranks
+
+# torch.optim's optimizers by lower-case name, less those a plain step cannot drive: LBFGS needs a closure,
+# SparseAdam sparse gradients, Muon 2-D parameters only
+_UNSUITED = ("lbfgs", "sparseadam", "muon")
+_OPTIMIZERS = {name.lower(): cls for name, cls in vars(torch.optim).items()
+               if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer
+               and name.lower() not in _UNSUITED}
+
+
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """A torch.optim optimizer class by its name, in any case ("adamw", "SGD")."""
+    if not isinstance(name, str) or name.lower() not in _OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of torch.optim's {sorted(_OPTIMIZERS)}; got {name!r}")
+    return _OPTIMIZERS[name.lower()]
+
+
+class Backprop:
+    """Optimizer, step counter and lr schedule of a backprop run.
+
+    Args:
+        model: the plain model, whose parameters train.
+        optimizer: a torch.optim name (see :func:`optimizer_class`).
+        lr, weight_decay: the optimizer's step size and weight decay (its own decoupled or L2 form).
+        lr_schedule: the factor of lr per step (None: constant).
+        module: what a step calls (the DistributedDataParallel wrapper of ``model`` under torchrun; default
+            ``model``).
+    """
+
+    name = "backprop"
+
+    def __init__(self, model: nn.Module, optimizer: str = "adamw", lr: float = 1e-3, weight_decay: float = 0.01,
+                 lr_schedule: Schedule | None = None, module: nn.Module | None = None):
+        cls = optimizer_class(optimizer)
+        self.module = model if module is None else module
+        try:
+            self.optimizer = cls(model.parameters(), lr=lr, weight_decay=weight_decay)
+        except TypeError as e:  # an optimizer without weight decay
+            raise ValueError(f"optimizer {optimizer!r} does not take weight_decay ({e})") from e
+        self.lr_schedule = lr_schedule
+        self.base_lrs = [lr] * len(self.optimizer.param_groups)
+        self.step = 0  # completed optimizer steps
+        self.scaler: torch.amp.GradScaler | None = None  # set by BackpropStep for fp16
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def apply_schedule(self) -> None:
+        """Set every group's lr for the coming step: its base lr times the schedule's factor."""
+        factor = 1.0 if self.lr_schedule is None else self.lr_schedule(self.step)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * factor
+
+    def set_lr(self, lr: float) -> None:
+        """A new base step size from the current step on (the schedule keeps scaling it)."""
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+            raise ValueError(f"lr must be a positive number; got {lr!r}")
+        ratio = lr / self.base_lrs[0]
+        self.base_lrs = [base * ratio for base in self.base_lrs]
+        self.apply_schedule()
+
+    def state_dict(self) -> dict:
+        """Step, base lrs, the optimizer's state and the fp16 gradient scaler's (the schedule is not stored)."""
+        state = {"step": self.step, "lr": list(self.base_lrs), "optimizer": self.optimizer.state_dict()}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if "optimizer" not in state or "step" not in state:
+            raise ValueError("not a backprop checkpoint (no optimizer state); it was written by an ES run")
+        self.step = int(state["step"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.base_lrs = [float(b) for b in state["lr"]]
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+        self.apply_schedule()
+
+
+class BackpropStep:
+    """One optimizer step of a supervised task: what :class:`~nesgpu.train.population.PopulationStep` is to
+    an ES run.
+
+    Args:
+        task: a supervised task with ``batch(step)`` and ``loss(model, x, y)`` (the mean loss).
+        backprop: the optimizer side, with the module to call.
+        ranks: the processes; each takes its slice of every micro-batch (batch_size must divide evenly).
+        precision: "fp32", "bf16" or "fp16" (autocast; fp16 with a GradScaler).
+        accumulate: micro-batches per step.
+    """
+
+    chunk = None  # the trainer's summary reports the ES chunk size; none here
+
+    def __init__(self, task, backprop: Backprop, ranks: Ranks, precision: str = "fp32",
+                 accumulate: int = 1):
+        from .config import PRECISIONS
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}")
+        if accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1; got {accumulate}")
+        if task.batch_size % ranks.world:
+            raise ValueError(f"batch_size {task.batch_size} does not split evenly over {ranks.world} processes; "
+                             f"expected a multiple of {ranks.world}")
+        self.task, self.model, self.backprop, self.ranks = task, backprop.module, backprop, ranks
+        self.accumulate = accumulate
+        self.device = task.device
+        self.dtype = None if PRECISIONS[precision] is None else getattr(torch, PRECISIONS[precision])
+        if precision == "fp16":
+            backprop.scaler = torch.amp.GradScaler(self.device.type)
+
+    def _autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def _local(self, t: torch.Tensor) -> torch.Tensor:
+        """This process's contiguous slice of a micro-batch."""
+        if self.ranks.world == 1:
+            return t
+        size = t.shape[0] // self.ranks.world
+        return t[self.ranks.rank * size:(self.ranks.rank + 1) * size]
+
+    def run(self) -> dict:
+        """Forward, backward and the optimizer step; returns the step's statistics (one host read)."""
+        bp = self.backprop
+        step = bp.step + 1
+        bp.apply_schedule()
+        bp.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for i in range(self.accumulate):
+            x, y = self.task.batch((step - 1) * self.accumulate + i + 1)
+            last = i == self.accumulate - 1
+            # DDP: gradients are exchanged once, after the last micro-batch
+            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            with sync:
+                with self._autocast():
+                    loss = self.task.loss(self.model, self._local(x), self._local(y)) / self.accumulate
+                (loss if bp.scaler is None else bp.scaler.scale(loss)).backward()
+            total += loss.detach().float()
+        if bp.scaler is None:
+            bp.optimizer.step()
+        else:
+            bp.scaler.step(bp.optimizer)
+            bp.scaler.update()
+        bp.step = step
+        total = self.ranks.mean(total)  # the mean loss over the processes, as logged
+        loss_value = float(total)  # the step's one read
+        if loss_value != loss_value or loss_value in (float("inf"), float("-inf")):
+            raise ValueError(f"step {step}: the training loss is not finite ({loss_value}); lower --lr")
+        return {"train_loss": loss_value, "lr": bp.lr}
