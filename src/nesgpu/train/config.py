@@ -216,6 +216,10 @@ class TrainConfig:
     lr_schedule: str | None = opt(help="lr over the steps", choices=SCHEDULES, per_task=True)
     lr_final: float | None = opt(help="lr factor at the last step", per_task=True)
     eval_every: int = opt(0, "steps between evaluations (0: a tenth of the run)")
+    eval_seconds: float = opt(0.0, "also evaluate once this many seconds have passed since the last evaluation "
+                              "(0: by steps only)")
+    time_budget: float | None = opt(help="stop once training has run this many seconds (the run ends as a "
+                                    "finished one, at that step)")
     log: str | None = opt(help="experiment trackers, comma-separated: tensorboard, wandb, mlflow; none for no "
                           "tracker (default: tensorboard when installed)")
     progress_every: float = opt(30.0, "seconds between progress lines when stderr is no terminal (0: none)")
@@ -271,7 +275,9 @@ class TrainConfig:
         for name in ("sigma", "lr", "dist_timeout"):
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a positive finite number; got {getattr(self, name)}")
-        for name in ("sigma_final", "lr_final", "weight_decay", "progress_every"):
+        if self.time_budget is not None and not 0 < self.time_budget < math.inf:
+            raise ValueError(f"time_budget must be a positive finite number of seconds; got {self.time_budget}")
+        for name in ("sigma_final", "lr_final", "weight_decay", "progress_every", "eval_seconds"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0; got {getattr(self, name)}")
         if self.target is not None and not math.isfinite(self.target):

@@ -261,6 +261,8 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
         if target is not None and ranks.distributed:  # only rank 0 evaluates: the ranks could not stop together
             log(f"the target {target} is not used under torchrun: the run goes to --steps {cfg.steps}")
             target = None
+        if cfg.time_budget is not None and ranks.distributed:
+            raise ValueError("time_budget cannot stop a torchrun job (the ranks would not stop together); use --steps")
         checkpoint_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
 
         def checkpoint(step):
@@ -275,6 +277,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
         shown = ("fitness_mean" if pm is not None else "train_loss", task.metric)  # in the progress line
         last_line = time.perf_counter()
         start = time.perf_counter() - elapsed
+        last_eval = elapsed
         try:
             while strategy.step < cfg.steps:
                 step = strategy.step + 1
@@ -284,14 +287,20 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
                 if not main:
                     continue
                 row = {"step": step, "seconds": elapsed, "env_steps": env_steps, **stats}
-                reached = False
-                if step % eval_every == 0 or step == cfg.steps:
+                stop = None  # why the run ends at this step, if it does
+                out_of_time = cfg.time_budget is not None and elapsed >= cfg.time_budget
+                if (step % eval_every == 0 or step == cfg.steps or out_of_time
+                        or (cfg.eval_seconds and elapsed - last_eval >= cfg.eval_seconds)):
                     row[task.metric] = task.evaluate(model)
-                    reached = target is not None and row[task.metric] >= target
+                    last_eval = elapsed
+                    if target is not None and row[task.metric] >= target:
+                        stop = f"{task.metric} {row[task.metric]:.4g} reached the target {target:.4g} at step {step}"
                 if callback is not None and bool(callback(step, dict(row))):
                     if ranks.distributed:
                         raise ValueError("a callback cannot stop a torchrun job: the ranks would not stop together")
-                    reached = True
+                    stop = stop or f"the callback stopped the run at step {step}"
+                if out_of_time and step < cfg.steps:
+                    stop = stop or f"the time budget of {cfg.time_budget:g} s ran out at step {step}"
                 metrics.write(row)
                 if bar is not None and not bar.disable:
                     bar.update(1)
@@ -300,12 +309,10 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
                     last_line = time.perf_counter()  # no terminal (a log file, a job queue): a plain line now and then
                     log(f"step {step}/{cfg.steps}  {elapsed:.0f} s  " + "  ".join(
                         f"{k} {row[k]:.4g}" for k in shown if k in row))
-                if step % checkpoint_every == 0 or step == cfg.steps or reached:
+                if step % checkpoint_every == 0 or step == cfg.steps or stop:
                     checkpoint(step)
-                if reached:
-                    log(f"{task.metric} {row[task.metric]:.4g} reached the target {target:.4g} at step {step}"
-                        if task.metric in row and target is not None and row[task.metric] >= target
-                        else f"the callback stopped the run at step {step}")
+                if stop:
+                    log(stop)
                     break
                 if stop_requested() and step < cfg.steps:
                     if last_checkpoint != step:

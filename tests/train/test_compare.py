@@ -1,0 +1,62 @@
+"""nesgpu compare and the time budget it relies on."""
+
+import csv
+
+import pytest
+
+from nesgpu.train import TrainConfig
+from nesgpu.train.compare import compare, run_configs
+from nesgpu.train.trainer import train
+
+QUIET = dict(log=lambda *a, **k: None)
+
+
+def test_time_budget_stops_a_run_and_evaluates_by_seconds(tmp_path):
+    cfg = TrainConfig(task="digits", strategy="backprop", hidden=(8,), steps=10_000_000, time_budget=1.0,
+                      eval_every=10_000_000, eval_seconds=0.25, out=str(tmp_path / "r"), log="none")
+    summary = train(cfg, **QUIET)
+    assert 1.0 <= summary["seconds"] < 3.0 and 1 < summary["steps"] < 10_000_000
+    with open(tmp_path / "r" / "metrics.csv") as f:
+        evaluated = [float(r["seconds"]) for r in csv.DictReader(f) if r.get("test_accuracy")]
+    assert 3 <= len(evaluated) <= 6  # every quarter second, and at the end
+    assert (tmp_path / "r" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf")])
+def test_time_budget_must_be_positive_and_finite(value):
+    with pytest.raises(ValueError, match="time_budget must be"):
+        TrainConfig(task="digits", time_budget=value).resolved()
+
+
+def test_compare_writes_table_plot_and_runs(tmp_path):
+    result = compare("digits", budget=1.5, seeds=[0, 1], out=tmp_path / "c", shared={"hidden": (8,)},
+                     es={"population": 32}, evals=3, **QUIET)
+    runs = result["runs"]
+    assert [(r["strategy"], r["seed"]) for r in runs] == [("openai_es", 0), ("backprop", 0), ("openai_es", 1),
+                                                            ("backprop", 1)]
+    for r in runs:
+        assert r["seconds"] >= 1.5 and r["curve"] and r["curve"][-1][2] == pytest.approx(r["value"])
+    table = (tmp_path / "c" / "compare.md").read_text()
+    assert "| openai_es | 2 |" in table and "| backprop | 2 |" in table
+    assert (tmp_path / "c" / "compare.png").stat().st_size > 0
+    assert (tmp_path / "c" / "backprop-seed1" / "model.safetensors").exists()
+    # the same model on both sides: the ES run's model is the perturbed conversion of the same initial weights
+    es_cfg = TrainConfig.from_dict(__import__("json").loads((tmp_path / "c" / "openai_es-seed0" / "config.json")
+                                                            .read_text()))
+    assert es_cfg.hidden == (8,) and es_cfg.seed == 0
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(task="cartpole"), "supervised tasks"),
+    (dict(budget=0), "budget must be"),
+    (dict(seeds=[0, 0]), "seeds must be distinct"),
+    (dict(es={"seed": 3}), "compare sets itself"),
+    (dict(backprop={"time_budget": 3}), "compare sets itself"),
+    (dict(es={"strategy": "backprop"}), "expected an ES strategy"),
+    (dict(backprop={"sigma": 0.2}), "applies to the ES strategies"),
+])
+def test_compare_bad_input_fails_before_any_run(tmp_path, kw, message):
+    args = dict(task="digits", budget=1.0, seeds=[0], out=tmp_path / "c")
+    args.update(kw)
+    with pytest.raises(ValueError, match=message):
+        run_configs(**args)
