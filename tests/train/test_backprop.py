@@ -189,3 +189,43 @@ def test_ddp_refuses_a_batch_that_does_not_split():
     cfg, task, model, bp = built(batch_size=15)
     with pytest.raises(ValueError, match="does not split evenly"):
         BackpropStep(task, bp, Ranks(rank=0, world=2))
+
+
+def torchrun(args, out, env):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           f"--master_port={free_port()}", "-m", "nesgpu", *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_fsdp2_shard_matches_one_process_and_resumes_exactly(tmp_path):
+    args = ["train", "--task", "digits", "--strategy", "backprop", "--hidden", "16", "--batch-size", "16",
+            "--device", "cpu", "--accumulate", "2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    sharded = torchrun([*args, "--steps", "6", "--shard"], tmp_path / "sharded", env)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    one = subprocess.run([sys.executable, "-m", "nesgpu", *args, "--steps", "6", "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert one.returncode == 0, one.stderr[-3000:]
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "sharded" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    # stopped at step 3 and resumed (the full optimizer state goes back into the shards)
+    first = torchrun([*args, "--steps", "3", "--shard"], tmp_path / "resumed", env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                              f"--master_port={free_port()}", "-m", "nesgpu", "train", "--resume",
+                              str(tmp_path / "resumed"), "--steps", "6"], capture_output=True, text=True,
+                             timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    c = load_file(tmp_path / "resumed" / "model.safetensors")
+    for k in b:
+        assert torch.equal(b[k], c[k]), k
+
+
+def test_shard_alone_warns_and_trains_unsharded(tmp_path):
+    with pytest.warns(UserWarning, match="--shard applies to torchrun jobs"):
+        summary = train(config(shard=True, out=str(tmp_path / "r")), log=lambda *a, **k: None)
+    assert summary["steps"] == 5
+    with pytest.raises(ValueError, match="shard: True -> False"):
+        train(config(steps=8, out=str(tmp_path / "r")), resume=True, log=lambda *a, **k: None)

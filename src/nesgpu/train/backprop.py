@@ -12,12 +12,16 @@ The efficient-training techniques that belong to gradient training:
   (its state is part of the checkpoint);
 - gradient accumulation: ``accumulate`` micro-batches per optimizer step, each ``batch_size`` samples;
 - activation checkpointing (:func:`nesgpu.train.activations.checkpoint_blocks`);
-- under torchrun: DistributedDataParallel, each process a slice of every micro-batch.
+- under torchrun: DistributedDataParallel, each process a slice of every micro-batch; or with ``shard``,
+  FSDP2's ``fully_shard`` (ZeRO-3: parameters, gradients and optimizer state split over the processes), for
+  models whose training state does not fit one device. A plain copy of the model on rank 0 is refreshed
+  from the shards (a collective of every rank) at the steps that evaluate or checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 from torch import nn
@@ -50,14 +54,19 @@ class Backprop:
         lr_schedule: the factor of lr per step (None: constant).
         module: what a step calls (the DistributedDataParallel wrapper of ``model`` under torchrun; default
             ``model``).
+        plain: under sharding, the unsharded copy that rank 0 evaluates and saves (see :meth:`sync`).
     """
 
     name = "backprop"
 
     def __init__(self, model: nn.Module, optimizer: str = "adamw", lr: float = 1e-3, weight_decay: float = 0.01,
-                 lr_schedule: Schedule | None = None, module: nn.Module | None = None):
+                 lr_schedule: Schedule | None = None, module: nn.Module | None = None,
+                 plain: nn.Module | None = None):
         cls = optimizer_class(optimizer)
         self.module = model if module is None else module
+        self.sharded = plain is not None
+        self.plain = model if plain is None else plain  # what is evaluated and saved
+        self._full_optimizer_state: dict | None = None  # under sharding: gathered by sync
         try:
             self.optimizer = cls(model.parameters(), lr=lr, weight_decay=weight_decay)
         except TypeError as e:  # an optimizer without weight decay
@@ -85,9 +94,28 @@ class Backprop:
         self.base_lrs = [base * ratio for base in self.base_lrs]
         self.apply_schedule()
 
+    def sync(self) -> None:
+        """Under sharding, gather the full weights into :attr:`plain` and the full optimizer state, on rank 0:
+        a collective that every rank calls at the same step. Unsharded: nothing to do."""
+        if not self.sharded:
+            return
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 holds it, on the host
+        weights = get_model_state_dict(self.module, options=options)
+        self._full_optimizer_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+        if weights:  # rank 0
+            self.plain.load_state_dict(weights)
+
     def state_dict(self) -> dict:
-        """Step, base lrs, the optimizer's state and the fp16 gradient scaler's (the schedule is not stored)."""
-        state = {"step": self.step, "lr": list(self.base_lrs), "optimizer": self.optimizer.state_dict()}
+        """Step, base lrs, the optimizer's state and the fp16 gradient scaler's (the schedule is not stored).
+        Under sharding the optimizer state is the full one of the last :meth:`sync` (keyed by parameter
+        name)."""
+        optimizer = self._full_optimizer_state if self.sharded else self.optimizer.state_dict()
+        if optimizer is None:
+            raise RuntimeError("a sharded Backprop's state needs a sync() first")
+        state = {"step": self.step, "lr": list(self.base_lrs), "optimizer": optimizer}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         return state
@@ -96,11 +124,46 @@ class Backprop:
         if "optimizer" not in state or "step" not in state:
             raise ValueError("not a backprop checkpoint (no optimizer state); it was written by an ES run")
         self.step = int(state["step"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:  # every rank read the checkpoint: each keeps its own shards of it
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                                 set_optimizer_state_dict)
+
+            options = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(self.module, self.plain.state_dict(), options=options)
+            set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"], options=options)
+            self._full_optimizer_state = state["optimizer"]
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.base_lrs = [float(b) for b in state["lr"]]
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         self.apply_schedule()
+
+
+def shard_model(model: nn.Module) -> nn.Module:
+    """FSDP2 (``fully_shard``) on every layer with parameters of its own and every transformer layer, then on
+    the root: each unit's parameters are gathered for its forward and backward only. In place; returns
+    ``model``."""
+    from torch.distributed.fsdp import fully_shard
+
+    units = [m for m in model.modules() if m is not model and (
+        isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
+        or (any(True for _ in m.parameters(recurse=False)) and not _inside(model, m)))]
+    for unit in units:
+        fully_shard(unit)
+    fully_shard(model)
+    return model
+
+
+def _inside(model: nn.Module, target: nn.Module) -> bool:
+    """Whether ``target`` lies inside a transformer layer (sharded as one unit)."""
+    return any(target is not layer and any(m is target for m in layer.modules()) for layer in model.modules()
+               if isinstance(layer, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)))
+
+
+def unsharded_copy(model: nn.Module) -> nn.Module:
+    """A plain deep copy of a model that is about to be sharded."""
+    return copy.deepcopy(model)
 
 
 class BackpropStep:

@@ -46,7 +46,7 @@ STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
 # the options of ES runs only, and of backprop runs only (each an error, when set, under the other)
 ES_ONLY = ("population", "sigma", "layer", "layer_options", "antithetic", "shaping", "sigma_schedule", "sigma_final",
            "chunk_size", "compile")
-BACKPROP_ONLY = ("optimizer", "accumulate", "activation_checkpointing")
+BACKPROP_ONLY = ("optimizer", "accumulate", "activation_checkpointing", "shard")
 # what neither the task nor its model sets
 GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0,
                        weight_decay=0.0)
@@ -239,6 +239,8 @@ class TrainConfig:
     accumulate: int = opt(1, "backprop: micro-batches of batch_size per step, their gradients accumulated")
     activation_checkpointing: bool = opt(False, "backprop: recompute each block's activations in the backward "
                                          "pass instead of storing them (torch.utils.checkpoint)")
+    shard: bool = opt(False, "backprop under torchrun: shard parameters, gradients and optimizer state over the "
+                      "processes (FSDP2 fully_shard, ZeRO-3) instead of replicating them (DDP)")
     dist_timeout: float = opt(300.0, "torchrun: seconds before a collective with a dead or hung process fails")
 
     def resolved(self) -> TrainConfig:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 # options that define a run: changing them would make the checkpoint another run's
 DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "antithetic", "seed", "strategy",
-            "batch_size", "episodes", "shaping", "ars_version", "top_b")
+            "batch_size", "episodes", "shaping", "ars_version", "top_b", "shard")
 # files a run writes (what --overwrite removes)
 RUN_FILES = ("config.json", "summary.json", "metrics.csv", "model.safetensors", "curve.png", "trackers.json")
 RUN_DIRS = ("checkpoint", "checkpoint.prev", "tensorboard", "wandb", "mlruns")

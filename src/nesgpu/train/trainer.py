@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -11,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,7 +25,7 @@ from ..tasks import make_task
 from ..tasks.protocol import check_differentiable, check_task
 from . import rundir
 from .activations import checkpoint_blocks
-from .backprop import Backprop, BackpropStep
+from .backprop import Backprop, BackpropStep, shard_model, unsharded_copy
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
 from .config import BACKPROP, TrainConfig, compiles
 from .distributed import Ranks, init_from_environment, shutdown
@@ -63,17 +65,25 @@ def strategy_options(cfg: TrainConfig) -> dict:
 def make_backprop(cfg: TrainConfig, task, model: torch.nn.Module, ranks: Ranks | None = None) -> Backprop:
     """The optimizer side of a backprop run: activation checkpointing when asked, DistributedDataParallel
     under torchrun, the config's optimizer and lr schedule."""
+    distributed = ranks is not None and ranks.distributed
+    if cfg.shard and not distributed:
+        warnings.warn("--shard applies to torchrun jobs of several processes; this one process trains the whole "
+                      "model", stacklevel=2)
+    sharded = cfg.shard and distributed
+    plain = unsharded_copy(model) if sharded else None  # what rank 0 evaluates and saves
     if cfg.activation_checkpointing:
         checkpoint_blocks(model)
     module = model
-    if ranks is not None and ranks.distributed:
+    if sharded:
+        module = shard_model(model)
+    elif distributed:
         from torch.nn.parallel import DistributedDataParallel
 
         module = DistributedDataParallel(model, device_ids=[model_device(model)] if task.device.type == "cuda"
                                          else None)
     schedule = None if cfg.lr_schedule == "constant" else Schedule(cfg.lr_schedule, cfg.lr_final, cfg.steps)
     return Backprop(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, lr_schedule=schedule,
-                    module=module)
+                    module=module, plain=plain)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -95,7 +105,8 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None):
         torch.manual_seed(cfg.seed)
         model = init_weights(task.make_model(cfg.hidden, model=cfg.model), cfg.init)
     if backprop:
-        return task, model.to(device), None, make_backprop(cfg, check_differentiable(task), model.to(device), ranks)
+        bp = make_backprop(cfg, check_differentiable(task), model.to(device), ranks)
+        return task, bp.plain, None, bp
     model = convert(model, cfg.layer, **cfg.layer_options).to(device)
     pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
     return task, model, pm, make_strategy(cfg, pm)
@@ -175,6 +186,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
         ranks.barrier()  # tear the group down together, once rank 0 has written its files
         return summary
     finally:  # after an error, without the barrier: a dead peer would make it wait for the timeout
+        if ranks.distributed:  # free the run's modules (FSDP's hold the process group in reference cycles)
+            gc.collect()  # before the group goes: freed after it, gloo could abort the process at exit
         shutdown()
 
 
@@ -197,8 +210,8 @@ def _check_finite(model, strategy, step: int, last_good: int | None) -> None:
     """Refuse to save non-finite weights or optimizer state (one host read per checkpoint)."""
     tensors = [(n, p) for n, p in model.named_parameters()]
     tensors += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]  # observation statistics
-    tensors += [(f"optimizer state {k}", v) for st in strategy.optimizer.state.values() for k, v in st.items()
-                if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    tensors += [(f"optimizer state {k}", v) for st in strategy.state_dict()["optimizer"]["state"].values()
+                for k, v in st.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
     finite = torch.stack([torch.isfinite(t).all().to(tensors[0][1].device) for _, t in tensors])
     if bool(finite.all()):  # one host read; the names only when something is wrong
         return
@@ -263,6 +276,9 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
             target = None
         if cfg.time_budget is not None and ranks.distributed:
             raise ValueError("time_budget cannot stop a torchrun job (the ranks would not stop together); use --steps")
+        if cfg.eval_seconds and getattr(strategy, "sharded", False):
+            raise ValueError("eval_seconds cannot time the evaluations of a sharded job (every rank gathers the "
+                             "weights at the same step); use --eval-every")
         checkpoint_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
 
         def checkpoint(step):
@@ -284,6 +300,9 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
                 stats = population.run()  # the step's one read from the device
                 env_steps += int(stats.pop("env_steps", 0))
                 elapsed = time.perf_counter() - start
+                if getattr(strategy, "sharded", False) and (step % eval_every == 0 or step % checkpoint_every == 0
+                                                            or step == cfg.steps):
+                    strategy.sync()  # every rank: rank 0's plain model and optimizer state, for what follows
                 if not main:
                     continue
                 row = {"step": step, "seconds": elapsed, "env_steps": env_steps, **stats}
