@@ -229,3 +229,14 @@ def test_shard_alone_warns_and_trains_unsharded(tmp_path):
     assert summary["steps"] == 5
     with pytest.raises(ValueError, match="shard: True -> False"):
         train(config(steps=8, out=str(tmp_path / "r")), resume=True, log=lambda *a, **k: None)
+
+
+def test_fp16_loss_scale_survives_a_resume():
+    cfg, task, model, bp = built(precision="fp16")
+    BackpropStep(task, bp, Ranks(), precision="fp16").run()
+    bp.scaler.update(new_scale=1024.0)  # as after overflows
+    state = bp.state_dict()
+    _, task2, _, bp2 = built(precision="fp16")
+    bp2.load_state_dict(state)
+    BackpropStep(task2, bp2, Ranks(), precision="fp16")
+    assert bp2.scaler.get_scale() == 1024.0

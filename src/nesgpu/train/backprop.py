@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 
 import torch
 from torch import nn
@@ -75,6 +76,7 @@ class Backprop:
         self.base_lrs = [lr] * len(self.optimizer.param_groups)
         self.step = 0  # completed optimizer steps
         self.scaler: torch.amp.GradScaler | None = None  # set by BackpropStep for fp16
+        self.loaded_scaler: dict | None = None  # a loaded checkpoint's scaler state, for BackpropStep
 
     @property
     def lr(self) -> float:
@@ -135,8 +137,9 @@ class Backprop:
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.base_lrs = [float(b) for b in state["lr"]]
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
+        self.loaded_scaler = state.get("scaler")
+        if self.scaler is not None and self.loaded_scaler is not None:
+            self.scaler.load_state_dict(self.loaded_scaler)
         self.apply_schedule()
 
 
@@ -195,8 +198,12 @@ class BackpropStep:
         self.accumulate = accumulate
         self.device = task.device
         self.dtype = None if PRECISIONS[precision] is None else getattr(torch, PRECISIONS[precision])
-        if precision == "fp16":
+        if precision != "fp16":
+            backprop.scaler = None
+        elif backprop.scaler is None:  # a resumed fp16 run continues with its saved loss scale
             backprop.scaler = torch.amp.GradScaler(self.device.type)
+            if backprop.loaded_scaler is not None:
+                backprop.scaler.load_state_dict(backprop.loaded_scaler)
 
     def _autocast(self):
         if self.dtype is None:
@@ -235,6 +242,6 @@ class BackpropStep:
         bp.step = step
         total = self.ranks.mean(total)  # the mean loss over the processes, as logged
         loss_value = float(total)  # the step's one read
-        if loss_value != loss_value or loss_value in (float("inf"), float("-inf")):
+        if not math.isfinite(loss_value):
             raise ValueError(f"step {step}: the training loss is not finite ({loss_value}); lower --lr")
         return {"train_loss": loss_value, "lr": bp.lr}
