@@ -3,6 +3,8 @@
     nesgpu train [options]            train with ES (no options: digits, low-rank MLP)
     nesgpu eval DIR                   evaluate a finished run
     nesgpu play DIR [--video F.mp4]   run a trained RL policy for a few episodes, optionally filmed
+    nesgpu tune --trials N --out DIR  Bayesian search (Optuna) over train options; takes every train option
+    nesgpu compare [--budget S]       ES and backprop side by side under one wall-clock budget
     nesgpu bench layers [options]     forward-pass benchmark of the perturbed layers
     nesgpu bench modules [options]    the same for attention, embedding, norms, recurrent layers, fallback
 
@@ -24,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import layers as bench_layers
     from .bench import modules as bench_modules
     from .train.cli import add_eval_parser, add_train_parser
+    from .train.compare import add_compare_parser
     from .train.play import add_play_parser
+    from .tune import cli as tune_cli
 
     parser = argparse.ArgumentParser(prog="nesgpu", description="Evolution strategies for PyTorch.")
     parser.add_argument("--version", action="version", version=f"nesgpu {__version__}")
@@ -33,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(commands)
     add_eval_parser(commands)
     add_play_parser(commands)
+    tune_cli.add_parser(commands)
+    add_compare_parser(commands)
     bench = commands.add_parser("bench", help="benchmarks", description="Benchmarks.")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     bench_layers.add_parser(benchmarks)

@@ -49,6 +49,11 @@ def test_every_readme_train_command_resolves(tmp_path, monkeypatch, capsys):
             args = args[:args.index(">")]
         if "--resume" in args:  # needs a finished run; the resume tests cover it
             continue
+        if "--config" in args and args[args.index("--config") + 1].endswith("best.yaml"):  # a tune's output
+            best = tmp_path / args[args.index("--config") + 1]
+            best.parent.mkdir(parents=True, exist_ok=True)
+            assert main(["train", "--task", "digits", "--print-config"]) == 0
+            best.write_text(capsys.readouterr().out)
         if any(a.startswith("gym:") and "Cheetah" in a for a in args):
             pytest.importorskip("mujoco")
         assert main([*args, "--print-config"]) == 0, line

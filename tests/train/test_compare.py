@@ -60,3 +60,23 @@ def test_compare_bad_input_fails_before_any_run(tmp_path, kw, message):
     args.update(kw)
     with pytest.raises(ValueError, match=message):
         run_configs(**args)
+
+
+def test_compare_cli_bad_input_is_one_line(tmp_path, capsys):
+    from nesgpu.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--task", "cartpole", "--out", str(tmp_path / "c")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "supervised tasks" in err[0]
+    assert not (tmp_path / "c").exists()
+
+
+def test_compare_refuses_the_runs_of_an_earlier_compare(tmp_path):
+    compare("digits", budget=0.3, seeds=[0], out=tmp_path / "c", shared={"hidden": (4,)}, es={"population": 8},
+            evals=1, **QUIET)
+    with pytest.raises(ValueError, match="pass --overwrite"):
+        compare("digits", budget=0.3, seeds=[0], out=tmp_path / "c", **QUIET)
+    compare("digits", budget=0.3, seeds=[0], out=tmp_path / "c", shared={"hidden": (4,)}, es={"population": 8},
+            evals=1, overwrite=True, **QUIET)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from .config import BACKPROP, TrainConfig
+from .rundir import is_run_directory
 
 # what compare sets in every run; a strategy's config file may not
 _SET_BY_COMPARE = ("task", "seed", "out", "time_budget", "eval_every", "eval_seconds", "steps", "strategy")
@@ -77,6 +78,10 @@ def compare(task: str = "digits", budget: float = 60.0, seeds: list[int] = (0,),
 
     out = Path(out)
     configs = run_configs(task, budget, list(seeds), out, shared, es, backprop, evals)
+    taken = [cfg.out for cfg in configs if is_run_directory(Path(cfg.out))]
+    if taken and not overwrite:
+        raise ValueError(f"{out} holds the runs of an earlier compare ({', '.join(taken)}); pass --overwrite to "
+                         f"replace them, or choose another --out")
     log = log or (lambda *a, **k: print(*a, file=sys.stderr, **k))
     runs = []
     for cfg in configs:

@@ -1,0 +1,173 @@
+"""Where a study lives: ``DIR/study.db`` (SQLite), a lock file for the moments processes must take turns, the
+heartbeat of a running trial, and the check that a resumed study is the same study.
+
+- Several ``nesgpu tune`` processes may share one DIR. They take turns (``DIR/.tune.lock``, an exclusive
+  ``flock``) to open the database, to count the trials and to start a new one, so that the number of
+  trials is capped exactly and the database tables are created once.
+- A running trial's process records a heartbeat every ``heartbeat`` seconds; a trial whose heartbeat is
+  older than three beats (its process was killed) is marked failed by the next process that starts a trial
+  (:func:`optuna.storages.fail_stale_trials`), so it does not hold a place forever.
+- The study keeps its base config and search space as user attributes; another base config or space in the
+  same DIR is refused, so that its trials stay comparable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import warnings
+from pathlib import Path
+
+import optuna
+
+DB = "study.db"
+LOCK = ".tune.lock"
+# options of the base config that do not change what a trial computes: they may differ between the
+# processes (and the sessions) of one study
+RUN_ONLY = ("out", "device", "progress_every", "log", "chunk_size", "dist_timeout")
+IDENTITY = ("base_config", "space")  # user attributes that must match to continue a study
+SETTINGS = ("sampler", "pruner")  # user attributes that may differ (with a warning)
+
+
+@contextlib.contextmanager
+def locked(out: Path):
+    """Hold ``out/.tune.lock`` exclusively (POSIX ``flock``; elsewhere no lock, and processes sharing a DIR may
+    run a trial or two beyond the cap)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(out / LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_storage(out: Path, heartbeat: int, on_stale=None) -> optuna.storages.RDBStorage:
+    """The SQLite storage ``out/study.db`` with trial heartbeats every ``heartbeat`` seconds; a trial is stale
+    after three missed beats, and ``on_stale(study, frozen_trial)`` is called for each stale trial this process
+    marks failed. SQLite waits up to a minute for another process's write."""
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(f"sqlite:///{(out / DB).resolve()}",
+                                          engine_kwargs={"connect_args": {"timeout": 60}},
+                                          heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
+                                          heartbeat_stale_trial_callback=on_stale)
+
+
+def load_study(storage, out: Path, name: str | None, attrs: dict, sampler, pruner) -> optuna.Study:
+    """The study of ``out`` (created if there is none): one study per directory, as its trials' run
+    directories are ``out/trials/NNNN``.
+
+    Args:
+        storage: from :func:`open_storage`.
+        out: the tune directory.
+        name: the study's name; None: the one study in the database, or the directory's name.
+        attrs: the user attributes that define the study (:data:`IDENTITY`) and how it samples
+            (:data:`SETTINGS`); a new study stores them, an existing one must have the same identity.
+        sampler, pruner: the Optuna sampler and pruner of this process.
+
+    Raises:
+        ValueError: another study in the database, or a study with another base config or space.
+    """
+    names = optuna.get_all_study_names(storage)
+    if names and name not in (None, names[0]):
+        raise ValueError(f"{out / DB} holds study {names[0]!r}, not {name!r}; a directory holds one study: drop "
+                         f"--study-name or choose another --out")
+    name = names[0] if names else (name or out.resolve().name)
+    study = optuna.create_study(storage=storage, study_name=name, direction="maximize", sampler=sampler,
+                                pruner=pruner, load_if_exists=True)
+    if not study.user_attrs:
+        _check_no_old_trials(study, out)
+        for key, value in attrs.items():
+            study.set_user_attr(key, value)
+        return study
+    _check_identity(study, attrs, out)
+    for key in SETTINGS:
+        if study.user_attrs.get(key) != attrs[key]:
+            warnings.warn(f"the study in {out} was started with --{key} {study.user_attrs.get(key)}; this process "
+                          f"uses {attrs[key]}", stacklevel=3)
+    return study
+
+
+def _check_no_old_trials(study: optuna.Study, out: Path) -> None:
+    """A new study in a directory whose trials/ holds runs would write over them."""
+    if study.trials:
+        raise ValueError(f"{out / DB}: study {study.study_name!r} has trials but no nesgpu tune settings; it was "
+                         f"not made by nesgpu tune (choose another --out)")
+    runs = sorted(p.name for p in (out / "trials").glob("*") if p.is_dir())
+    if runs:
+        shown = ", ".join(runs[:3]) + (" ..." if len(runs) > 3 else "")
+        raise ValueError(f"{out / 'trials'} holds run directories ({shown}) of a study that is no longer in "
+                         f"{out / DB}; remove them or choose another --out")
+
+
+def _check_identity(study: optuna.Study, attrs: dict, out: Path) -> None:
+    for key in IDENTITY:
+        old, new = study.user_attrs.get(key), attrs[key]
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} here" for k in sorted(set(old) | set(new))
+                       if old.get(k) != new.get(k)]
+        else:
+            changed = [f"{old!r} there, {new!r} here"]
+        what = "base config" if key == "base_config" else "search space"
+        shown = "; ".join(changed[:4]) + (" ..." if len(changed) > 4 else "")
+        raise ValueError(f"{out} holds a study with another {what} ({shown}); run it with the same options, or "
+                         f"choose another --out")
+
+
+def as_json(value) -> object:
+    """``value`` as JSON gives it back (tuples become lists): what the study's user attributes store."""
+    return json.loads(json.dumps(value))
+
+
+@contextlib.contextmanager
+def heartbeat(storage, trial_id: int):
+    """Record the trial's heartbeat now and every ``storage.heartbeat_interval`` seconds, in a thread, while
+    the block runs (the training releases the GIL in its tensor operations)."""
+    interval = storage.get_heartbeat_interval()
+    storage.record_heartbeat(trial_id)
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(interval):
+            storage.record_heartbeat(trial_id)
+
+    thread = threading.Thread(target=beat, name=f"nesgpu-tune-heartbeat-{trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def fail_stale_trials(study: optuna.Study) -> None:
+    """Mark the running trials of killed processes (no heartbeat for three beats) failed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def ask(study: optuna.Study) -> optuna.Trial:
+    """A new trial; Optuna's note that heartbeats are meant for ``Study.optimize`` is dropped, as
+    :func:`heartbeat` keeps them here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        return study.ask()
+
+
+def trial_id(storage, study: optuna.Study, number: int) -> int:
+    """The storage's id of the study's trial ``number`` (what heartbeats are recorded under)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name),
+                                                           number)
+
+
+__all__ = ["DB", "IDENTITY", "LOCK", "RUN_ONLY", "SETTINGS", "as_json", "ask", "fail_stale_trials", "heartbeat",
+           "load_study", "locked", "open_storage", "trial_id"]
