@@ -7,7 +7,7 @@ or a YAML of options (e.g. a tune's best.yaml); the backprop side AdamW's defaul
 
 Run:
     python benchmarks/es_vs_backprop.py [--task digits] [--model cnn] [--seeds 0 1 2]
-        [--es-config best.yaml] [--backprop-config bp.yaml] [--backprop-steps N]
+        [--es-config best.yaml] [--es-steps N] [--backprop-config bp.yaml] [--backprop-steps N]
 """
 
 from __future__ import annotations
@@ -45,9 +45,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--es-config", help="YAML of the ES side's options (default: the task's)")
     parser.add_argument("--backprop-config", help="YAML of the backprop side's options (default: AdamW's)")
+    parser.add_argument("--es-steps", type=int, help="ES steps (default: the config's, else the task's)")
     parser.add_argument("--backprop-steps", type=int, help="backprop steps (default: the ES side's steps)")
     args = parser.parse_args()
     es = {"task": args.task, "model": args.model, "device": "cpu", **load(args.es_config)}
+    if args.es_steps:
+        es["steps"] = args.es_steps
     es_resolved = TrainConfig.from_dict(es).resolved()
     bp = {"task": args.task, "model": es_resolved.model, "hidden": es_resolved.hidden,
           "batch_size": es_resolved.batch_size, "device": "cpu", "strategy": "backprop",

@@ -248,8 +248,10 @@ def _close(env, pid: int) -> None:
 class GymVectorEnv:
     """n copies of a gymnasium environment in a vector env, with torch tensors in and out.
 
-    Rows of the same group start from the same seed (so from the same state). After a row's episode
-    ends, gymnasium resets it on the next step; the rollout ignores everything after the first episode.
+    Rows of the same group start from the same seed (so from the same state). Each row runs one episode
+    from a reset: in sync mode a row whose episode has ended is no longer stepped (it reports done, reward
+    0 and its last observation); in async mode gymnasium resets it on the next step and the rollout ignores
+    everything after the first episode.
 
     ``vector_mode``: "sync" steps the rows one after another in this process (gymnasium's SyncVectorEnv);
     "async" steps each row in its own worker process (AsyncVectorEnv; forked on Linux, see
@@ -258,12 +260,14 @@ class GymVectorEnv:
     object (or the end of the interpreter).
     """
 
-    def __init__(self, env_id: str, n: int, device: torch.device | str = "cpu", vector_mode: str = "sync"):
+    def __init__(self, env_id: str, n: int, device: torch.device | str = "cpu", vector_mode: str = "sync",
+                 clip_actions: bool = True):
         try:
             import gymnasium as gym
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError("gym:<id> tasks need gymnasium: pip install 'nesgpu[rl]'") from e
         self.vector_mode = check_vector_mode(vector_mode)
+        self.clip_actions = clip_actions  # False: continuous actions reach the env as computed (ARS's linear policy)
         self.env_id, self.n, self.device = env_id, n, torch.device(device)
         _import_mujoco_for(env_id)
         if vector_mode == "sync":
@@ -320,17 +324,36 @@ class GymVectorEnv:
         with _ShowOnce():
             obs, info = self.env.reset(seed=seeds)
             _show_forwarded(info)
+        self._obs = np.array(obs)
+        self._ended = np.zeros(self.n, dtype=bool)
         return torch.as_tensor(obs, dtype=torch.float32, device=self.device)
 
     def step(self, action: torch.Tensor):
         a = action.detach().cpu().numpy()
-        a = a.astype(np.int64) if self.discrete else np.clip(a.astype(np.float32), self._low, self._high)
+        if self.discrete:
+            a = a.astype(np.int64)
+        else:
+            a = np.clip(a.astype(np.float32), self._low, self._high) if self.clip_actions else a.astype(np.float32)
         with _ShowOnce():
-            obs, reward, terminated, truncated, info = self.env.step(a)
-            _show_forwarded(info)
-        done = torch.as_tensor(np.logical_or(terminated, truncated), device=self.device)
+            if self.vector_mode == "sync":
+                obs, reward, done = self._step_running(a)
+            else:
+                obs, reward, terminated, truncated, info = self.env.step(a)
+                _show_forwarded(info)
+                done = np.logical_or(terminated, truncated)
         return (torch.as_tensor(obs, dtype=torch.float32, device=self.device),
-                torch.as_tensor(reward, dtype=torch.float64, device=self.device), done)
+                torch.as_tensor(reward, dtype=torch.float64, device=self.device), torch.as_tensor(done, device=self.device))
+
+    def _step_running(self, a: np.ndarray):
+        """Sync mode: step only the rows whose episode is still running (a rollout ignores a row after its
+        episode ends, so a fallen Hopper costs no simulation); ended rows repeat their last observation with
+        reward 0 and done."""
+        reward = np.zeros(self.n)
+        for i in np.flatnonzero(~self._ended):
+            obs, reward[i], terminated, truncated, _ = self.env.envs[i].step(a[i])
+            self._obs[i] = obs
+            self._ended[i] = terminated or truncated
+        return self._obs.copy(), reward, self._ended.copy()
 
 
 def _import_mujoco_for(env_id: str) -> None:

@@ -16,10 +16,12 @@ _EVAL_STREAM = 0x6576616C
 class ObservationNorm(nn.Module):
     """Running mean / variance of observations (buffers, so the saved plain model carries them).
 
-    ``forward`` standardises and clips to [-clip, clip]. ``update`` merges batch statistics (Chan et al.).
+    ``forward`` standardises and clips to [-clip, clip] (``clip=None``: no clipping, as ARS). A feature whose
+    variance is below 1e-14 (constant so far) is set to 0 rather than blown up. ``update`` merges batch
+    statistics (Chan et al.).
     """
 
-    def __init__(self, dim: int, clip: float = 5.0, eps: float = 1e-8):
+    def __init__(self, dim: int, clip: float | None = 5.0, eps: float = 1e-8):
         super().__init__()
         self.clip, self.eps = clip, eps
         self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
@@ -28,13 +30,15 @@ class ObservationNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean, inv_std = self._affine(x.dtype)
-        return ((x - mean) * inv_std).clamp(-self.clip, self.clip)
+        z = (x - mean) * inv_std
+        return z if self.clip is None else z.clamp(-self.clip, self.clip)
 
     def _affine(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, 1 / std) in ``dtype``, recomputed only when the buffers change (an update, a state-dict
         load or a move): a rollout calls forward at every environment step."""
         def compute():
-            return self.mean.to(dtype), (self.var + self.eps).rsqrt().to(dtype)
+            inv_std = torch.where(self.var < 1e-14, 0.0, (self.var + self.eps).rsqrt())
+            return self.mean.to(dtype), inv_std.to(dtype)
 
         mean, var = self.mean, self.var
         if torch.compiler.is_compiling() or mean.is_inference() or var.is_inference():  # compiled code fuses
@@ -60,17 +64,25 @@ class ObservationNorm(nn.Module):
         self.count.copy_(n)
 
 
-class Policy(nn.Module):
-    """obs -> [ObservationNorm] -> MLP (tanh) -> action. Discrete: argmax; continuous: high * tanh.
+POLICY_OUTPUTS = ("tanh", "linear")
 
-    ``hidden=()`` gives a linear policy (ARS's choice; no bias then, as in the paper).
+
+class Policy(nn.Module):
+    """obs -> [ObservationNorm] -> MLP (tanh) -> action. Discrete: argmax; continuous: high * tanh, or the
+    output itself (``output="linear"``, the ARS paper's linear policy: the environment bounds it).
+
+    ``hidden=()`` gives a linear policy (ARS's choice; no bias then, as in the paper). ``clip``: the
+    observation normaliser's clipping of standardised inputs (None: none).
     """
 
     def __init__(self, obs_dim: int, discrete: bool, num_outputs: int, action_high: float = 1.0,
-                 hidden: tuple[int, ...] = (16,), normalize: bool = True):
+                 hidden: tuple[int, ...] = (16,), normalize: bool = True, output: str = "tanh",
+                 clip: float | None = 5.0):
         super().__init__()
-        self.discrete, self.action_high = discrete, action_high
-        self.norm = ObservationNorm(obs_dim) if normalize else nn.Identity()
+        if output not in POLICY_OUTPUTS:
+            raise ValueError(f"policy output must be one of {list(POLICY_OUTPUTS)}; got {output!r}")
+        self.discrete, self.action_high, self.output = discrete, action_high, output
+        self.norm = ObservationNorm(obs_dim, clip=clip) if normalize else nn.Identity()
         sizes = [obs_dim, *hidden, num_outputs]
         layers: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
@@ -92,7 +104,9 @@ class Policy(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         out = self.net(self.norm(obs))
-        return out.argmax(-1) if self.discrete else self.action_high * torch.tanh(out)
+        if self.discrete:
+            return out.argmax(-1)
+        return out if self.output == "linear" else self.action_high * torch.tanh(out)
 
 
 def rollout(env, act, groups: torch.Tensor, seed: int, max_steps: int, obs_stats: bool = False,
@@ -187,6 +201,9 @@ class CompiledStep:
         return tuple(out)
 
 
+START_STATES = ("shared", "independent")
+
+
 class RLTask:
     """Fitness = episode return of every member; metric = mean return of the plain policy.
 
@@ -204,6 +221,14 @@ class RLTask:
             compiled program (:class:`CompiledStep`); gymnasium environments always run eagerly.
         normalize_observations: keep running observation statistics in the policy's ObservationNorm and
             standardise inputs by them (False: raw observations, as ARS V1).
+        reward_shift: subtracted from the reward of every step of a training rollout (ARS's survival-bonus
+            shift: a Hopper that stands still no longer scores 1 per step); evaluations are unshifted.
+        start_states: "shared": every direction and both signs start from the step's ``episodes`` start
+            states (common random numbers); "independent": every row from a start state of its own (the
+            ARS paper).
+        policy_output: "tanh" (bounded actions) or "linear" (the raw output: ARS's linear policy; gymnasium
+            environments then get the action unclipped, as the paper's did).
+        observation_clip: clipping of standardised observations (None: none, as ARS).
     """
 
     metric = "eval_return"
@@ -211,9 +236,16 @@ class RLTask:
 
     def __init__(self, make_env, env_spec, name: str, episodes: int = 1, eval_episodes: int = 10,
                  max_steps: int | None = None, device: torch.device | str = "cpu", seed: int = 0,
-                 normalize_observations: bool = True, compile: bool = False):
+                 normalize_observations: bool = True, compile: bool = False, reward_shift: float = 0.0,
+                 start_states: str = "shared", policy_output: str = "tanh", observation_clip: float | None = 5.0):
         if episodes < 1:
             raise ValueError(f"episodes must be >= 1; got {episodes}")
+        if start_states not in START_STATES:
+            raise ValueError(f"start_states must be one of {list(START_STATES)}; got {start_states!r}")
+        if policy_output not in POLICY_OUTPUTS:
+            raise ValueError(f"policy_output must be one of {list(POLICY_OUTPUTS)}; got {policy_output!r}")
+        self.reward_shift, self.start_states = float(reward_shift), start_states
+        self.policy_output, self.observation_clip = policy_output, observation_clip
         self.make_env, self.spec, self.name = make_env, env_spec, name
         self.episodes, self.eval_episodes = episodes, eval_episodes
         self.max_steps = max_steps or env_spec.max_steps
@@ -230,7 +262,7 @@ class RLTask:
             raise ValueError(f"unknown model {model!r} for task {self.name!r}; expected one of ['mlp']")
         outputs = self.spec.num_actions if self.spec.discrete else self.spec.action_dim
         return Policy(self.spec.obs_dim, self.spec.discrete, outputs, self.spec.action_high, hidden,
-                      normalize=self.normalize_observations)
+                      normalize=self.normalize_observations, output=self.policy_output, clip=self.observation_clip)
 
     @property
     def default_target(self) -> float | None:
@@ -251,13 +283,22 @@ class RLTask:
         statistics. Observation statistics are returned, not applied: :meth:`finish_step` merges them
         once the whole population (every chunk, every rank) has run with the same normalisation."""
         signs, e, d = (2 if pm.antithetic else 1), self.episodes, pm.local_directions
-        groups = torch.arange(e, device=self.device).view(1, e, 1).expand(signs, e, d).reshape(-1)
+        if self.start_states == "shared":
+            groups, count = torch.arange(e, device=self.device).view(1, e, 1).expand(signs, e, d).reshape(-1), e
+        else:  # row (sign, episode, direction) by its global index: other blocks and ranks get other states
+            first, total = pm.noise_range.start, pm.directions
+            ids = torch.arange(signs * e, device=self.device).view(signs, e, 1) * total
+            groups = (ids + first + torch.arange(d, device=self.device)).reshape(-1)
+            count = signs * e * total
         normalizing = self._norm(pm) is not None
         env = self._env_for(groups.numel())
         with pm.perturbing():  # once per rollout, not once per environment step
             returns, lengths, stats = rollout(env, pm.model, groups, derive_seed(self.seed, step, _ENV_STREAM),
-                                              self.max_steps, normalizing, count=e, step=self._step_for(env, pm))
+                                              self.max_steps, normalizing, count=count,
+                                              step=self._step_for(env, pm))
         info = {"env_steps": lengths.sum(), "episode_return": returns.mean()}
+        if self.reward_shift:  # every live step, the last one included, as in ARS's rollouts
+            returns = returns - self.reward_shift * lengths
         if normalizing:
             info.update(obs_sum=stats["sum"], obs_sum_sq=stats["sum_sq"], obs_count=stats["count"])
         return returns.view(signs * e, d), info

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..layers import KINDS
 from ..strategies import STRATEGIES
 from ..strategies.schedules import KINDS as SCHEDULES
+from .ars_paper import PRESETS, preset_values
 from .initialization import INITS
 
 # Per-task defaults, tuned on a 2-core CPU from starting points in the ES literature (Salimans et al. 2017,
@@ -72,6 +73,7 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {list(STRATEGY_CHOICES)}")
         else:
             values.update(strategy=strategy, lr=STRATEGIES[strategy].default_lr)
+    values["observation_clip"] = 0.0 if values["strategy"] == "ars" else 5.0  # the ARS paper does not clip
     return values
 
 
@@ -230,6 +232,19 @@ class TrainConfig:
                                        "largest that fits; default: all at once)", metavar="N|auto",
                                        parse="chunk")
     precision: str = opt("fp32", "population forward under autocast", choices=tuple(PRECISIONS))
+    reward_shift: float = opt(0.0, "RL: subtracted from every training step's reward (ARS's survival-bonus shift: "
+                              "1 for Hopper, Walker2d, Ant); evaluations are unshifted")
+    start_states: str = opt("shared", "RL: shared (every direction and sign starts from the step's episodes' "
+                            "states: common random numbers) or independent (a start state per rollout, as ARS)",
+                            choices=("shared", "independent"))
+    policy_output: str = opt("auto", "RL, continuous actions: tanh (bounded) or linear (the raw output, as ARS's "
+                             "linear policy); auto: linear for ars with --hidden 0, else tanh",
+                             choices=("auto", "tanh", "linear"))
+    observation_clip: float | None = opt(help="RL: clip standardised observations to +-this; 0: none (default: "
+                                         "5; ars: none, as the paper)", per_task=True)
+    preset: str | None = opt(help="a published setting: ars-paper (ARS V2-t's alpha, N, b, nu, shift and "
+                             "threshold for gym:HalfCheetah/Hopper/Walker2d/Ant/Humanoid-v5); it sets the "
+                             "options left at their defaults", choices=PRESETS)
     compile: str = opt("auto", "built-in RL envs: compile each env step with the population forward (torch.compile; "
                        "auto: on when the run makes >= 20M env steps, where the seconds of compiling pay)",
                        choices=("auto", "on", "off"))
@@ -244,14 +259,24 @@ class TrainConfig:
     dist_timeout: float = opt(300.0, "torchrun: seconds before a collective with a dead or hung process fails")
 
     def resolved(self) -> TrainConfig:
-        """A copy with the task's presets filled in, validated."""
+        """A copy with the task's presets filled in, validated. A ``preset`` first sets the options that
+        are still at their defaults (an option given explicitly keeps its value)."""
         values = dataclasses.asdict(self)
-        defaults = presets(self.task, self.model, self.strategy)
+        if self.preset is not None:
+            field_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+            for name, value in preset_values(self.preset, self.task).items():
+                if values[name] == field_defaults[name]:
+                    values[name] = value
+        defaults = presets(values["task"], values["model"], values["strategy"])
         _check_strategy_options(values, defaults["strategy"])
         for name, value in defaults.items():
             if values.get(name) is None:
                 values[name] = value
         values["hidden"] = tuple(values["hidden"])
+        from ..tasks import SUPERVISED
+
+        if values["policy_output"] == "auto" and values["task"] not in SUPERVISED:  # ARS's linear policy: linear
+            values["policy_output"] = "linear" if values["strategy"] == "ars" and not values["hidden"] else "tanh"
         cfg = TrainConfig(**values)
         cfg.validate()
         return cfg
@@ -263,7 +288,7 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             _check_type(f.name, getattr(self, f.name), types[f.name], "config")
             choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
+            if choices and getattr(self, f.name) is not None and getattr(self, f.name) not in choices:
                 raise ValueError(f"{f.name} must be one of {list(choices)}; got {getattr(self, f.name)!r}")
         from ..tasks import model_choices
 
@@ -304,6 +329,17 @@ class TrainConfig:
             raise ValueError("strategy 'pgpe' adapts sigma itself; a sigma_schedule does not apply to it")
         if self.strategy == BACKPROP:
             self._validate_backprop()
+        if not math.isfinite(self.reward_shift) or not 0 <= self.observation_clip < math.inf:
+            raise ValueError(f"reward_shift must be finite and observation_clip a finite number >= 0 (0: none); "
+                             f"got {self.reward_shift} and {self.observation_clip}")
+        from ..tasks import SUPERVISED
+
+        rl_only = {"reward_shift": 0.0, "start_states": "shared", "policy_output": ("auto", "tanh")}
+        if self.task in SUPERVISED:
+            for name, allowed in rl_only.items():
+                if getattr(self, name) not in (allowed if isinstance(allowed, tuple) else (allowed,)):
+                    raise ValueError(f"option {name!r} (= {getattr(self, name)!r}) applies to RL tasks; task "
+                                     f"{self.task!r} is supervised")
         if self.compile == "on" and self.task not in _torch_env_tasks():
             raise ValueError(f"compile='on' applies to the built-in torch environments {_torch_env_tasks()}; task "
                              f"{self.task!r} runs eagerly (use --compile auto or off)")

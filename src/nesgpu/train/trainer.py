@@ -21,7 +21,7 @@ import torch
 from .. import __version__
 from ..model import PerturbedModel, convert
 from ..strategies import STRATEGIES, Schedule, Strategy
-from ..tasks import make_task
+from ..tasks import SUPERVISED, make_task
 from ..tasks.protocol import check_differentiable, check_task
 from . import rundir
 from .activations import checkpoint_blocks
@@ -100,7 +100,10 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None):
     normalize = backprop or STRATEGIES[cfg.strategy].uses_observation_statistics(**strategy_options(cfg))
     task = check_task(make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size,
                                 episodes=cfg.episodes, eval_episodes=cfg.eval_episodes, vector_mode=cfg.vector_mode,
-                                normalize_observations=normalize, compile=compiles(cfg)))
+                                normalize_observations=normalize, compile=compiles(cfg),
+                                reward_shift=cfg.reward_shift, start_states=cfg.start_states,
+                                policy_output="tanh" if cfg.policy_output == "auto" else cfg.policy_output,
+                                observation_clip=cfg.observation_clip or None))
     with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the caller's RNG alone
         torch.manual_seed(cfg.seed)
         model = init_weights(task.make_model(cfg.hidden, model=cfg.model), cfg.init)
@@ -234,6 +237,8 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
 
         def check(state):
             old = state.get("config", {}) if isinstance(state, dict) else {}
+            if cfg.task not in SUPERVISED:  # what an RL run of an older nesgpu did without these options
+                old = {**rundir.LEGACY, **old}
             if old.get("task") != cfg.task:
                 raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
             changed = rundir.differences(old, new, rundir.DEFINING)
@@ -392,7 +397,8 @@ def load_run(directory: str | Path, device: str = "auto") -> Run:
         values = json.loads(config_path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_path} is not valid JSON ({e})") from e
-    cfg = TrainConfig.from_dict(values, source=str(config_path)).resolved()
+    legacy = {k: v for k, v in rundir.LEGACY.items() if k not in values and values.get("task") not in SUPERVISED}
+    cfg = TrainConfig.from_dict({**values, **legacy}, source=str(config_path)).resolved()
     cfg.device = device
     task, model, _, _ = build(cfg, resolve_device(device))
     load_weights(model, directory / "model.safetensors")
