@@ -173,3 +173,14 @@ def test_sync_gym_rows_are_not_simulated_after_their_episode_ends():
                 assert reward[i] == 0
     assert all(e is not None for e in ended_at) and calls == ended_at
     env.close()
+
+
+def test_a_presets_option_given_explicitly_keeps_its_value_even_the_default(capsys):
+    from nesgpu.cli import main
+
+    assert main(["train", "--task", "gym:HalfCheetah-v5", "--preset", "ars-paper", "--start-states", "shared",
+                 "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "start_states: shared" in printed and "population: 64" in printed and "preset: null" in printed
+    cfg = TrainConfig.from_dict({"task": "gym:Hopper-v5", "preset": "ars-paper", "layer": "lowrank"}).resolved()
+    assert cfg.layer == "lowrank" and cfg.reward_shift == 1.0 and cfg.preset is None

@@ -243,8 +243,8 @@ class TrainConfig:
     observation_clip: float | None = opt(help="RL: clip standardised observations to +-this; 0: none (default: "
                                          "5; ars: none, as the paper)", per_task=True)
     preset: str | None = opt(help="a published setting: ars-paper (ARS V2-t's alpha, N, b, nu, shift and "
-                             "threshold for gym:HalfCheetah/Hopper/Walker2d/Ant/Humanoid-v5); it sets the "
-                             "options left at their defaults", choices=PRESETS)
+                             "threshold for gym:HalfCheetah/Hopper/Walker2d/Ant/Humanoid-v5); it expands into the "
+                             "options it sets, except those given explicitly", choices=PRESETS)
     compile: str = opt("auto", "built-in RL envs: compile each env step with the population forward (torch.compile; "
                        "auto: on when the run makes >= 20M env steps, where the seconds of compiling pay)",
                        choices=("auto", "on", "off"))
@@ -262,11 +262,12 @@ class TrainConfig:
         """A copy with the task's presets filled in, validated. A ``preset`` first sets the options that
         are still at their defaults (an option given explicitly keeps its value)."""
         values = dataclasses.asdict(self)
-        if self.preset is not None:
+        if self.preset is not None:  # built in Python: the fields still at their defaults take the preset's
             field_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
             for name, value in preset_values(self.preset, self.task).items():
                 if values[name] == field_defaults[name]:
                     values[name] = value
+            values["preset"] = None  # expanded: the options it set are the run's own from here on
         defaults = presets(values["task"], values["model"], values["strategy"])
         _check_strategy_options(values, defaults["strategy"])
         for name, value in defaults.items():
@@ -373,6 +374,10 @@ class TrainConfig:
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         for name, value in values.items():
             _check_type(name, value, types[name], source)
+        if values.get("preset") is not None:  # the options given here keep their values, even a default's
+            for name, value in preset_values(values["preset"], values.get("task", "digits")).items():
+                values.setdefault(name, value)
+            values["preset"] = None
         if values.get("hidden") is not None:
             values["hidden"] = tuple(values["hidden"])
         return cls(**values)
