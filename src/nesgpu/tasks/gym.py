@@ -342,7 +342,8 @@ class GymVectorEnv:
                 _show_forwarded(info)
                 done = np.logical_or(terminated, truncated)
         return (torch.as_tensor(obs, dtype=torch.float32, device=self.device),
-                torch.as_tensor(reward, dtype=torch.float64, device=self.device), torch.as_tensor(done, device=self.device))
+                torch.as_tensor(reward, dtype=torch.float64, device=self.device),
+                torch.as_tensor(done, device=self.device))
 
     def _step_running(self, a: np.ndarray):
         """Sync mode: step only the rows whose episode is still running (a rollout ignores a row after its

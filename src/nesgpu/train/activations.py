@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-# blocks that are checkpointed whole
-_BLOCKS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+# blocks that are checkpointed (and sharded) whole
+TRANSFORMER_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 
 
 class _CheckpointedBlock:
@@ -48,12 +48,12 @@ def checkpoint_blocks(model: nn.Module) -> int:
     for module in list(model.modules()):
         if isinstance(module, (_CheckpointedBlock, _CheckpointedSequential)):
             continue
-        if isinstance(module, _BLOCKS):
+        if isinstance(module, TRANSFORMER_LAYERS):
             _swap(module, _CheckpointedBlock)
             blocks += 1
         elif isinstance(module, nn.Sequential):
             weighted = sum(1 for child in module if any(True for _ in child.parameters()))
-            if weighted >= 2 and not _inside_block(model, module):
+            if weighted >= 2 and not inside_transformer_layer(model, module):
                 _swap(module, _CheckpointedSequential)
                 module._segments = weighted
                 blocks += weighted
@@ -63,7 +63,7 @@ def checkpoint_blocks(model: nn.Module) -> int:
     return blocks
 
 
-def _inside_block(model: nn.Module, target: nn.Module) -> bool:
-    """Whether ``target`` lies inside a transformer block (checkpointed whole already)."""
-    return any(target is not block and any(m is target for m in block.modules())
-               for block in model.modules() if isinstance(block, _BLOCKS))
+def inside_transformer_layer(model: nn.Module, target: nn.Module) -> bool:
+    """Whether ``target`` lies inside one of ``model``'s transformer layers (a unit of its own already)."""
+    return any(target is not layer and any(m is target for m in layer.modules())
+               for layer in model.modules() if isinstance(layer, TRANSFORMER_LAYERS))

@@ -21,13 +21,13 @@ The efficient-training techniques that belong to gradient training:
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 
 import torch
 from torch import nn
 
 from ..strategies import Schedule
+from .activations import TRANSFORMER_LAYERS, inside_transformer_layer
 from .distributed import Ranks
 
 # torch.optim's optimizers by lower-case name, less those a plain step cannot drive: LBFGS needs a closure,
@@ -150,23 +150,12 @@ def shard_model(model: nn.Module) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     units = [m for m in model.modules() if m is not model and (
-        isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
-        or (any(True for _ in m.parameters(recurse=False)) and not _inside(model, m)))]
+        isinstance(m, TRANSFORMER_LAYERS)
+        or (any(True for _ in m.parameters(recurse=False)) and not inside_transformer_layer(model, m)))]
     for unit in units:
         fully_shard(unit)
     fully_shard(model)
     return model
-
-
-def _inside(model: nn.Module, target: nn.Module) -> bool:
-    """Whether ``target`` lies inside a transformer layer (sharded as one unit)."""
-    return any(target is not layer and any(m is target for m in layer.modules()) for layer in model.modules()
-               if isinstance(layer, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)))
-
-
-def unsharded_copy(model: nn.Module) -> nn.Module:
-    """A plain deep copy of a model that is about to be sharded."""
-    return copy.deepcopy(model)
 
 
 class BackpropStep:

@@ -114,7 +114,8 @@ def _curve(run: Path, metric: str, cfg: TrainConfig) -> list[tuple[float, int, f
 def _table(runs: list[dict], budget: float) -> str:
     metric = runs[0]["metric"]
     lines = [f"Task {runs[0]['task']}, {budget:g} s of training per run, {len({r['seed'] for r in runs})} seed(s).", "",
-             f"| strategy | runs | final {metric} (mean ± sd) | steps (mean) | samples drawn (mean) | seconds (mean) |",
+             f"| strategy | runs | final {metric} (mean ± sd) | steps (mean) | samples drawn (mean) "
+             f"| seconds (mean) |",
              "|---|---:|---:|---:|---:|---:|"]
     for strategy in dict.fromkeys(r["strategy"] for r in runs):
         mine = [r for r in runs if r["strategy"] == strategy]

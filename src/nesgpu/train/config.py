@@ -102,8 +102,7 @@ def compiles(cfg: TrainConfig) -> bool:
 def _check_strategy_options(values: dict, strategy: str) -> None:
     """An option of another strategy (``top_b`` under openai_es) set away from its default is an error, not
     silently ignored."""
-    defaults = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
-                for f in dataclasses.fields(TrainConfig)}
+    defaults = field_defaults()
     preset = presets(values["task"], values.get("model"), values.get("strategy"))
     if strategy == BACKPROP or any(values.get(name) != defaults[name] for name in BACKPROP_ONLY):
         _check_backprop_options(values, strategy, defaults, preset)
@@ -114,6 +113,12 @@ def _check_strategy_options(values: dict, strategy: str) -> None:
                                                             GLOBAL_DEFAULTS.get(name, defaults[name])):
                 raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy {other!r}, not "
                                  f"{strategy!r}; drop it or choose --strategy {other}")
+
+
+def field_defaults() -> dict:
+    """Every TrainConfig field's default (a fresh one for fields with a default factory)."""
+    return {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+            for f in dataclasses.fields(TrainConfig)}
 
 
 def _check_backprop_options(values: dict, strategy: str, defaults: dict, preset: dict) -> None:
@@ -263,9 +268,9 @@ class TrainConfig:
         are still at their defaults (an option given explicitly keeps its value)."""
         values = dataclasses.asdict(self)
         if self.preset is not None:  # built in Python: the fields still at their defaults take the preset's
-            field_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+            defaults = field_defaults()
             for name, value in preset_values(self.preset, self.task).items():
-                if values[name] == field_defaults[name]:
+                if values[name] == defaults[name]:
                     values[name] = value
             values["preset"] = None  # expanded: the options it set are the run's own from here on
         defaults = presets(values["task"], values["model"], values["strategy"])
@@ -296,7 +301,8 @@ class TrainConfig:
         choices = model_choices("gym" if self.task.startswith("gym:") else self.task)
         if self.model not in choices:
             raise ValueError(f"unknown model {self.model!r} for task {self.task!r}; expected one of {list(choices)}")
-        for name, low in (("population", 2), ("accumulate", 1), ("steps", 1), ("batch_size", 1), ("episodes", 1), ("eval_episodes", 1),
+        for name, low in (("population", 2), ("accumulate", 1), ("steps", 1), ("batch_size", 1), ("episodes", 1),
+                          ("eval_episodes", 1),
                           ("seed", 0), ("eval_every", 0), ("checkpoint_every", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}; got {getattr(self, name)}")
@@ -335,10 +341,10 @@ class TrainConfig:
                              f"got {self.reward_shift} and {self.observation_clip}")
         from ..tasks import SUPERVISED
 
-        rl_only = {"reward_shift": 0.0, "start_states": "shared", "policy_output": ("auto", "tanh")}
+        rl_only = {"reward_shift": (0.0,), "start_states": ("shared",), "policy_output": ("auto", "tanh")}
         if self.task in SUPERVISED:
             for name, allowed in rl_only.items():
-                if getattr(self, name) not in (allowed if isinstance(allowed, tuple) else (allowed,)):
+                if getattr(self, name) not in allowed:
                     raise ValueError(f"option {name!r} (= {getattr(self, name)!r}) applies to RL tasks; task "
                                      f"{self.task!r} is supervised")
         if self.compile == "on" and self.task not in _torch_env_tasks():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import gc
 import json
@@ -25,7 +26,7 @@ from ..tasks import SUPERVISED, make_task
 from ..tasks.protocol import check_differentiable, check_task
 from . import rundir
 from .activations import checkpoint_blocks
-from .backprop import Backprop, BackpropStep, shard_model, unsharded_copy
+from .backprop import Backprop, BackpropStep, shard_model
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
 from .config import BACKPROP, TrainConfig, compiles
 from .distributed import Ranks, init_from_environment, shutdown
@@ -70,7 +71,7 @@ def make_backprop(cfg: TrainConfig, task, model: torch.nn.Module, ranks: Ranks |
         warnings.warn("--shard applies to torchrun jobs of several processes; this one process trains the whole "
                       "model", stacklevel=2)
     sharded = cfg.shard and distributed
-    plain = unsharded_copy(model) if sharded else None  # what rank 0 evaluates and saves
+    plain = copy.deepcopy(model) if sharded else None  # unsharded: what rank 0 evaluates and saves
     if cfg.activation_checkpointing:
         checkpoint_blocks(model)
     module = model
