@@ -14,7 +14,9 @@ from torch.nn.utils import parametrize
 from .kinds import Gaussian, Kind, make_kind
 from .layers import PerturbedModule, functional_fallback
 from .layers.base import repeat_signs
-from .layers.registry import PATH_SWAPS, conversion_for
+from .layers.lowbit import NOISE_ON
+from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
+from .quantize import check_bits
 
 
 def direction_blocks(directions: range, size: int | None) -> list[range]:
@@ -208,8 +210,10 @@ class PerturbedModel:
             return None
         modules = list(self.model)
         for i, module in enumerate(modules):
+            # a subclass with its own population forward qualifies only with its own shared-input forward
             plain = isinstance(module, PerturbedLinear) and (
-                type(module).population_forward is PerturbedLinear.population_forward)  # not a subclass's own
+                type(module).population_forward is PerturbedLinear.population_forward
+                or type(module).population_forward_shared is not PerturbedLinear.population_forward_shared)
             if plain:
                 return modules[:i], module, modules[i + 1:]
             row_wise = isinstance(module, nn.Identity) or (
@@ -267,7 +271,7 @@ class PerturbedModel:
 
 
 def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | None = None,
-            freeze: Iterable[str] = (), **options) -> nn.Module:
+            freeze: Iterable[str] = (), bits: int | None = None, noise_on: str = "latent", **options) -> nn.Module:
     """Make every trainable parameter of ``model`` perturbable, keeping its weights.
 
     Linear, Conv1d/2d/3d, Embedding, MultiheadAttention, LSTM/GRU/RNN become perturbed modules whose
@@ -284,6 +288,13 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         directions: population size (may be left to :class:`PerturbedModel`).
         freeze: parameter names (``"0.weight"``) or module names (``"embed"``: all its parameters) to keep
             fixed; they get ``requires_grad=False``. Parameters that already have it stay fixed too.
+        bits: None (float weights), 1 (binary) or 8 (int8): every Linear and Conv1d/2d/3d becomes a low-bit
+            module (:class:`nesgpu.layers.LowBitLinear`, ...) whose forward uses quantised weights with a
+            per-output-channel scale, derived from its float weights, which ES updates. Biases and norm
+            parameters stay float. A model with another module holding trainable matrices (Embedding,
+            attention, recurrent, a torch.func fallback) is refused: freeze those modules.
+        noise_on: with ``bits``: "latent" (each member is the quantisation of its perturbed float weights) or
+            "quantized" (the noise is added in float to the shared quantised weights).
         **options: the kind's options, e.g. ``rank=2`` or ``in_sparsity=0.1``.
 
     Returns:
@@ -292,6 +303,12 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
     kind = make_kind(kind, **options)
+    if bits is not None:
+        check_bits(bits)
+        if noise_on not in NOISE_ON:
+            raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {noise_on!r}")
+    elif noise_on != "latent":
+        raise ValueError(f"noise_on={noise_on!r} applies to low-bit layers; pass bits=1 or bits=8 with it")
     _freeze(model, freeze)
     _refuse_tied(model)
     notes: list[str] = []
@@ -326,13 +343,24 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
                 notes.append(f"{name or 'model'} ({type(module).__name__}): kind {kind.name!r} has no "
                              f"{conversion.product} product; it takes IID Gaussian noise")
             extra = {} if conversion.product is None else {"kind": module_kind}
+            target = conversion.target
+            if bits is not None and conversion.product is not None:
+                if conversion.source not in LOW_BIT:
+                    raise ValueError(f"bits={bits}: {name or 'model'} ({type(module).__name__}) has no low-bit "
+                                     f"version; expected only Linear and Conv1d/2d/3d to hold trainable matrices, "
+                                     f"or freeze it with convert(..., freeze=[{name!r}])")
+                target, extra = LOW_BIT[conversion.source], {**extra, "bits": bits, "noise_on": noise_on}
             try:
-                return _rebuild(conversion.target, module, {**conversion.args(module), **extra}, directions)
+                return _rebuild(target, module, {**conversion.args(module), **extra}, directions)
             except ValueError as e:
                 params = [f"{name}.{n}" if name else n for n, p in module.named_parameters() if p.requires_grad]
                 raise ValueError(f"cannot perturb parameters {params} of {name or 'model'} ({type(module).__name__}): "
                                  f"{e}; freeze them with convert(..., freeze=[...])") from e
         if any(p.requires_grad for p in module.parameters(recurse=False)):
+            if bits is not None:
+                raise ValueError(f"bits={bits}: {name or 'model'} ({type(module).__name__}) would need the torch.func "
+                                 f"fallback, which has no low-bit version; expected only Linear and Conv1d/2d/3d to "
+                                 f"hold trainable matrices, or freeze it with convert(..., freeze=[{name!r}])")
             if any(isinstance(m, (nn.modules.batchnorm._BatchNorm, PerturbedModule)) for m in module.modules()):
                 raise ValueError(f"{name or 'model'} ({type(module).__name__}) needs the torch.func fallback, but "
                                  f"contains a BatchNorm or a perturbed module, which it cannot evaluate member by "

@@ -7,6 +7,7 @@ from .conv import FlipoutConv2d, LowRankConv2d, PermutedConv2d, PerturbedConv1d,
 from .embedding import PerturbedEmbedding
 from .functional import FunctionalPerturbed, functional_fallback
 from .linear import FlipoutLinear, LowRankLinear, PermutedLinear, PerturbedLinear, SparsePerturbedLinear
+from .lowbit import LowBitConv1d, LowBitConv2d, LowBitConv3d, LowBitLinear
 from .norm import (
                    PerturbedBatchNorm1d,
                    PerturbedBatchNorm2d,
@@ -18,7 +19,8 @@ from .norm import (
 from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
 
 __all__ = [
-    "KINDS", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed", "LowRankConv2d", "LowRankLinear",
+    "KINDS", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed", "LowBitConv1d", "LowBitConv2d",
+    "LowBitConv3d", "LowBitLinear", "LowRankConv2d", "LowRankLinear",
     "PermutedConv2d", "PermutedLinear", "PerturbedBatchNorm1d", "PerturbedBatchNorm2d", "PerturbedBatchNorm3d",
     "PerturbedConv1d", "PerturbedConv2d", "PerturbedConv3d", "PerturbedEmbedding", "PerturbedGRU",
     "PerturbedGroupNorm", "PerturbedLSTM", "PerturbedLayerNorm", "PerturbedLinear", "PerturbedModule",

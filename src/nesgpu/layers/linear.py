@@ -38,7 +38,11 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
                              f"{self.in_features}); got {tuple(x.shape)}")
         pop = self._population(x.shape[0], compute_dtype(x), x.device)
-        return self._perturbed_linear(x, pop, "weight", "bias")
+        return self._perturbed_linear(x, pop, "weight", "bias", base=self._base_weight())
+
+    def _base_weight(self) -> torch.Tensor:
+        """The weight of the shared (unperturbed) product; a low-bit layer's is its quantised weight."""
+        return self.weight
 
     def population_forward_shared(self, x: torch.Tensor, signs: int) -> torch.Tensor:
         """The population output for an input x (B, in) that every member shares: what
@@ -50,7 +54,7 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
                              f"got {tuple(x.shape)}")
         bsz, d = x.shape[0], self.local_directions
         pop = self._population(signs * bsz * d, compute_dtype(x), x.device)
-        base = F.linear(x, self.weight, self.bias)  # (B, out)
+        base = F.linear(x, self._base_weight(), self.bias)  # (B, out)
         x = x.to(base.dtype)
         per_direction = base.new_zeros(bsz, d, self.out_features)
         noise = self._noise_of("weight", base.dtype)

@@ -7,6 +7,10 @@ from collections.abc import Callable
 from torch import nn
 
 from . import (
+    LowBitConv1d,
+    LowBitConv2d,
+    LowBitConv3d,
+    LowBitLinear,
     PerturbedBatchNorm1d,
     PerturbedBatchNorm2d,
     PerturbedBatchNorm3d,
@@ -92,6 +96,12 @@ CONVERSIONS: list[Conversion] = [
 PATH_SWAPS: dict[type[nn.Module], type[nn.Module]] = {
     nn.TransformerEncoderLayer: PerturbedTransformerEncoderLayer,
     nn.TransformerDecoderLayer: PerturbedTransformerDecoderLayer,
+}
+
+
+# The low-bit version of a conversion's target (convert(..., bits=...)): same constructor arguments.
+LOW_BIT: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Linear: LowBitLinear, nn.Conv1d: LowBitConv1d, nn.Conv2d: LowBitConv2d, nn.Conv3d: LowBitConv3d,
 }
 
 

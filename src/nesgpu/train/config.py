@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..layers import KINDS
+from ..layers.lowbit import NOISE_ON
+from ..quantize import BITS
 from ..strategies import STRATEGIES
 from ..strategies.schedules import KINDS as SCHEDULES
 from .ars_paper import PRESETS, preset_values
@@ -45,7 +47,7 @@ BACKPROP = "backprop"
 BACKPROP_DEFAULTS = dict(lr=1e-3, weight_decay=0.01)
 STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
 # the options of ES runs only, and of backprop runs only (each an error, when set, under the other)
-ES_ONLY = ("population", "sigma", "layer", "layer_options", "antithetic", "shaping", "sigma_schedule", "sigma_final",
+ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "antithetic", "shaping", "sigma_schedule", "sigma_final",
            "chunk_size", "compile")
 BACKPROP_ONLY = ("optimizer", "accumulate", "activation_checkpointing", "shard")
 # what neither the task nor its model sets
@@ -218,6 +220,11 @@ class TrainConfig:
     ars_version: str = opt("v2", "ars: v1 (raw observations) or v2 (running observation statistics)",
                            choices=("v1", "v2"))
     layer_options: dict = opt(dict, "options of the layer kind (each also a flag of its own, e.g. --rank)")
+    bits: int | None = opt(help="low-bit weights in every Linear and Conv layer: 1 (binary) or 8 (int8), each with a "
+                           "per-output-channel scale, quantised from the float weights ES updates (default: float; "
+                           "models mlp and cnn)", choices=BITS)
+    noise_on: str = opt("latent", "with --bits: perturb the float weights, then quantise each member (latent), or add "
+                        "the noise to the shared quantised weights (quantized)", choices=NOISE_ON)
     sigma_schedule: str = opt("constant", "sigma over the steps", choices=SCHEDULES)
     sigma_final: float = opt(1.0, "sigma factor at the last step")
     lr_schedule: str | None = opt(help="lr over the steps", choices=SCHEDULES, per_task=True)
@@ -334,6 +341,14 @@ class TrainConfig:
             raise ValueError(f"strategy {self.strategy!r} needs antithetic sampling")
         if self.strategy == "pgpe" and self.sigma_schedule != "constant":
             raise ValueError("strategy 'pgpe' adapts sigma itself; a sigma_schedule does not apply to it")
+        if self.bits is None and self.noise_on != "latent":
+            raise ValueError(f"noise_on={self.noise_on!r} applies to low-bit layers; add --bits 1 or --bits 8")
+        if self.bits is not None:
+            from ..tasks import SUPERVISED
+
+            if self.task not in SUPERVISED or self.model not in ("mlp", "cnn"):
+                raise ValueError(f"bits={self.bits} applies to the supervised tasks' models mlp and cnn (Linear and "
+                                 f"Conv1d layers); got task {self.task!r} with model {self.model!r}")
         if self.strategy == BACKPROP:
             self._validate_backprop()
         if not math.isfinite(self.reward_shift) or not 0 <= self.observation_clip < math.inf:

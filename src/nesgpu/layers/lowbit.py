@@ -1,0 +1,227 @@
+"""Low-bit perturbed Linear and Conv1d/2d/3d: binary (bits=1) or int8 (bits=8) weights from float latents.
+
+The module keeps float latent weights ``theta`` (its state_dict is its torch parent's), which ES perturbs and
+the optimizer steps. Its plain forward multiplies with ``Q(theta)``, their quantisation (see
+:mod:`nesgpu.quantize`: a per-output-channel scale times +-1, or times an int8 code). Biases stay float.
+
+Where the noise goes (``noise_on``):
+
+- ``"latent"`` (default): member (r, d) computes with ``Q(theta + sigma s_r z_d)``: every member is itself a
+  low-bit network, and ES estimates the gradient of the smoothed objective ``E f(Q(theta + sigma eps))``,
+  which needs no straight-through trick. The members' low-bit weights are built densely (one
+  ``(signs * D, *weight)`` tensor per call, kept while the noise, sigma and weights stay the same) and
+  applied as one batched product: a product with P different matrices, as for IID Gaussian noise.
+- ``"quantized"``: member (r, d) computes with ``Q(theta) + sigma s_r z_d``: one shared low-bit product plus
+  the noise kind's own (structured, cheap) product in float. The estimate is the gradient at the low-bit
+  weights, applied to the latents (a straight-through estimate made by ES).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kinds import LINEAR, Op, make_kind
+from ..quantize import check_bits, quantize
+from .base import compute_dtype, rows_view
+from .conv import _PerturbedConv
+from .linear import PerturbedLinear
+
+NOISE_ON = ("latent", "quantized")
+"""Where a low-bit layer's noise goes: on the float latents (then quantised) or on the quantised weights."""
+
+
+def _members(t: torch.Tensor, signs: int) -> torch.Tensor:
+    """(R, D, ...) rows -> (R / signs, signs * D, ...): the rows of one sign and direction, i.e. of one
+    member's weights, side by side on the second dimension."""
+    r, d = t.shape[:2]
+    return t.view(signs, r // signs, d, *t.shape[2:]).transpose(0, 1).reshape(r // signs, signs * d, *t.shape[2:])
+
+
+def _rows(t: torch.Tensor, signs: int, d: int) -> torch.Tensor:
+    """The inverse of :func:`_members`: (R / signs, signs * D, ...) -> (R, D, ...)."""
+    q = t.shape[0]
+    return t.view(q, signs, d, *t.shape[2:]).transpose(0, 1).reshape(q * signs, d, *t.shape[2:])
+
+
+class _LowBit:
+    """What the low-bit Linear and convolutions share: the quantised weight and the members' weights."""
+
+    weight: nn.Parameter
+
+    def _init_lowbit(self, bits: int, noise_on: str) -> None:
+        self.bits = check_bits(bits)
+        if noise_on not in NOISE_ON:
+            raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {noise_on!r}")
+        self.noise_on = noise_on
+        self._members_cache = None
+
+    def quantized_weight(self) -> torch.Tensor:
+        """Q(weight): the low-bit weight the plain forward uses (dequantised to the weight's dtype)."""
+        return quantize(self.weight, self.bits, self.weight.dim() - 1)
+
+    def _base_weight(self) -> torch.Tensor:
+        return self.quantized_weight()
+
+    def set_noise(self, *args, **kwargs) -> None:
+        self._members_cache = None  # the members' weights of the old noise are stale (and free them first)
+        super().set_noise(*args, **kwargs)
+
+    def free_memory(self) -> None:
+        self._members_cache = None
+        super().free_memory()
+
+    def _signs(self) -> int:
+        """How many distinct weights each direction has: 2 with antithetic sampling (+sigma, -sigma), else 1."""
+        return 2 if self._active.antithetic else 1
+
+    def member_weights(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """Q(theta + sigma s z_d) for each sign s and local direction d: (signs * D, *weight.shape), sign
+        major, in ``dtype``; None when the weight is frozen. Built in the weight's dtype (the quantisation
+        sees the fp32 latents under autocast) and kept while noise, sigma and weight stay the same."""
+        noise = self._noise_of("weight", self.weight.dtype)
+        if noise is None:
+            return None
+        signs = self._signs()
+        key = (noise, self.weight._version, self._active.sigma, signs, dtype, self.weight.device)
+        cached = self._members_cache
+        if cached is not None and len(cached[0]) == len(key) and all(a is b or a == b for a, b in zip(cached[0], key)):
+            return cached[1]
+        self._members_cache = None
+        z = self._slot("weight").kind.dense(noise).reshape(noise.directions, *self.weight.shape)
+        sign = torch.tensor([1.0, -1.0][:signs], dtype=z.dtype, device=z.device) * self._active.sigma
+        latent = torch.addcmul(self.weight.detach().unsqueeze(0).unsqueeze(0), sign.view(signs, *([1] * z.dim())),
+                               z.unsqueeze(0))  # (signs, D, *shape)
+        members = quantize(latent, self.bits, self.weight.dim() - 1).flatten(0, 1).to(dtype)
+        self._members_cache = (key, members)
+        return members
+
+    def _latent_product(self, op: Op, x_rows: torch.Tensor, groups: int) -> torch.Tensor | None:
+        """y (R, D, ...) of x (R, D, ...) through each member's own low-bit weight, or None when frozen."""
+        members = self.member_weights(x_rows.dtype)
+        if members is None:
+            return None
+        signs, d = self._signs(), x_rows.shape[1]
+        return _rows(op.per_direction(_members(x_rows, signs), members, groups), signs, d)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, bits={self.bits}, noise_on={self.noise_on!r}"
+
+
+class LowBitLinear(_LowBit, PerturbedLinear):
+    """nn.Linear with binary or int8 weights (per-output-channel scales) quantised from float latents.
+
+    Args:
+        in_features, out_features, bias, device, dtype: as for :class:`torch.nn.Linear`.
+        bits: 1 (binary: alpha_o * sign) or 8 (symmetric int8, per-output-channel scale).
+        noise_on: "latent" (members are Q(theta + noise)) or "quantized" (members are Q(theta) + noise).
+        kind, directions, **options: the noise kind, as for :class:`PerturbedLinear`.
+
+    Example:
+        >>> layer = LowBitLinear(64, 32, bits=1, kind="gaussian", directions=16)
+        >>> layer.quantized_weight().abs().unique(dim=1).shape   # one magnitude per output channel
+        torch.Size([32, 1])
+    """
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, bits=1,
+                 noise_on="latent", kind="gaussian", directions=None, **options):
+        super().__init__(in_features, out_features, bias, device, dtype, kind=make_kind(kind, **options),
+                         directions=directions)
+        self._init_lowbit(bits, noise_on)
+
+    def forward(self, x):
+        if self._active is None:
+            return F.linear(x, self.quantized_weight(), self.bias)
+        return self.population_forward(x)
+
+    def population_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.noise_on == "quantized":
+            return super().population_forward(x)
+        if x.dim() < 2 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
+                             f"{self.in_features}); got {tuple(x.shape)}")
+        dtype = compute_dtype(x)
+        pop = self._population(x.shape[0], dtype, x.device)
+        x4 = rows_view(x.to(dtype), pop.repeats, pop.directions)
+        y4 = self._latent_product(LINEAR, x4, 1)
+        if y4 is None:  # a frozen weight: the plain low-bit product
+            y4 = F.linear(x4, self.quantized_weight().to(dtype))
+        y4 = y4.contiguous()
+        if self.bias is not None:
+            y4.add_(self.bias.to(dtype))
+            self._add_vector_("bias", LINEAR, y4, pop.scale)
+        return y4.view(*x.shape[:-1], self.out_features)
+
+    def population_forward_shared(self, x: torch.Tensor, signs: int) -> torch.Tensor:
+        if self.noise_on == "quantized":
+            return super().population_forward_shared(x, signs)
+        if x.dim() != 2 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{type(self).__name__}: expected a shared input of shape (samples, {self.in_features}); "
+                             f"got {tuple(x.shape)}")
+        bsz, d, dtype = x.shape[0], self.local_directions, compute_dtype(x)
+        pop = self._population(signs * bsz * d, dtype, x.device)
+        members = self.member_weights(dtype)
+        if members is None:
+            y = F.linear(x, self.quantized_weight()).view(1, bsz, 1, -1).expand(signs, bsz, d, -1).contiguous()
+        else:  # every member's weights stacked as one (signs * D * out, in) matrix: a single GEMM
+            y = (x.to(dtype) @ members.view(-1, self.in_features).t()).view(bsz, signs, d, -1).transpose(0, 1).contiguous()
+        if self.bias is not None:
+            y4 = y.view(signs * bsz, d, 1, -1)
+            y4.add_(self.bias)
+            self._add_vector_("bias", LINEAR, y4, pop.scale)
+        return y.view(-1, self.out_features)
+
+
+class _LowBitConv(_LowBit, _PerturbedConv):
+    """Population forward of the low-bit convolutions."""
+
+    def forward(self, x):
+        if self._active is None:
+            return self._conv_forward(x, self.quantized_weight(), self.bias)
+        return self.population_forward(x)
+
+    def population_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.noise_on == "quantized":
+            return super().population_forward(x)
+        self._check_input(x)
+        dtype = compute_dtype(x)
+        pop = self._population(x.shape[0], dtype, x.device)
+        x_rows = x.to(dtype).view(pop.repeats, pop.directions, *x.shape[1:])
+        y_rows = self._latent_product(self.op, x_rows, self.groups)
+        if y_rows is None:
+            y = self._conv_forward(x, self.quantized_weight(), None).to(dtype)
+            y_rows = y.view(pop.repeats, pop.directions, *y.shape[1:])
+        y_rows = y_rows.contiguous()
+        if self.bias is not None:
+            y_rows.add_(self.op.per_channel(self.bias.to(dtype).unsqueeze(0), y_rows))
+            self._add_vector_("bias", self.op, y_rows, pop.scale)
+        return y_rows.view(x.shape[0], *y_rows.shape[2:])
+
+
+def _lowbit_conv_class(parent: type[nn.Module], dims: int) -> type:
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, padding_mode="zeros", device=None, dtype=None, *, bits=1, noise_on="latent",
+                 kind="gaussian", directions=None, **options):
+        parent.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                        padding_mode, device, dtype)
+        self._init_conv(kind, directions, options)
+        self._init_lowbit(bits, noise_on)
+
+    name = f"LowBitConv{dims}d"
+    doc = f"""nn.Conv{dims}d with binary or int8 kernels (per-output-channel scales) quantised from float latents.
+
+    Args:
+        as for :class:`torch.nn.Conv{dims}d`, plus ``bits`` (1 or 8), ``noise_on`` ("latent" or "quantized"),
+        ``kind`` (a Kind or its name; any but "sparse"), the kind's ``**options`` and ``directions``.
+
+    Shape:
+        population input (R * D, C_in, *spatial) -> (R * D, C_out, *spatial_out); row n uses direction n % D.
+    """
+    return type(name, (_LowBitConv, parent), {"__init__": __init__, "__doc__": doc, "__module__": __name__,
+                                               "__qualname__": name})
+
+
+LowBitConv1d = _lowbit_conv_class(nn.Conv1d, 1)
+LowBitConv2d = _lowbit_conv_class(nn.Conv2d, 2)
+LowBitConv3d = _lowbit_conv_class(nn.Conv3d, 3)

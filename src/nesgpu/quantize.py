@@ -1,0 +1,67 @@
+"""Low-bit weight quantisers: plain functions from float weights to the low-bit weights a layer computes with.
+
+A low-bit layer keeps float *latent* weights (what ES perturbs and the optimizer steps) and multiplies with
+their quantisation. Each output channel (the first dimension of a weight, or of each stacked weight) has its
+own scale:
+
+- ``bits=1`` (binary, as XNOR-Net): ``alpha_o * sign(w)``, ``alpha_o = mean |w_o|`` over the channel, sign(0)
+  = +1. The result has two values per channel, +alpha_o and -alpha_o.
+- ``bits=8`` (symmetric int8): ``s_o * clamp(round(w / s_o), -127, 127)``, ``s_o = max |w_o| / 127`` (1 for
+  an all-zero channel). The result has at most 255 values per channel.
+
+:func:`quantize` returns the dequantised float weights (what the product sees); :func:`codes` the integer
+codes and scales, e.g. for an int8 GEMM or for export.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BITS = (1, 8)
+"""The supported bit widths."""
+
+INT8_MAX = 127
+
+
+def check_bits(bits) -> int:
+    """``bits`` if it is a supported width, else a ValueError / TypeError naming the supported ones."""
+    if isinstance(bits, bool) or not isinstance(bits, int):
+        raise TypeError(f"bits must be an int, one of {list(BITS)}; got {type(bits).__name__} {bits!r}")
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {list(BITS)} (binary or int8 weights); got {bits}")
+    return bits
+
+
+def codes(w: torch.Tensor, bits: int, channel_numel_dims: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer codes (int8: +-1 for binary, -127..127 for int8) and per-channel scales of ``w``.
+
+    Args:
+        w: weights; its last ``channel_numel_dims`` dimensions hold one output channel's values (1 for a
+            Linear weight (out, in), 1 + the kernel's dimensions for a convolution), any leading dimensions
+            are channels or stacked weights.
+        bits: 1 or 8.
+
+    Returns:
+        (codes, scales): codes in ``w``'s shape, dtype int8; scales of shape ``w.shape[:-channel_numel_dims]``
+        followed by ``channel_numel_dims`` ones (they broadcast against the codes), in ``w``'s dtype.
+    """
+    check_bits(bits)
+    dims = tuple(range(w.dim() - channel_numel_dims, w.dim()))
+    if bits == 1:
+        scale = w.abs().mean(dims, keepdim=True)
+        return torch.where(w >= 0, 1, -1).to(torch.int8), scale
+    scale = w.abs().amax(dims, keepdim=True).div_(INT8_MAX)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (w / scale).round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+
+
+def quantize(w: torch.Tensor, bits: int, channel_numel_dims: int) -> torch.Tensor:
+    """The low-bit weights of ``w`` in ``w``'s dtype: codes times their channel's scale (see :func:`codes`)."""
+    check_bits(bits)
+    dims = tuple(range(w.dim() - channel_numel_dims, w.dim()))
+    if bits == 1:  # without building the int8 codes: one pass for the scale, one for the result
+        scale = w.abs().mean(dims, keepdim=True)
+        return torch.where(w >= 0, scale, -scale)
+    scale = w.abs().amax(dims, keepdim=True).div_(INT8_MAX)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (w / scale).round_().clamp_(-INT8_MAX, INT8_MAX).mul_(scale)

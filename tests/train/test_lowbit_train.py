@@ -1,0 +1,66 @@
+"""`nesgpu train --bits`: a low-bit run trains, resumes and chunks like a float run, and its options define it."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from nesgpu.cli import main
+from nesgpu.layers import LowBitLinear
+from nesgpu.train import TrainConfig, evaluate_run, train
+from nesgpu.train.trainer import build
+
+FAST = dict(task="digits", population=16, steps=6, batch_size=8, hidden=(8,))
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+@pytest.mark.parametrize("bits", [1, 8])
+@pytest.mark.parametrize("noise_on", ["latent", "quantized"])
+def test_low_bit_run_trains_evaluates_and_chunks(tmp_path, bits, noise_on):
+    cfg = dict(FAST, bits=bits, noise_on=noise_on)
+    summary = train(TrainConfig(**cfg, out=str(tmp_path / "whole")), log=quiet)
+    assert (summary["bits"], summary["noise_on"]) == (bits, noise_on)
+    _, model, pm, _ = build(TrainConfig(**cfg).resolved(), torch.device("cpu"))
+    assert sum(isinstance(m, LowBitLinear) for m in model.modules()) == 2
+    # eval rebuilds the low-bit model from the run's config and reproduces the summary
+    assert evaluate_run(tmp_path / "whole", "cpu")["value"] == pytest.approx(summary["value"])
+    train(TrainConfig(**cfg, chunk_size=3, out=str(tmp_path / "chunked")), log=quiet)
+    a = load_file(tmp_path / "whole" / "model.safetensors")
+    b = load_file(tmp_path / "chunked" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+def test_resumed_low_bit_run_equals_a_straight_one_and_keeps_its_bits(tmp_path, capsys):
+    cfg = dict(FAST, bits=1, checkpoint_every=2)
+    train(TrainConfig(**cfg, out=str(tmp_path / "straight")), log=quiet)
+    train(TrainConfig(**{**cfg, "steps": 3}, out=str(tmp_path / "split")), log=quiet)
+    train(TrainConfig(**cfg, out=str(tmp_path / "split")), resume=True, log=quiet)
+    a = load_file(tmp_path / "straight" / "model.safetensors")
+    b = load_file(tmp_path / "split" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "split" / "config.json").read_text())["bits"] == 1
+    # bits defines the run: resuming it as a float (or int8) run is refused in one line
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--resume", str(tmp_path / "split"), "--bits", "8", "--steps", "8"])
+    assert e.value.code != 0
+    assert "bits" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--bits", "2"], "invalid choice: 2"),
+    (["--bits", "1", "--task", "cartpole"], "bits=1 applies to the supervised tasks' models mlp and cnn"),
+    (["--bits", "8", "--task", "reverse"], "got task 'reverse' with model 'transformer'"),
+    (["--noise-on", "quantized"], "noise_on='quantized' applies to low-bit layers; add --bits 1 or --bits 8"),
+    (["--bits", "1", "--strategy", "backprop"], "option 'bits' (= 1) applies to the ES strategies"),
+])
+def test_bad_low_bit_options_are_one_line_errors(tmp_path, capsys, options, message):
+    with pytest.raises(SystemExit) as e:
+        main(["train", *options, "--steps", "1", "--out", str(tmp_path / "run")])
+    assert e.value.code != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
