@@ -53,14 +53,16 @@ def timed(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def population_variant(n_in, n_out, directions, device, bits=None, noise_on="latent", kind="lowrank"):
+def population_variant(x, n_out, directions, device, bits=None, noise_on="latent", kind="lowrank"):
+    """One step of a population layer on rows x: draw the noise, run the forward."""
+    n_in = x.shape[1]
     torch.manual_seed(0)
     layer = nesgpu.convert(nn.Linear(n_in, n_out), kind, bits=bits, noise_on=noise_on) if bits else \
         nesgpu.convert(nn.Linear(n_in, n_out), kind)
     pm = nesgpu.PerturbedModel(layer.to(device), directions, sigma=0.05, antithetic=True)
     step = [0]
 
-    def run(x):
+    def run():
         step[0] += 1
         pm.set_noise(step=step[0])
         return pm(x)
@@ -95,13 +97,13 @@ def variants_for(n_in: int, n_out: int, directions: int, samples: int, device: t
     qx = codes(x, 8, 1)[0]
     variants = {
         "float plain": lambda: F.linear(x, w),
-        "float lowrank": population_variant(n_in, n_out, directions, device),
-        "float gaussian": population_variant(n_in, n_out, directions, device, kind="gaussian"),
-        "b1 latent (gaussian)": population_variant(n_in, n_out, directions, device, 1, kind="gaussian"),
-        "b1 latent (lowrank)": population_variant(n_in, n_out, directions, device, 1),
-        "b1 quantized (lowrank)": population_variant(n_in, n_out, directions, device, 1, "quantized"),
-        "i8 latent (lowrank)": population_variant(n_in, n_out, directions, device, 8),
-        "i8 quantized (lowrank)": population_variant(n_in, n_out, directions, device, 8, "quantized"),
+        "float lowrank": population_variant(x, n_out, directions, device),
+        "float gaussian": population_variant(x, n_out, directions, device, kind="gaussian"),
+        "b1 latent (gaussian)": population_variant(x, n_out, directions, device, 1, kind="gaussian"),
+        "b1 latent (lowrank)": population_variant(x, n_out, directions, device, 1),
+        "b1 quantized (lowrank)": population_variant(x, n_out, directions, device, 1, "quantized"),
+        "i8 latent (lowrank)": population_variant(x, n_out, directions, device, 8),
+        "i8 quantized (lowrank)": population_variant(x, n_out, directions, device, 8, "quantized"),
         "base: float GEMM, dequantised int8": lambda: F.linear(x, w8),
     }
 

@@ -4,8 +4,8 @@ A low-bit layer keeps float *latent* weights (what ES perturbs and the optimizer
 their quantisation. Each output channel (the first dimension of a weight, or of each stacked weight) has its
 own scale:
 
-- ``bits=1`` (binary, as XNOR-Net): ``alpha_o * sign(w)``, ``alpha_o = mean |w_o|`` over the channel, sign(0)
-  = +1. The result has two values per channel, +alpha_o and -alpha_o.
+- ``bits=1`` (binary, as XNOR-Net): ``alpha_o * sign(w)``, ``alpha_o = mean |w_o|`` over the channel; the sign
+  is w's sign bit (+1 for +0.0). The result has two values per channel, +alpha_o and -alpha_o.
 - ``bits=8`` (symmetric int8): ``s_o * clamp(round(w / s_o), -127, 127)``, ``s_o = max |w_o| / 127`` (1 for
   an all-zero channel). The result has at most 255 values per channel.
 
@@ -14,6 +14,8 @@ codes and scales, e.g. for an int8 GEMM or for export.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -32,6 +34,17 @@ def check_bits(bits) -> int:
     return bits
 
 
+def scales(w: torch.Tensor, bits: int, channel_numel_dims: int) -> torch.Tensor:
+    """Each output channel's scale (see :func:`codes`): mean |w| for binary, max |w| / 127 for int8 (1 for an
+    all-zero channel), with ``channel_numel_dims`` trailing ones so that it broadcasts against ``w``."""
+    check_bits(bits)
+    dims = tuple(range(w.dim() - channel_numel_dims, w.dim()))
+    if bits == 1:
+        return torch.linalg.vector_norm(w, 1, dims, keepdim=True).div_(math.prod(w.shape[d] for d in dims))
+    scale = torch.maximum(w.amax(dims, keepdim=True), w.amin(dims, keepdim=True).neg_()).div_(INT8_MAX)
+    return scale.masked_fill_(scale == 0, 1.0)
+
+
 def codes(w: torch.Tensor, bits: int, channel_numel_dims: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer codes (int8: +-1 for binary, -127..127 for int8) and per-channel scales of ``w``.
 
@@ -45,23 +58,17 @@ def codes(w: torch.Tensor, bits: int, channel_numel_dims: int) -> tuple[torch.Te
         (codes, scales): codes in ``w``'s shape, dtype int8; scales of shape ``w.shape[:-channel_numel_dims]``
         followed by ``channel_numel_dims`` ones (they broadcast against the codes), in ``w``'s dtype.
     """
-    check_bits(bits)
-    dims = tuple(range(w.dim() - channel_numel_dims, w.dim()))
+    scale = scales(w, bits, channel_numel_dims)
     if bits == 1:
-        scale = w.abs().mean(dims, keepdim=True)
-        return torch.where(w >= 0, 1, -1).to(torch.int8), scale
-    scale = w.abs().amax(dims, keepdim=True).div_(INT8_MAX)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return torch.where(torch.signbit(w), -1, 1).to(torch.int8), scale
     return (w / scale).round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
-def quantize(w: torch.Tensor, bits: int, channel_numel_dims: int) -> torch.Tensor:
-    """The low-bit weights of ``w`` in ``w``'s dtype: codes times their channel's scale (see :func:`codes`)."""
-    check_bits(bits)
-    dims = tuple(range(w.dim() - channel_numel_dims, w.dim()))
-    if bits == 1:  # without building the int8 codes: one pass for the scale, one for the result
-        scale = w.abs().mean(dims, keepdim=True)
-        return torch.where(w >= 0, scale, -scale)
-    scale = w.abs().amax(dims, keepdim=True).div_(INT8_MAX)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (w / scale).round_().clamp_(-INT8_MAX, INT8_MAX).mul_(scale)
+def quantize(w: torch.Tensor, bits: int, channel_numel_dims: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The low-bit weights of ``w`` in ``w``'s dtype: codes times their channel's scale (see :func:`codes`).
+    ``out`` (which may be ``w`` itself) receives the result without a new allocation."""
+    scale = scales(w, bits, channel_numel_dims)
+    if bits == 1:  # the scale with w's sign bit: one pass, no codes
+        return torch.copysign(scale, w, out=out)
+    out = torch.div(w, scale) if out is None else torch.div(w, scale, out=out)
+    return out.round_().clamp_(-INT8_MAX, INT8_MAX).mul_(scale)

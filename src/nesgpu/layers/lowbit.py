@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kinds import LINEAR, Op, make_kind
+from ..kinds import LINEAR, LinearOp, Op, make_kind
 from ..quantize import check_bits, quantize
-from .base import compute_dtype, rows_view
+from .base import _unshared, compute_dtype, rows_view
 from .conv import _PerturbedConv
 from .linear import PerturbedLinear
 
@@ -56,6 +56,7 @@ class _LowBit:
             raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {noise_on!r}")
         self.noise_on = noise_on
         self._members_cache = None
+        self._members_buffer: torch.Tensor | None = None
 
     def quantized_weight(self) -> torch.Tensor:
         """Q(weight): the low-bit weight the plain forward uses (dequantised to the weight's dtype)."""
@@ -69,7 +70,7 @@ class _LowBit:
         super().set_noise(*args, **kwargs)
 
     def free_memory(self) -> None:
-        self._members_cache = None
+        self._members_cache = self._members_buffer = None
         super().free_memory()
 
     def _signs(self) -> int:
@@ -79,21 +80,30 @@ class _LowBit:
     def member_weights(self, dtype: torch.dtype) -> torch.Tensor | None:
         """Q(theta + sigma s z_d) for each sign s and local direction d: (signs * D, *weight.shape), sign
         major, in ``dtype``; None when the weight is frozen. Built in the weight's dtype (the quantisation
-        sees the fp32 latents under autocast) and kept while noise, sigma and weight stay the same."""
+        sees the fp32 latents under autocast), kept while noise, sigma and weight stay the same, and written
+        into the last step's buffer when nothing else holds it (a fresh multi-MB tensor costs more in page
+        faults than the arithmetic)."""
         noise = self._noise_of("weight", self.weight.dtype)
         if noise is None:
             return None
         signs = self._signs()
         key = (noise, self.weight._version, self._active.sigma, signs, dtype, self.weight.device)
         cached = self._members_cache
-        if cached is not None and len(cached[0]) == len(key) and all(a is b or a == b for a, b in zip(cached[0], key)):
+        if cached is not None and all(a is b or a == b for a, b in zip(cached[0], key)):
             return cached[1]
         self._members_cache = None
-        z = self._slot("weight").kind.dense(noise).reshape(noise.directions, *self.weight.shape)
-        sign = torch.tensor([1.0, -1.0][:signs], dtype=z.dtype, device=z.device) * self._active.sigma
-        latent = torch.addcmul(self.weight.detach().unsqueeze(0).unsqueeze(0), sign.view(signs, *([1] * z.dim())),
-                               z.unsqueeze(0))  # (signs, D, *shape)
-        members = quantize(latent, self.bits, self.weight.dim() - 1).flatten(0, 1).to(dtype)
+        w = self.weight.detach()
+        z = self._slot("weight").kind.dense(noise).reshape(noise.directions, *w.shape)
+        shape = (signs, noise.directions, *w.shape)
+        buffer = self._members_buffer
+        if buffer is None or buffer.shape != shape or buffer.dtype != w.dtype or buffer.device != w.device \
+                or not _unshared(buffer):
+            self._members_buffer = buffer = None  # free it before allocating its successor
+            self._members_buffer = buffer = torch.empty(shape, dtype=w.dtype, device=w.device)
+        sign = torch.tensor([1.0, -1.0][:signs], dtype=w.dtype, device=w.device).mul_(self._active.sigma)
+        torch.addcmul(w.unsqueeze(0).unsqueeze(0), sign.view(signs, *([1] * z.dim())), z.unsqueeze(0), out=buffer)
+        quantize(buffer, self.bits, w.dim() - 1, out=buffer)
+        members = buffer.flatten(0, 1).to(dtype)
         self._members_cache = (key, members)
         return members
 
@@ -103,6 +113,15 @@ class _LowBit:
         if members is None:
             return None
         signs, d = self._signs(), x_rows.shape[1]
+        if isinstance(op, LinearOp):  # a batched GEMM per member, on strided views where possible
+            r, m, n_in = x_rows.shape[0], x_rows.shape[2], x_rows.shape[3]
+            w = members.view(signs, d, -1, n_in).transpose(-1, -2)  # (signs, D, in, out)
+            x_m = x_rows.view(signs, r // signs, d, m, n_in).permute(0, 2, 1, 3, 4)  # (signs, D, R/signs, M, in)
+            if m == 1:
+                y = torch.matmul(x_m.squeeze(3), w)  # (signs, D, R/signs, out)
+            else:
+                y = torch.matmul(x_m.reshape(signs, d, r // signs * m, n_in), w)
+            return y.view(signs, d, r // signs, m, -1).permute(0, 2, 1, 3, 4).reshape(r, d, m, -1)
         return _rows(op.per_direction(_members(x_rows, signs), members, groups), signs, d)
 
     def extra_repr(self) -> str:
