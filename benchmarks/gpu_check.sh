@@ -59,3 +59,5 @@ PYEOF
 $PY -m pytest -q tests/train/test_config.py tests/tasks/test_compiled.py tests/test_noise.py -x
 $PY benchmarks/population_floor.py --device cuda --rounds 9 | tail -3
 $PY benchmarks/iid_noise.py --device cuda --rounds 7 | tail -4
+# issue 13: low-bit layers (binary / int8) against the float layer, and the int8 / XNOR products, on CUDA
+$PY benchmarks/lowbit.py layers --device cuda --rounds 7 --json "$OUT/lowbit_layers_cuda.json" | grep -v '^|---'
