@@ -7,7 +7,9 @@ forward (the plain floor runs the forward only, on the same rows, with the float
 - float plain: F.linear on all rows (plain inference of the same rows: the floor);
 - float lowrank / gaussian: PerturbedLinear;
 - b1 / i8 latent (gaussian | lowrank noise): each member quantises its own perturbed weights (LowBitLinear);
-- b1 / i8 quantized (lowrank noise): the noise rides in float on the shared quantised weights.
+- b1 / i8 quantized (lowrank noise): the noise rides in float on the shared quantised weights;
+- ... W8A8 / W1A8 (act_bits=8): the same with the inputs quantised per row and the shared product as an
+  int8 GEMM; "i8 W8A8 plain forward" is the unperturbed int8 layer (plain inference of the low-bit model).
 Then the products a shared low-bit base could use for those rows (the base of noise_on="quantized"):
 - float GEMM with the dequantised weights (what nesgpu runs);
 - int8 GEMM (torch._int_mm, weights and activations int8, the activations quantised per row first: W8A8);
@@ -53,12 +55,12 @@ def timed(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def population_variant(x, n_out, directions, device, bits=None, noise_on="latent", kind="lowrank"):
+def population_variant(x, n_out, directions, device, bits=None, noise_on="latent", kind="lowrank", act_bits=None):
     """One step of a population layer on rows x: draw the noise, run the forward."""
     n_in = x.shape[1]
     torch.manual_seed(0)
-    layer = nesgpu.convert(nn.Linear(n_in, n_out), kind, bits=bits, noise_on=noise_on) if bits else \
-        nesgpu.convert(nn.Linear(n_in, n_out), kind)
+    layer = nesgpu.convert(nn.Linear(n_in, n_out), kind, bits=bits, noise_on=noise_on, act_bits=act_bits) if bits \
+        else nesgpu.convert(nn.Linear(n_in, n_out), kind)
     pm = nesgpu.PerturbedModel(layer.to(device), directions, sigma=0.05, antithetic=True)
     step = [0]
 
@@ -95,6 +97,7 @@ def variants_for(n_in: int, n_out: int, directions: int, samples: int, device: t
     q8, s8 = codes(w, 8, 1)
     w8 = quantize(w, 8, 1)
     qx = codes(x, 8, 1)[0]
+    w8a8_layer = nesgpu.LowBitLinear(n_in, n_out, bias=False, bits=8, act_bits=8).to(device)
     variants = {
         "float plain": lambda: F.linear(x, w),
         "float lowrank": population_variant(x, n_out, directions, device),
@@ -104,6 +107,9 @@ def variants_for(n_in: int, n_out: int, directions: int, samples: int, device: t
         "b1 quantized (lowrank)": population_variant(x, n_out, directions, device, 1, "quantized"),
         "i8 latent (lowrank)": population_variant(x, n_out, directions, device, 8),
         "i8 quantized (lowrank)": population_variant(x, n_out, directions, device, 8, "quantized"),
+        "i8 quantized W8A8 (lowrank)": population_variant(x, n_out, directions, device, 8, "quantized", act_bits=8),
+        "b1 quantized W1A8 (lowrank)": population_variant(x, n_out, directions, device, 1, "quantized", act_bits=8),
+        "i8 W8A8 plain forward": lambda: w8a8_layer(x),
         "base: float GEMM, dequantised int8": lambda: F.linear(x, w8),
     }
 

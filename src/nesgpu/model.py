@@ -271,7 +271,8 @@ class PerturbedModel:
 
 
 def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | None = None,
-            freeze: Iterable[str] = (), bits: int | None = None, noise_on: str = "latent", **options) -> nn.Module:
+            freeze: Iterable[str] = (), bits: int | None = None, noise_on: str = "latent",
+            act_bits: int | None = None, **options) -> nn.Module:
     """Make every trainable parameter of ``model`` perturbable, keeping its weights.
 
     Linear, Conv1d/2d/3d, Embedding, MultiheadAttention, LSTM/GRU/RNN become perturbed modules whose
@@ -295,6 +296,8 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
             attention, recurrent, a torch.func fallback) is refused: freeze those modules.
         noise_on: with ``bits``: "latent" (each member is the quantisation of its perturbed float weights) or
             "quantized" (the noise is added in float to the shared quantised weights).
+        act_bits: with ``bits``: None (float activations) or 8: every low-bit Linear quantises its input
+            rows to int8 and runs its shared product as an int8 GEMM (a model with a convolution is refused).
         **options: the kind's options, e.g. ``rank=2`` or ``in_sparsity=0.1``.
 
     Returns:
@@ -307,8 +310,11 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         check_bits(bits)
         if noise_on not in NOISE_ON:
             raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {noise_on!r}")
-    elif noise_on != "latent":
-        raise ValueError(f"noise_on={noise_on!r} applies to low-bit layers; pass bits=1 or bits=8 with it")
+    elif noise_on != "latent" or act_bits is not None:
+        raise ValueError(f"noise_on={noise_on!r} and act_bits={act_bits!r} apply to low-bit layers; pass bits=1 or "
+                         f"bits=8 with them")
+    if act_bits is not None and (isinstance(act_bits, bool) or act_bits != 8):
+        raise ValueError(f"act_bits must be None (float activations) or 8; got {act_bits!r}")
     _freeze(model, freeze)
     _refuse_tied(model)
     notes: list[str] = []
@@ -350,6 +356,12 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
                                      f"version; expected only Linear and Conv1d/2d/3d to hold trainable matrices, "
                                      f"or freeze it with convert(..., freeze=[{name!r}])")
                 target, extra = LOW_BIT[conversion.source], {**extra, "bits": bits, "noise_on": noise_on}
+                if act_bits is not None:
+                    if conversion.source is not nn.Linear:
+                        raise ValueError(f"act_bits={act_bits}: {name or 'model'} ({type(module).__name__}) has no "
+                                         f"int8-activation version; expected only Linear layers to be low-bit, or "
+                                         f"freeze it with convert(..., freeze=[{name!r}])")
+                    extra["act_bits"] = act_bits
             try:
                 return _rebuild(target, module, {**conversion.args(module), **extra}, directions)
             except ValueError as e:

@@ -262,7 +262,7 @@ def test_convert_keeps_state_dict_and_refuses_modules_without_a_low_bit_version(
 def test_bad_noise_placement_is_refused():
     with pytest.raises(ValueError, match=r"noise_on must be one of \['latent', 'quantized'\]; got 'weights'"):
         nesgpu.convert(nn.Linear(2, 2), "gaussian", bits=1, noise_on="weights")
-    with pytest.raises(ValueError, match="noise_on='quantized' applies to low-bit layers; pass bits"):
+    with pytest.raises(ValueError, match="noise_on=.quantized. and act_bits=None apply to low-bit layers; pass bits"):
         nesgpu.convert(nn.Linear(2, 2), "gaussian", noise_on="quantized")
     with pytest.raises(ValueError, match="noise_on must be one of"):
         nesgpu.LowBitLinear(2, 2, bits=8, noise_on="both")
@@ -282,3 +282,68 @@ def test_members_held_by_a_caller_are_not_overwritten_by_the_next_step():
         torch.testing.assert_close(pm(x), reference(layer, x, pm.dense_noise(), 2, 3, True, 8, "latent", F.linear),
                                    rtol=1e-12, atol=1e-12)
     assert torch.equal(held, copy)
+
+
+# ----- int8 activations: the shared product as an int8 GEMM ----------------------------------------------
+@pytest.mark.parametrize("kind, options", KINDS[:2], ids=[k[0] for k in KINDS[:2]])
+@pytest.mark.parametrize("bits", [1, 8])
+@pytest.mark.parametrize("mode", MODES)
+def test_int8_activations_match_the_dense_reference(kind, options, bits, mode):
+    """act_bits=8: every member multiplies the per-row int8 quantisation of its input by its weights."""
+    directions, repeats = 4, 4
+    layer = randomize_(nn.Linear(16, 8, dtype=torch.float64))
+    layer = nesgpu.convert(layer, kind, bits=bits, noise_on=mode, act_bits=8, **options)
+    pm = nesgpu.PerturbedModel(layer, directions, sigma=SIGMA, antithetic=True, seed=3)
+    pm.set_noise()
+    x = torch.randn(repeats * directions, 3, 16, dtype=torch.float64)
+
+    def apply(x, w, b):
+        return F.linear(quantize(x, 8, 1), w, b)
+
+    expected = reference(layer, x, pm.dense_noise(), repeats, directions, True, bits, mode, apply)
+    torch.testing.assert_close(pm(x), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(layer(x), apply(x, quantize(layer.weight, bits, 1), layer.bias), rtol=1e-12, atol=1e-12)
+    xs = torch.randn(5, 16, dtype=torch.float64)
+    rows = xs.unsqueeze(0).unsqueeze(2).expand(2, 5, directions, 16).reshape(-1, 16)
+    torch.testing.assert_close(pm.shared_input(xs), pm(rows), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_gemm_equals_the_exact_product_of_the_codes(device):
+    from nesgpu.quantize import codes, int8_linear
+
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*shape, generator=gen) for shape in ((40, 3, 64), (24, 64), (24,)))
+    xc, xs = codes(x, 8, 1)
+    wc, ws = codes(w, 8, 1)
+    exact = int8_linear(xc.double(), xs.double(), wc.double(), ws.double(), b.double(), torch.float64)
+    assert exact.shape == (40, 3, 24)
+    fast = int8_linear(*(t.to(device) for t in (xc, xs, wc, ws, b)), torch.float32)
+    torch.testing.assert_close(fast.double().cpu(), exact, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(exact, F.linear(xc.double() * xs.double(), wc.double() * ws.double(), b.double()),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_int8_activations_are_refused_where_they_do_not_apply():
+    with pytest.raises(ValueError, match=r"act_bits=8: 0 \(Conv1d\) has no int8-activation version"):
+        nesgpu.convert(nn.Sequential(nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(4, 2)), "lowrank", bits=8,
+                       act_bits=8)
+    with pytest.raises(ValueError, match="act_bits must be None .* or 8; got 4"):
+        nesgpu.convert(nn.Linear(2, 2), "gaussian", bits=8, act_bits=4)
+    with pytest.raises(ValueError, match="apply to low-bit layers; pass bits"):
+        nesgpu.convert(nn.Linear(2, 2), "gaussian", act_bits=8)
+
+
+def test_int8_weight_codes_follow_the_weights():
+    layer = nesgpu.convert(randomize_(nn.Linear(16, 8)), "lowrank", bits=1, act_bits=8)
+    x = torch.randn(20, 16)
+
+    def expected():
+        return F.linear(quantize(x, 8, 1), quantize(layer.weight, 1, 1), layer.bias)
+
+    torch.testing.assert_close(layer(x), expected(), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        layer.weight.neg_()  # in place, as optimizer.step()
+    torch.testing.assert_close(layer(x), expected(), rtol=1e-5, atol=1e-5)
+    layer.weight.data = torch.randn(8, 16)  # a new tensor
+    torch.testing.assert_close(layer(x), expected(), rtol=1e-5, atol=1e-5)

@@ -18,12 +18,12 @@ def quiet(*args, **kwargs):
     pass
 
 
-@pytest.mark.parametrize("bits", [1, 8])
+@pytest.mark.parametrize("bits, act_bits", [(1, None), (8, None), (8, 8)])
 @pytest.mark.parametrize("noise_on", ["latent", "quantized"])
-def test_low_bit_run_trains_evaluates_and_chunks(tmp_path, bits, noise_on):
-    cfg = dict(FAST, bits=bits, noise_on=noise_on)
+def test_low_bit_run_trains_evaluates_and_chunks(tmp_path, bits, act_bits, noise_on):
+    cfg = dict(FAST, bits=bits, noise_on=noise_on, act_bits=act_bits)
     summary = train(TrainConfig(**cfg, out=str(tmp_path / "whole")), log=quiet)
-    assert (summary["bits"], summary["noise_on"]) == (bits, noise_on)
+    assert (summary["bits"], summary["noise_on"], summary["act_bits"]) == (bits, noise_on, act_bits)
     _, model, pm, _ = build(TrainConfig(**cfg).resolved(), torch.device("cpu"))
     assert sum(isinstance(m, LowBitLinear) for m in model.modules()) == 2
     # eval rebuilds the low-bit model from the run's config and reproduces the summary
@@ -57,6 +57,9 @@ def test_resumed_low_bit_run_equals_a_straight_one_and_keeps_its_bits(tmp_path, 
     (["--bits", "8", "--task", "reverse"], "got task 'reverse' with model 'transformer'"),
     (["--noise-on", "quantized"], "noise_on='quantized' applies to low-bit layers; add --bits 1 or --bits 8"),
     (["--bits", "1", "--strategy", "backprop"], "option 'bits' (= 1) applies to the ES strategies"),
+    (["--act-bits", "8"], "act_bits=8 applies to low-bit layers; add --bits 1 or --bits 8"),
+    (["--bits", "8", "--act-bits", "8", "--task", "mnist1d", "--model", "cnn"],
+     "act_bits=8 applies to the Linear layers of model mlp"),
 ])
 def test_bad_low_bit_options_are_one_line_errors(tmp_path, capsys, options, message):
     with pytest.raises(SystemExit) as e:

@@ -325,12 +325,13 @@ class PerturbedModule(nn.Module):
         return Population(r, d, self._scale[1])
 
     def _perturbed_linear(self, x: torch.Tensor, pop: Population, weight: str, bias: str | None,
-                          part: slice | None = None, base: torch.Tensor | None = None) -> torch.Tensor:
+                          part: slice | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
         """x (R * D, ..., in) through matrix ``weight`` and vector ``bias`` (rows ``part`` of it), both perturbed.
-        ``base`` replaces the weight in the shared product (a low-bit layer's quantised weight); the noise
-        is added on top of it."""
+        ``y``, when given, is the shared (unperturbed) product with the bias, computed by the caller (a
+        low-bit layer's); the noise is added to it in place."""
         b = None if bias is None else getattr(self, bias)
-        y = F.linear(x, getattr(self, weight) if base is None else base, b if b is None or part is None else b[part])
+        if y is None:
+            y = F.linear(x, getattr(self, weight), b if b is None or part is None else b[part])
         y4 = rows_view(y, pop.repeats, pop.directions)
         noise = self._noise_of(weight, y.dtype)
         if noise is None:  # a frozen weight

@@ -38,11 +38,13 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
                              f"{self.in_features}); got {tuple(x.shape)}")
         pop = self._population(x.shape[0], compute_dtype(x), x.device)
-        return self._perturbed_linear(x, pop, "weight", "bias", base=self._base_weight())
+        x, y = self._shared_base(x)
+        return self._perturbed_linear(x, pop, "weight", "bias", y=y)
 
-    def _base_weight(self) -> torch.Tensor:
-        """The weight of the shared (unperturbed) product; a low-bit layer's is its quantised weight."""
-        return self.weight
+    def _shared_base(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the input the noise products see, the shared unperturbed product with the bias). A low-bit layer
+        multiplies by its quantised weight (and may quantise the input first)."""
+        return x, F.linear(x, self.weight, self.bias)
 
     def population_forward_shared(self, x: torch.Tensor, signs: int) -> torch.Tensor:
         """The population output for an input x (B, in) that every member shares: what
@@ -54,7 +56,7 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
                              f"got {tuple(x.shape)}")
         bsz, d = x.shape[0], self.local_directions
         pop = self._population(signs * bsz * d, compute_dtype(x), x.device)
-        base = F.linear(x, self._base_weight(), self.bias)  # (B, out)
+        x, base = self._shared_base(x)  # base: (B, out)
         x = x.to(base.dtype)
         per_direction = base.new_zeros(bsz, d, self.out_features)
         noise = self._noise_of("weight", base.dtype)

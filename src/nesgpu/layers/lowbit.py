@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import LINEAR, LinearOp, Op, make_kind
-from ..quantize import check_bits, quantize
+from ..quantize import check_bits, codes, int8_linear, quantize
 from .base import _unshared, compute_dtype, rows_view
 from .conv import _PerturbedConv
 from .linear import PerturbedLinear
@@ -50,11 +50,13 @@ class _LowBit:
 
     weight: nn.Parameter
 
-    def _init_lowbit(self, bits: int, noise_on: str) -> None:
+    def _init_lowbit(self, bits: int, noise_on: str, act_bits: int | None = None) -> None:
         self.bits = check_bits(bits)
         if noise_on not in NOISE_ON:
             raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {noise_on!r}")
-        self.noise_on = noise_on
+        if act_bits is not None and (isinstance(act_bits, bool) or act_bits != 8):
+            raise ValueError(f"act_bits must be None (float activations) or 8; got {act_bits!r}")
+        self.noise_on, self.act_bits = noise_on, act_bits
         self._members_cache = None
         self._members_buffer: torch.Tensor | None = None
 
@@ -125,7 +127,8 @@ class _LowBit:
         return _rows(op.per_direction(_members(x_rows, signs), members, groups), signs, d)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, bits={self.bits}, noise_on={self.noise_on!r}"
+        act = "" if self.act_bits is None else f", act_bits={self.act_bits}"
+        return f"{super().extra_repr()}, bits={self.bits}, noise_on={self.noise_on!r}{act}"
 
 
 class LowBitLinear(_LowBit, PerturbedLinear):
@@ -135,6 +138,10 @@ class LowBitLinear(_LowBit, PerturbedLinear):
         in_features, out_features, bias, device, dtype: as for :class:`torch.nn.Linear`.
         bits: 1 (binary: alpha_o * sign) or 8 (symmetric int8, per-output-channel scale).
         noise_on: "latent" (members are Q(theta + noise)) or "quantized" (members are Q(theta) + noise).
+        act_bits: None (float inputs) or 8: each input row is quantised to int8 codes with one scale
+            (max abs / 127) before the product, and the shared low-bit product runs as an int8 GEMM with
+            int32 accumulation (:func:`nesgpu.quantize.int8_linear`); the noise products see the same
+            quantised input, in float.
         kind, directions, **options: the noise kind, as for :class:`PerturbedLinear`.
 
     Example:
@@ -144,15 +151,40 @@ class LowBitLinear(_LowBit, PerturbedLinear):
     """
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, bits=1,
-                 noise_on="latent", kind="gaussian", directions=None, **options):
+                 noise_on="latent", act_bits=None, kind="gaussian", directions=None, **options):
         super().__init__(in_features, out_features, bias, device, dtype, kind=make_kind(kind, **options),
                          directions=directions)
-        self._init_lowbit(bits, noise_on)
+        self._init_lowbit(bits, noise_on, act_bits)
+        self._codes_cache = None
 
     def forward(self, x):
         if self._active is None:
-            return F.linear(x, self.quantized_weight(), self.bias)
+            return self._shared_base(x)[1]
         return self.population_forward(x)
+
+    def _shared_base(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the input the noise products see, the shared low-bit product with the bias). With act_bits=8 the
+        input is quantised per row first and the product is an int8 GEMM of the codes."""
+        if self.act_bits is None:
+            return x, F.linear(x, self.quantized_weight(), self.bias)
+        x_codes, x_scales = codes(x, 8, 1)
+        w_codes, w_scales = self.weight_codes()
+        dtype = compute_dtype(x)
+        y = int8_linear(x_codes, x_scales, w_codes, w_scales, self.bias, dtype)
+        return x_codes.to(dtype).mul_(x_scales.to(dtype)), y
+
+    def weight_codes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The int8 codes and per-channel scales of the weight (see :func:`nesgpu.quantize.codes`), kept
+        while the weight stays the same (an RL rollout calls the layer hundreds of times per step)."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if self._codes_cache is None or self._codes_cache[0] != key:
+            self._codes_cache = (key, codes(w.detach(), self.bits, 1))
+        return self._codes_cache[1]
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        """The input as the products see it: with act_bits=8, its per-row int8 quantisation."""
+        return x if self.act_bits is None else quantize(x, 8, 1)
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.noise_on == "quantized":
@@ -162,7 +194,7 @@ class LowBitLinear(_LowBit, PerturbedLinear):
                              f"{self.in_features}); got {tuple(x.shape)}")
         dtype = compute_dtype(x)
         pop = self._population(x.shape[0], dtype, x.device)
-        x4 = rows_view(x.to(dtype), pop.repeats, pop.directions)
+        x4 = rows_view(self._input(x).to(dtype), pop.repeats, pop.directions)
         y4 = self._latent_product(LINEAR, x4, 1)
         if y4 is None:  # a frozen weight: the plain low-bit product
             y4 = F.linear(x4, self.quantized_weight().to(dtype))
@@ -181,6 +213,7 @@ class LowBitLinear(_LowBit, PerturbedLinear):
         bsz, d, dtype = x.shape[0], self.local_directions, compute_dtype(x)
         pop = self._population(signs * bsz * d, dtype, x.device)
         members = self.member_weights(dtype)
+        x = self._input(x)
         if members is None:
             y = F.linear(x, self.quantized_weight()).view(1, bsz, 1, -1).expand(signs, bsz, d, -1).contiguous()
         else:  # every member's weights stacked as one (signs * D * out, in) matrix: a single GEMM

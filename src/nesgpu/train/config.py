@@ -47,7 +47,7 @@ BACKPROP = "backprop"
 BACKPROP_DEFAULTS = dict(lr=1e-3, weight_decay=0.01)
 STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
 # the options of ES runs only, and of backprop runs only (each an error, when set, under the other)
-ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "antithetic", "shaping", "sigma_schedule", "sigma_final",
+ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "shaping", "sigma_schedule", "sigma_final",
            "chunk_size", "compile")
 BACKPROP_ONLY = ("optimizer", "accumulate", "activation_checkpointing", "shard")
 # what neither the task nor its model sets
@@ -225,6 +225,8 @@ class TrainConfig:
                            "models mlp and cnn)", choices=BITS)
     noise_on: str = opt("latent", "with --bits: perturb the float weights, then quantise each member (latent), or add "
                         "the noise to the shared quantised weights (quantized)", choices=NOISE_ON)
+    act_bits: int | None = opt(help="with --bits: 8 quantises every Linear's input rows to int8 and runs the shared "
+                               "low-bit product as an int8 GEMM (model mlp; default: float inputs)", choices=(8,))
     sigma_schedule: str = opt("constant", "sigma over the steps", choices=SCHEDULES)
     sigma_final: float = opt(1.0, "sigma factor at the last step")
     lr_schedule: str | None = opt(help="lr over the steps", choices=SCHEDULES, per_task=True)
@@ -341,8 +343,12 @@ class TrainConfig:
             raise ValueError(f"strategy {self.strategy!r} needs antithetic sampling")
         if self.strategy == "pgpe" and self.sigma_schedule != "constant":
             raise ValueError("strategy 'pgpe' adapts sigma itself; a sigma_schedule does not apply to it")
-        if self.bits is None and self.noise_on != "latent":
-            raise ValueError(f"noise_on={self.noise_on!r} applies to low-bit layers; add --bits 1 or --bits 8")
+        if self.bits is None and (self.noise_on != "latent" or self.act_bits is not None):
+            option = "act_bits" if self.act_bits is not None else "noise_on"
+            raise ValueError(f"{option}={getattr(self, option)!r} applies to low-bit layers; add --bits 1 or --bits 8")
+        if self.act_bits is not None and self.model != "mlp":
+            raise ValueError(f"act_bits={self.act_bits} applies to the Linear layers of model mlp; got model "
+                             f"{self.model!r}")
         if self.bits is not None:
             from ..tasks import SUPERVISED
 

@@ -111,7 +111,8 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None):
     if backprop:
         bp = make_backprop(cfg, check_differentiable(task), model.to(device), ranks)
         return task, bp.plain, None, bp
-    model = convert(model, cfg.layer, bits=cfg.bits, noise_on=cfg.noise_on, **cfg.layer_options).to(device)
+    model = convert(model, cfg.layer, bits=cfg.bits, noise_on=cfg.noise_on, act_bits=cfg.act_bits,
+                    **cfg.layer_options).to(device)
     pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
     return task, model, pm, make_strategy(cfg, pm)
 
@@ -356,7 +357,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
                    "device": str(device), "processes": ranks.world, "chunk_size": population.chunk,
                    "precision": cfg.precision}
         if cfg.bits is not None:
-            summary.update(bits=cfg.bits, noise_on=cfg.noise_on)
+            summary.update(bits=cfg.bits, noise_on=cfg.noise_on, act_bits=cfg.act_bits)
         if not main:
             return summary
         summary["value"] = task.evaluate(model)
