@@ -67,3 +67,15 @@ def test_bad_low_bit_options_are_one_line_errors(tmp_path, capsys, options, mess
     assert e.value.code != 0
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_low_bit_cnn_builds_low_bit_convolutions_and_trains(tmp_path):
+    from nesgpu.layers import LowBitConv1d
+
+    cfg = TrainConfig(task="mnist1d", model="cnn", hidden=(4, 4), population=8, steps=2, batch_size=4, bits=1,
+                      out=str(tmp_path))
+    _, model, _, _ = build(cfg.resolved(), torch.device("cpu"))
+    assert sum(isinstance(m, LowBitConv1d) for m in model.modules()) == 2
+    assert isinstance(model.head, LowBitLinear)
+    summary = train(cfg, log=quiet)
+    assert summary["bits"] == 1 and 0 <= summary["value"] <= 1

@@ -14,6 +14,10 @@ Where the noise goes (``noise_on``):
 - ``"quantized"``: member (r, d) computes with ``Q(theta) + sigma s_r z_d``: one shared low-bit product plus
   the noise kind's own (structured, cheap) product in float. The estimate is the gradient at the low-bit
   weights, applied to the latents (a straight-through estimate made by ES).
+
+``LowBitLinear(act_bits=8)`` also quantises each input row to int8 (one scale per row) and runs the shared
+low-bit product as an int8 GEMM with int32 accumulation, which is where low-bit weights pay on hardware
+with int8 units; the noise products see the same quantised input in float.
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ class _LowBit:
         if noise is None:
             return None
         signs = self._signs()
-        key = (noise, self.weight._version, self._active.sigma, signs, dtype, self.weight.device)
+        w = self.weight
+        key = (noise, w.data_ptr(), w._version, self._active.sigma, signs, dtype, w.device)
         cached = self._members_cache
         if cached is not None and all(a is b or a == b for a, b in zip(cached[0], key)):
             return cached[1]
