@@ -79,3 +79,22 @@ def test_low_bit_cnn_builds_low_bit_convolutions_and_trains(tmp_path):
     assert isinstance(model.head, LowBitLinear)
     summary = train(cfg, log=quiet)
     assert summary["bits"] == 1 and 0 <= summary["value"] <= 1
+
+
+def test_a_run_of_an_older_nesgpu_was_float_and_cannot_be_resumed_as_low_bit(tmp_path):
+    """config.json and the checkpoint of a run written before --bits lack the low-bit options: the run had
+    float weights, so resuming it with --bits is refused, and resuming it as it was works."""
+    out = tmp_path / "old"
+    cfg = dict(FAST, checkpoint_every=2, steps=4)
+    train(TrainConfig(**cfg, out=str(out)), log=quiet)
+    config = json.loads((out / "config.json").read_text())
+    state = torch.load(out / "checkpoint" / "state.pt", weights_only=True)
+    for key in ("bits", "noise_on", "act_bits"):
+        del config[key], state["config"][key]
+    (out / "config.json").write_text(json.dumps(config))
+    torch.save(state, out / "checkpoint" / "state.pt")
+    with pytest.raises(ValueError, match=r"bits: None -> 1"):
+        train(TrainConfig(**{**cfg, "steps": 6}, bits=1, out=str(out)), resume=True, log=quiet)
+    summary = train(TrainConfig(**{**cfg, "steps": 6}, out=str(out)), resume=True, log=quiet)
+    assert summary["steps"] == 6 and "bits" not in summary
+    assert evaluate_run(out, "cpu")["value"] == pytest.approx(summary["value"])

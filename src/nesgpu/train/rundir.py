@@ -20,10 +20,18 @@ from pathlib import Path
 DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "antithetic", "seed", "strategy",
             "batch_size", "episodes", "shaping", "ars_version", "top_b", "shard", "reward_shift", "start_states",
             "policy_output", "observation_clip", "bits", "noise_on", "act_bits")
-# the values of options newer than a run (its config.json lacks them) that its nesgpu used: RL policies were
-# squashed by tanh and their standardised observations clipped at 5, rollouts shared start states, unshifted
-LEGACY = {"policy_output": "tanh", "observation_clip": 5.0, "start_states": "shared", "reward_shift": 0.0,
-          "bits": None, "noise_on": "latent", "act_bits": None}
+# the values of options newer than a run (its config.json lacks them) that its nesgpu used: every run had float
+# weights; RL policies were squashed by tanh and their standardised observations clipped at 5, rollouts shared
+# start states, unshifted
+LEGACY = {"bits": None, "noise_on": "latent", "act_bits": None}
+LEGACY_RL = {"policy_output": "tanh", "observation_clip": 5.0, "start_states": "shared", "reward_shift": 0.0}
+
+
+def legacy(supervised: bool) -> dict:
+    """What a run's config.json that lacks newer options meant by them (see LEGACY, LEGACY_RL)."""
+    return dict(LEGACY) if supervised else {**LEGACY, **LEGACY_RL}
+
+
 # files a run writes (what --overwrite removes)
 RUN_FILES = ("config.json", "summary.json", "metrics.csv", "model.safetensors", "curve.png", "trackers.json")
 RUN_DIRS = ("checkpoint", "checkpoint.prev", "tensorboard", "wandb", "mlruns")

@@ -239,8 +239,7 @@ def _train(cfg: TrainConfig, out: Path, device: torch.device, ranks: Ranks, resu
 
         def check(state):
             old = state.get("config", {}) if isinstance(state, dict) else {}
-            if cfg.task not in SUPERVISED:  # what an RL run of an older nesgpu did without these options
-                old = {**rundir.LEGACY, **old}
+            old = {**rundir.legacy(cfg.task in SUPERVISED), **old}  # what an older nesgpu's run did
             if old.get("task") != cfg.task:
                 raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
             changed = rundir.differences(old, new, rundir.DEFINING)
@@ -401,8 +400,8 @@ def load_run(directory: str | Path, device: str = "auto") -> Run:
         values = json.loads(config_path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_path} is not valid JSON ({e})") from e
-    legacy = {k: v for k, v in rundir.LEGACY.items() if k not in values and values.get("task") not in SUPERVISED}
-    cfg = TrainConfig.from_dict({**values, **legacy}, source=str(config_path)).resolved()
+    cfg = TrainConfig.from_dict({**rundir.legacy(values.get("task") in SUPERVISED), **values},
+                                source=str(config_path)).resolved()
     cfg.device = device
     task, model, _, _ = build(cfg, resolve_device(device))
     load_weights(model, directory / "model.safetensors")
