@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import nesgpu
+from nesgpu.bench.layers import time_call
 from nesgpu.quantize import codes, quantize
 
 CONFIGS = {
@@ -54,16 +55,6 @@ CONFIGS = {
 }
 """The learn runs by name: nesgpu train options over the task's defaults."""
 SIZES = [(64, 64, 256, 128), (256, 256, 128, 32), (1024, 1024, 32, 16)]  # in, out, directions, samples
-
-
-def timed(fn, device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
 
 
 def population_variant(x, n_out, directions, device, bits=None, noise_on="latent", kind="lowrank", act_bits=None):
@@ -152,7 +143,7 @@ def layers(args) -> None:
             fn()  # warm up (and build the members' first noise)
         for _ in range(args.rounds):
             for name, fn in variants.items():
-                times[name].append(timed(fn, device))
+                times[name].append(time_call(fn, 1, 0, device) / 1e3)  # one call, seconds
         floor = statistics.median(times["float plain"])
         print(f"\nLinear {n_in}->{n_out}, {directions} directions x 2 signs x {samples} samples = {rows} rows "
               f"({args.device}, median of {args.rounds})")

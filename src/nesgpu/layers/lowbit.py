@@ -29,7 +29,7 @@ from torch import nn
 from ..kinds import LINEAR, LinearOp, Op, make_kind
 from ..quantize import check_bits, codes, int8_linear, quantize
 from .base import _unshared, compute_dtype, rows_view
-from .conv import _PerturbedConv
+from .conv import PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .linear import PerturbedLinear
 
 NOISE_ON = ("latent", "quantized")
@@ -230,8 +230,12 @@ class LowBitLinear(_LowBit, PerturbedLinear):
         return y.view(-1, self.out_features)
 
 
-class _LowBitConv(_LowBit, _PerturbedConv):
-    """Population forward of the low-bit convolutions."""
+class _LowBitConv(_LowBit):
+    """Construction and population forward of the low-bit convolutions (mixed into a PerturbedConvNd)."""
+
+    def __init__(self, *args, bits=1, noise_on="latent", **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_lowbit(bits, noise_on)
 
     def forward(self, x):
         if self._active is None:
@@ -256,29 +260,20 @@ class _LowBitConv(_LowBit, _PerturbedConv):
         return y_rows.view(x.shape[0], *y_rows.shape[2:])
 
 
-def _lowbit_conv_class(parent: type[nn.Module], dims: int) -> type:
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, padding_mode="zeros", device=None, dtype=None, *, bits=1, noise_on="latent",
-                 kind="gaussian", directions=None, **options):
-        parent.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                        padding_mode, device, dtype)
-        self._init_conv(kind, directions, options)
-        self._init_lowbit(bits, noise_on)
-
-    name = f"LowBitConv{dims}d"
-    doc = f"""nn.Conv{dims}d with binary or int8 kernels (per-output-channel scales) quantised from float latents.
+class LowBitConv1d(_LowBitConv, PerturbedConv1d):
+    """nn.Conv1d with binary or int8 kernels (per-output-channel scales) quantised from float latents.
 
     Args:
-        as for :class:`torch.nn.Conv{dims}d`, plus ``bits`` (1 or 8), ``noise_on`` ("latent" or "quantized"),
-        ``kind`` (a Kind or its name; any but "sparse"), the kind's ``**options`` and ``directions``.
-
-    Shape:
-        population input (R * D, C_in, *spatial) -> (R * D, C_out, *spatial_out); row n uses direction n % D.
+        as for :class:`nesgpu.layers.PerturbedConv1d`, plus ``bits`` (1 or 8) and ``noise_on`` ("latent" or
+        "quantized").
     """
-    return type(name, (_LowBitConv, parent), {"__init__": __init__, "__doc__": doc, "__module__": __name__,
-                                               "__qualname__": name})
 
 
-LowBitConv1d = _lowbit_conv_class(nn.Conv1d, 1)
-LowBitConv2d = _lowbit_conv_class(nn.Conv2d, 2)
-LowBitConv3d = _lowbit_conv_class(nn.Conv3d, 3)
+class LowBitConv2d(_LowBitConv, PerturbedConv2d):
+    """nn.Conv2d with binary or int8 kernels (per-output-channel scales) quantised from float latents: as
+    :class:`LowBitConv1d`."""
+
+
+class LowBitConv3d(_LowBitConv, PerturbedConv3d):
+    """nn.Conv3d with binary or int8 kernels (per-output-channel scales) quantised from float latents: as
+    :class:`LowBitConv1d`."""
