@@ -311,8 +311,8 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         if noise_on not in NOISE_ON:
             raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {noise_on!r}")
     elif noise_on != "latent" or act_bits is not None:
-        raise ValueError(f"noise_on={noise_on!r} and act_bits={act_bits!r} apply to low-bit layers; pass bits=1 or "
-                         f"bits=8 with them")
+        option = f"act_bits={act_bits!r}" if act_bits is not None else f"noise_on={noise_on!r}"
+        raise ValueError(f"{option} applies to low-bit layers; pass bits=1 or bits=8 with it")
     if act_bits is not None and (isinstance(act_bits, bool) or act_bits != 8):
         raise ValueError(f"act_bits must be None (float activations) or 8; got {act_bits!r}")
     _freeze(model, freeze)
@@ -324,7 +324,8 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
             return module
         if isinstance(module, nn.TransformerEncoder):  # nested tensors cannot carry population rows
             module.enable_nested_tensor = module.use_nested_tensor = False
-        if not any(p.requires_grad for p in module.parameters()) and not any(
+        frozen_low_bit = bits is not None and type(module) in LOW_BIT  # quantised though it does not evolve
+        if not frozen_low_bit and not any(p.requires_grad for p in module.parameters()) and not any(
                 isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
             return module  # nothing to perturb, and no batch statistics to keep apart: it runs as it is
         if parametrize.is_parametrized(module):

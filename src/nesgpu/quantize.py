@@ -74,30 +74,33 @@ def quantize(w: torch.Tensor, bits: int, channel_numel_dims: int, out: torch.Ten
     return out.round_().clamp_(-INT8_MAX, INT8_MAX).mul_(scale)
 
 
-def int8_linear(x_codes: torch.Tensor, x_scales: torch.Tensor, w_codes: torch.Tensor, w_scales: torch.Tensor,
+def int8_linear(x_codes: torch.Tensor, x_scales: torch.Tensor, wt_codes: torch.Tensor, w_scales: torch.Tensor,
                 bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """``(x_scales * x_codes) @ (w_scales * w_codes)^T + bias`` from int8 codes, in ``dtype``.
+    """``(x_scales * x_codes) @ (w_scales * wt_codes^T)^T + bias`` from int8 codes, in ``dtype``.
 
     The integer product runs as an int8 GEMM with int32 accumulation (``torch._int_mm``) where the device has
     one for these shapes (the CPU; CUDA for more than 16 rows and sizes that are multiples of 8), else as a
-    float product of the codes (exact in float64; in float32 while in_features * 127^2 < 2^24).
+    float product of the codes, outside any autocast (exact in float64; in float32 while in_features * 127^2
+    < 2^24). The scaling and the bias are applied in float32 (float64 for float64).
 
     Args:
         x_codes: (..., in) int8, with x_scales (..., 1): the activations, one scale per row.
-        w_codes: (out, in) int8, with w_scales (out, 1): the weights, one scale per output channel.
+        wt_codes: (in, out) int8, contiguous: the weight's codes transposed, as the GEMM reads them (cuBLAS
+            needs this layout); w_scales (out, 1) or (out,): one scale per output channel.
     """
     flat = x_codes.reshape(-1, x_codes.shape[-1])
     acc = None
     fits = flat.device.type == "cpu" or (flat.device.type == "cuda" and flat.shape[0] > 16
-                                          and flat.shape[1] % 8 == 0 and w_codes.shape[0] % 8 == 0)
+                                          and flat.shape[1] % 8 == 0 and wt_codes.shape[1] % 8 == 0)
     if fits and dtype != torch.float64 and hasattr(torch, "_int_mm"):
         try:
-            acc = torch._int_mm(flat, w_codes.t())
+            acc = torch._int_mm(flat, wt_codes)
         except RuntimeError:  # an older build or an unsupported shape: the float product below
             acc = None
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    acc = flat.to(work) @ w_codes.to(work).t() if acc is None else acc.to(work)
+    with torch.autocast(flat.device.type, enabled=False):  # fp16 would overflow on the integer sums
+        acc = flat.to(work) @ wt_codes.to(work) if acc is None else acc.to(work)
     y = acc.mul_(x_scales.reshape(-1, 1).to(work)).mul_(w_scales.reshape(1, -1).to(work))
     if bias is not None:
         y.add_(bias.to(work))
-    return y.to(dtype).view(*x_codes.shape[:-1], w_codes.shape[0])
+    return y.to(dtype).view(*x_codes.shape[:-1], wt_codes.shape[1])

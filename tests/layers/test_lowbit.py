@@ -58,11 +58,11 @@ def member_weight(theta, z_d, s, bits, mode, channel_dims):
     return quantize(theta, bits, channel_dims) + s * z_d
 
 
-def reference(layer, x, z, repeats, directions, antithetic, bits, mode, apply):
+def reference(layer, x, z, repeats, directions, antithetic, bits, mode, apply, sigma=SIGMA):
     rows = []
     for n in range(repeats * directions):
         r, d = divmod(n, directions)
-        s = SIGMA * (-1.0 if antithetic and r >= repeats // 2 else 1.0)
+        s = sigma * (-1.0 if antithetic and r >= repeats // 2 else 1.0)
         w = member_weight(layer.weight, z["weight"][d], s, bits, mode, layer.weight.dim() - 1)
         b = None if layer.bias is None else layer.bias + s * z["bias"][d]
         rows.append(apply(x[n:n + 1], w, b))
@@ -151,9 +151,9 @@ def test_members_follow_the_weights_after_an_optimizer_step():
         layer.weight.mul_(1.7)  # what optimizer.step() does: an in-place change
     torch.testing.assert_close(pm(x), expected(), rtol=1e-12, atol=1e-12)
     pm.sigma = 0.05
-    out = pm(x)
+    torch.testing.assert_close(pm(x), reference(layer, x, pm.dense_noise(), 2, 3, True, 8, "latent", F.linear,
+                                                sigma=0.05), rtol=1e-12, atol=1e-12)
     pm.sigma = SIGMA
-    assert not torch.allclose(out, expected())
     pm.set_noise()
     torch.testing.assert_close(pm(x), expected(), rtol=1e-12, atol=1e-12)
 
@@ -262,7 +262,7 @@ def test_convert_keeps_state_dict_and_refuses_modules_without_a_low_bit_version(
 def test_bad_noise_placement_is_refused():
     with pytest.raises(ValueError, match=r"noise_on must be one of \['latent', 'quantized'\]; got 'weights'"):
         nesgpu.convert(nn.Linear(2, 2), "gaussian", bits=1, noise_on="weights")
-    with pytest.raises(ValueError, match="noise_on=.quantized. and act_bits=None apply to low-bit layers; pass bits"):
+    with pytest.raises(ValueError, match="noise_on=.quantized. applies to low-bit layers; pass bits"):
         nesgpu.convert(nn.Linear(2, 2), "gaussian", noise_on="quantized")
     with pytest.raises(ValueError, match="noise_on must be one of"):
         nesgpu.LowBitLinear(2, 2, bits=8, noise_on="both")
@@ -309,19 +309,56 @@ def test_int8_activations_match_the_dense_reference(kind, options, bits, mode):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_int8_gemm_equals_the_exact_product_of_the_codes(device):
+def test_int8_gemm_equals_the_exact_product_of_the_codes(device, monkeypatch):
     from nesgpu.quantize import codes, int8_linear
 
     gen = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(*shape, generator=gen) for shape in ((40, 3, 64), (24, 64), (24,)))
     xc, xs = codes(x, 8, 1)
     wc, ws = codes(w, 8, 1)
-    exact = int8_linear(xc.double(), xs.double(), wc.double(), ws.double(), b.double(), torch.float64)
+    wt = wc.t().contiguous()
+    exact = int8_linear(xc.double(), xs.double(), wt.double(), ws.double(), b.double(), torch.float64)
     assert exact.shape == (40, 3, 24)
-    fast = int8_linear(*(t.to(device) for t in (xc, xs, wc, ws, b)), torch.float32)
-    torch.testing.assert_close(fast.double().cpu(), exact, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(exact, F.linear(xc.double() * xs.double(), wc.double() * ws.double(), b.double()),
                                rtol=1e-12, atol=1e-12)
+    calls, int_mm = [], torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: (calls.append(a.shape), int_mm(a, b))[1])
+    fast = int8_linear(*(t.to(device) for t in (xc, xs, wt, ws, b)), torch.float32)
+    assert calls == [(120, 64)]  # the int8 GEMM ran (not the float fallback)
+    torch.testing.assert_close(fast.double().cpu(), exact, rtol=1e-6, atol=1e-6)
+
+
+def test_int8_fallback_is_exact_under_fp16_autocast(monkeypatch):
+    """Where the device has no int8 GEMM, the codes' float product runs outside autocast: fp16 would overflow
+    on sums of up to in * 127^2."""
+    from nesgpu.quantize import codes, int8_linear
+
+    def no_int_mm(a, b):
+        raise RuntimeError("no int8 GEMM here (simulated)")
+
+    monkeypatch.setattr(torch, "_int_mm", no_int_mm)
+    x = torch.full((20, 64), 3.0)
+    w = torch.full((10, 64), 2.0)
+    xc, xs = codes(x, 8, 1)
+    wc, ws = codes(w, 8, 1)
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = int8_linear(xc, xs, wc.t().contiguous(), ws, None, torch.float16)
+    assert y.dtype == torch.float16 and torch.isfinite(y).all()
+    torch.testing.assert_close(y.float(), torch.full((20, 10), 384.0), rtol=1e-3, atol=0)  # 64 * 3 * 2
+
+
+def test_int8_activations_in_float32_take_the_int8_gemm_and_match_the_reference(monkeypatch):
+    calls, int_mm = [], torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: (calls.append(a.shape), int_mm(a, b))[1])
+    layer = nesgpu.convert(randomize_(nn.Linear(32, 16)), "lowrank", bits=8, noise_on="quantized", act_bits=8)
+    pm = nesgpu.PerturbedModel(layer, 4, sigma=SIGMA, antithetic=True, seed=1)
+    pm.set_noise()
+    x = torch.randn(8, 32)
+    out = pm(x)
+    assert calls == [(8, 32)]
+    expected = reference(layer.double(), x.double(), {k: v.double() for k, v in pm.dense_noise().items()}, 2, 4, True,
+                         8, "quantized", lambda x, w, b: F.linear(quantize(x, 8, 1), w, b))
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_int8_activations_are_refused_where_they_do_not_apply():
@@ -330,7 +367,7 @@ def test_int8_activations_are_refused_where_they_do_not_apply():
                        act_bits=8)
     with pytest.raises(ValueError, match="act_bits must be None .* or 8; got 4"):
         nesgpu.convert(nn.Linear(2, 2), "gaussian", bits=8, act_bits=4)
-    with pytest.raises(ValueError, match="apply to low-bit layers; pass bits"):
+    with pytest.raises(ValueError, match="act_bits=8 applies to low-bit layers; pass bits"):
         nesgpu.convert(nn.Linear(2, 2), "gaussian", act_bits=8)
 
 
@@ -347,3 +384,22 @@ def test_int8_weight_codes_follow_the_weights():
     torch.testing.assert_close(layer(x), expected(), rtol=1e-5, atol=1e-5)
     layer.weight.data = torch.randn(8, 16)  # a new tensor
     torch.testing.assert_close(layer(x), expected(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_frozen_linear_is_low_bit_too_and_only_latent_noise_adds_member_memory():
+    net = nesgpu.convert(randomize_(nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 2))), "lowrank", bits=1, freeze=["0"])
+    assert isinstance(net[0], nesgpu.LowBitLinear) and not net[0].perturbs  # quantised, not evolved
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(net[0](x), F.linear(x, quantize(net[0].weight, 1, 1), net[0].bias))
+    pm = nesgpu.PerturbedModel(net, 4, sigma=SIGMA, antithetic=True)
+    pm.set_noise()
+    assert pm(torch.randn(8, 6)).shape == (8, 2)
+    noise = sum(t.numel() * t.element_size() for t in net[1].noise_record("weight").tensors.values())
+    noise += sum(t.numel() * t.element_size() for t in net[1].noise_record("bias").tensors.values())
+    assert net[1].noise_bytes() == noise + 3 * 4 * 10 * 4  # two signs' members and a dense z: 3 x D x numel
+    quantized = nesgpu.convert(nn.Linear(5, 2), "lowrank", bits=1, noise_on="quantized")
+    nesgpu.PerturbedModel(quantized, 4, sigma=SIGMA).set_noise()
+    assert quantized.noise_bytes() == sum(t.numel() * t.element_size() for n in ("weight", "bias")
+                                          for t in quantized.noise_record(n).tensors.values())
+    with pytest.raises(ValueError, match="members' weights exist in a population call only"):
+        net[1].member_weights(torch.float32)

@@ -44,11 +44,15 @@ def test_resumed_low_bit_run_equals_a_straight_one_and_keeps_its_bits(tmp_path, 
     b = load_file(tmp_path / "split" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((tmp_path / "split" / "config.json").read_text())["bits"] == 1
-    # bits defines the run: resuming it as a float (or int8) run is refused in one line
+    # bits defines the run: resuming it as an int8 run, or as a float run, is refused
+    for bits in (8, None):
+        with pytest.raises(ValueError, match=rf"bits: 1 -> {bits}"):
+            train(TrainConfig(**{**cfg, "steps": 8, "bits": bits}, out=str(tmp_path / "split")), resume=True,
+                  log=quiet)
     with pytest.raises(SystemExit) as e:
         main(["train", "--resume", str(tmp_path / "split"), "--bits", "8", "--steps", "8"])
     assert e.value.code != 0
-    assert "bits" in capsys.readouterr().err
+    assert "bits: 1 -> 8" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("options, message", [

@@ -81,7 +81,20 @@ class _LowBit:
 
     def _signs(self) -> int:
         """How many distinct weights each direction has: 2 with antithetic sampling (+sigma, -sigma), else 1."""
+        if self._active is None:
+            raise ValueError(f"{type(self).__name__}: the members' weights exist in a population call only; call "
+                             f"it inside PerturbedModel.perturbing()")
         return 2 if self._active.antithetic else 1
+
+    def noise_bytes(self) -> int:
+        """The noise tensors' memory plus, with latent noise, what a forward adds per direction: the members'
+        low-bit weights (two signs) and a dense copy of the noise (an upper bound; what --chunk-size auto
+        plans with)."""
+        base = super().noise_bytes()
+        noise = None if self._noise is None else self._noise.get("weight")
+        if self.noise_on != "latent" or noise is None:
+            return base
+        return base + 3 * noise.directions * self.weight.numel() * self.weight.element_size()
 
     def member_weights(self, dtype: torch.dtype) -> torch.Tensor | None:
         """Q(theta + sigma s z_d) for each sign s and local direction d: (signs * D, *weight.shape), sign
@@ -96,7 +109,7 @@ class _LowBit:
         w = self.weight
         key = (noise, w.data_ptr(), w._version, self._active.sigma, signs, dtype, w.device)
         cached = self._members_cache
-        if cached is not None and all(a is b or a == b for a, b in zip(cached[0], key)):
+        if cached is not None and cached[0][0] is noise and cached[0][1:] == key[1:]:
             return cached[1]
         self._members_cache = None
         w = self.weight.detach()
@@ -173,18 +186,20 @@ class LowBitLinear(_LowBit, PerturbedLinear):
         if self.act_bits is None:
             return x, F.linear(x, self.quantized_weight(), self.bias)
         x_codes, x_scales = codes(x, 8, 1)
-        w_codes, w_scales = self.weight_codes()
+        wt_codes, w_scales = self.weight_codes()
         dtype = compute_dtype(x)
-        y = int8_linear(x_codes, x_scales, w_codes, w_scales, self.bias, dtype)
+        y = int8_linear(x_codes, x_scales, wt_codes, w_scales, self.bias, dtype)
         return x_codes.to(dtype).mul_(x_scales.to(dtype)), y
 
     def weight_codes(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The int8 codes and per-channel scales of the weight (see :func:`nesgpu.quantize.codes`), kept
-        while the weight stays the same (an RL rollout calls the layer hundreds of times per step)."""
+        """The weight's int8 codes transposed to (in, out), contiguous (what the int8 GEMM reads), and its
+        per-channel scales (see :func:`nesgpu.quantize.codes`); kept while the weight stays the same (an RL
+        rollout calls the layer hundreds of times per step)."""
         w = self.weight
         key = (w.data_ptr(), w._version, w.dtype, w.device)
         if self._codes_cache is None or self._codes_cache[0] != key:
-            self._codes_cache = (key, codes(w.detach(), self.bits, 1))
+            w_codes, w_scales = codes(w.detach(), self.bits, 1)
+            self._codes_cache = (key, (w_codes.t().contiguous(), w_scales))
         return self._codes_cache[1]
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
@@ -225,7 +240,7 @@ class LowBitLinear(_LowBit, PerturbedLinear):
             y = (x.to(dtype) @ members.view(-1, self.in_features).t()).view(bsz, signs, d, -1).transpose(0, 1).contiguous()
         if self.bias is not None:
             y4 = y.view(signs * bsz, d, 1, -1)
-            y4.add_(self.bias)
+            y4.add_(self.bias.to(y4.dtype))
             self._add_vector_("bias", LINEAR, y4, pop.scale)
         return y.view(-1, self.out_features)
 
