@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -306,3 +307,21 @@ def test_reduced_precision_runs_and_keeps_fp32_master_weights(tmp_path, precisio
     assert summary["precision"] == precision and 0.0 <= summary["value"] <= 1.0
     with pytest.raises(ValueError, match="precision must be one of"):
         train(TrainConfig(**FAST["digits"], precision="fp8", out=str(tmp_path)), log=quiet)
+
+
+def test_eval_of_an_unfinished_run_uses_its_checkpoint_with_a_warning(tmp_path, capsys):
+    out = tmp_path / "run"
+    train(TrainConfig(**FAST["digits"], checkpoint_every=2, out=str(out)), log=quiet)
+    (out / "model.safetensors").unlink()  # as a run interrupted before its end leaves it
+    with pytest.warns(UserWarning, match=r"has not finished \(no model.safetensors\): using its last checkpoint, "
+                                         r"step 6; continue it with nesgpu train --resume"):
+        value = evaluate_run(out, "cpu")["value"]
+    assert 0 <= value <= 1
+    for f in ("checkpoint", "checkpoint.prev"):
+        if (out / f).exists():
+            shutil.rmtree(out / f)
+    with pytest.raises(SystemExit) as e:
+        main(["eval", str(out)])
+    assert e.value.code != 0
+    err = capsys.readouterr().err
+    assert "holds no weights yet (no model.safetensors, no checkpoint)" in err and "Traceback" not in err

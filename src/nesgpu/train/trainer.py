@@ -27,7 +27,7 @@ from ..tasks.protocol import check_differentiable, check_task
 from . import rundir
 from .activations import checkpoint_blocks
 from .backprop import Backprop, BackpropStep, shard_model
-from .checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
+from .checkpoint import find_checkpoint, load_checkpoint, load_weights, save_checkpoint, save_weights, write_json
 from .config import BACKPROP, TrainConfig, compiles
 from .distributed import Ranks, init_from_environment, shutdown
 from .initialization import init_weights
@@ -385,8 +385,9 @@ class Run(NamedTuple):
 
 
 def load_run(directory: str | Path, device: str = "auto") -> Run:
-    """The trained model of a run directory (``config.json`` + ``model.safetensors``), with its task and
-    config, in one call. Weights that are not finite are refused.
+    """The trained model of a run directory (``config.json`` + ``model.safetensors``; for a run that has not
+    finished, its last checkpoint, with a warning), with its task and config, in one call. Weights that are
+    not finite are refused.
 
     Example:
         >>> model, task, config = nesgpu.load_run("runs/digits")
@@ -404,7 +405,15 @@ def load_run(directory: str | Path, device: str = "auto") -> Run:
                                 source=str(config_path)).resolved()
     cfg.device = device
     task, model, _, _ = build(cfg, resolve_device(device))
-    load_weights(model, directory / "model.safetensors")
+    if (directory / "model.safetensors").is_file():
+        load_weights(model, directory / "model.safetensors")
+    elif find_checkpoint(directory / "checkpoint") is not None:  # an interrupted or crashed run
+        step = int(load_checkpoint(directory / "checkpoint", model).get("strategy", {}).get("step", 0))
+        warnings.warn(f"{directory} has not finished (no model.safetensors): using its last checkpoint, step {step}; "
+                      f"continue it with nesgpu train --resume {directory}", stacklevel=2)
+    else:
+        raise ValueError(f"{directory} holds no weights yet (no model.safetensors, no checkpoint): the run stopped "
+                         f"before its first checkpoint")
     bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         raise ValueError(f"{directory / 'model.safetensors'} holds non-finite values in {bad[:4]}; the run diverged")
