@@ -310,3 +310,18 @@ def test_mlflow_tracking_uri_from_the_environment(tmp_path, monkeypatch):
     found = MlflowClient(store).get_run(ids["run_id"])
     assert found.info.status == "FAILED"  # closed without a summary
     assert MlflowClient(store).get_experiment(found.info.experiment_id).name == "sweep"
+
+
+def test_resume_rewrites_the_kept_rows_digit_for_digit(tmp_path):
+    """A resumed run rewrites metrics.csv up to its checkpoint: integers past 1e6 (env steps) must not come
+    back rounded to 6 significant digits."""
+    log = MetricsLog(tmp_path, loggers=[])
+    rows = [{"step": 1, "seconds": 1.25, "env_steps": 23983891, "fitness_mean": -0.5},
+            {"step": 2, "seconds": 2.5, "env_steps": 24055913, "fitness_mean": 0.25},
+            {"step": 3, "seconds": 3.75, "env_steps": 24123516, "fitness_mean": 1.0}]
+    for row in rows:
+        log.write(row)
+    before = (tmp_path / "metrics.csv").read_text().splitlines()
+    MetricsLog(tmp_path, resume_step=2, loggers=[])
+    after = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert after == before[:3] and "24055913" in after[2]

@@ -40,7 +40,7 @@ class MetricsLog:
     @staticmethod
     def read(path: Path) -> list[dict]:
         with open(path, newline="") as f:
-            return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+            return [{k: _parse(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
 
     def write(self, row: dict) -> None:
         self.rows.append(row)
@@ -78,6 +78,15 @@ class MetricsLog:
                     logger.finish(None, "FAILED")
                 except Exception:
                     pass
+
+
+def _parse(text: str) -> int | float:
+    """A value as written by :func:`_fmt`: integers (steps, env steps) stay exact ints, so a resumed run's
+    rewritten rows keep every digit."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def _fmt(value) -> str:
