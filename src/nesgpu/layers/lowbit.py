@@ -237,7 +237,8 @@ class LowBitLinear(_LowBit, PerturbedLinear):
         if members is None:
             y = F.linear(x, self.quantized_weight()).view(1, bsz, 1, -1).expand(signs, bsz, d, -1).contiguous()
         else:  # every member's weights stacked as one (signs * D * out, in) matrix: a single GEMM
-            y = (x.to(dtype) @ members.view(-1, self.in_features).t()).view(bsz, signs, d, -1).transpose(0, 1).contiguous()
+            y = x.to(dtype) @ members.view(-1, self.in_features).t()  # (B, signs * D * out)
+            y = y.view(bsz, signs, d, -1).transpose(0, 1).contiguous()
         if self.bias is not None:
             y4 = y.view(signs * bsz, d, 1, -1)
             y4.add_(self.bias.to(y4.dtype))
