@@ -68,9 +68,6 @@ class _LowBit:
         """Q(weight): the low-bit weight the plain forward uses (dequantised to the weight's dtype)."""
         return quantize(self.weight, self.bits, self.weight.dim() - 1)
 
-    def _base_weight(self) -> torch.Tensor:
-        return self.quantized_weight()
-
     def set_noise(self, *args, **kwargs) -> None:
         self._members_cache = None  # the members' weights of the old noise are stale (and free them first)
         super().set_noise(*args, **kwargs)
@@ -252,6 +249,10 @@ class _LowBitConv(_LowBit):
     def __init__(self, *args, bits=1, noise_on="latent", **kwargs):
         super().__init__(*args, **kwargs)
         self._init_lowbit(bits, noise_on)
+
+    def _base_weight(self) -> torch.Tensor:
+        """The kernel of the shared product: the quantised one (PerturbedConvNd's hook)."""
+        return self.quantized_weight()
 
     def forward(self, x):
         if self._active is None:
