@@ -61,3 +61,7 @@ $PY benchmarks/population_floor.py --device cuda --rounds 9 | tail -3
 $PY benchmarks/iid_noise.py --device cuda --rounds 7 | tail -4
 # issue 13: low-bit layers (binary / int8) against the float layer, and the int8 / XNOR products, on CUDA
 $PY benchmarks/lowbit.py layers --device cuda --rounds 7 --json "$OUT/lowbit_layers_cuda.json" | grep -v '^|---'
+# Hugging Face models (issue 19): a Llama-style population against plain inference of the same rows, bf16
+$PY -m pytest -q tests/layers/test_hf.py tests/layers/test_hf_generate.py tests/test_master_weights.py -x
+$PY benchmarks/hf_population.py --device cuda --bf16 --hidden 512 1024 --layers 4 --directions 64 \
+  --json "$OUT/hf_population_cuda.json" | sed -n '/^| hidden/,/members\/s/p'

@@ -3,7 +3,8 @@
 from . import kinds
 from .layers import *  # noqa: F403
 from .layers import __all__ as _layers
-from .model import PerturbedModel, convert
+from .conversion import convert, summary
+from .model import PerturbedModel
 
 __version__ = "0.1.0"  # the only version: pyproject.toml reads this literal statically (no import)
 
@@ -16,4 +17,4 @@ def load_run(directory, device: str = "auto"):
     return _load_run(directory, device)
 
 
-__all__ = ["PerturbedModel", "convert", "kinds", "load_run", *_layers]
+__all__ = ["PerturbedModel", "convert", "kinds", "load_run", "summary", *_layers]

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
-import warnings
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
-from .kinds import Gaussian, Kind, make_kind
-from .layers import PerturbedModule, functional_fallback
+from .layers import PerturbedModule
 from .layers.base import repeat_signs
-from .layers.lowbit import NOISE_ON
-from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
-from .quantize import check_bits
+from .layers.drawing import HALF
 
 
 def direction_blocks(directions: range, size: int | None) -> list[range]:
     """``directions`` cut into consecutive blocks of at most ``size`` (one block when size is None)."""
     size = size or len(directions)
     return [range(a, min(a + size, directions.stop)) for a in range(directions.start, directions.stop, size)]
+
+
+class _Master:
+    """A float32 master copy of a half-precision parameter, and the master's version last copied back."""
+
+    def __init__(self, param: nn.Parameter):
+        self.param = param
+        self.value = nn.Parameter(param.detach().float(), requires_grad=param.requires_grad)
+        self.version = self.value._version
+
+
+def _master_weights(layers: dict[str, PerturbedModule]) -> dict[int, _Master]:
+    return {id(p): _Master(p) for layer in layers.values() for p in layer.perturbed_parameters().values()
+            if p.dtype in HALF}
 
 
 def uncovered_parameters(model: nn.Module) -> list[str]:
@@ -94,6 +103,10 @@ class PerturbedModel:
                                  f"antithetic=True (or another kind)")
             layer.directions = directions
             layer.layer_key = zlib.crc32(name.encode())  # stable across processes and runs
+            layer.layer_name = name
+        self._masters = _master_weights(self.layers)
+        if self._masters:  # plain calls of the model see the optimizer's latest step too
+            model.register_forward_pre_hook(lambda *_: self.sync_weights())
 
     @property
     def sigma(self) -> float:
@@ -106,8 +119,22 @@ class PerturbedModel:
         self._sigma = float(value)
 
     def parameters(self) -> list[nn.Parameter]:
-        """Every perturbed parameter (what the ES update writes .grad into)."""
-        return [p for layer in self.layers.values() for p in layer.perturbed_parameters().values()]
+        """Every perturbed parameter (what the ES update writes .grad into): build the optimizer on these.
+
+        A model held in bfloat16 or float16 gets float32 master weights: this returns them, the update
+        writes their ``.grad`` in float32, and the model's own weights are refreshed from them (rounded to
+        the model's dtype) before every call of the model, so a step below half-precision resolution is
+        kept. The population forward runs in the model's dtype."""
+        return [self._masters[id(p)].value if id(p) in self._masters else p for layer in self.layers.values()
+                for p in layer.perturbed_parameters().values()]
+
+    def sync_weights(self) -> None:
+        """Copy master weights that changed since the last copy into the model (nothing without masters)."""
+        for master in self._masters.values():
+            if master.version != master.value._version:
+                with torch.no_grad():
+                    master.param.copy_(master.value)
+                master.version = master.value._version
 
     # ----- noise -------------------------------------------------------------------------------------
     def set_noise(self, step: int | None = None, directions: range | None = None) -> None:
@@ -117,6 +144,7 @@ class PerturbedModel:
         distributed evaluation pass the same ``step`` with disjoint ``directions`` ranges.
         """
         step = self.step + 1 if step is None else int(step)
+        self.sync_weights()
         if directions is None:
             directions = range(self.directions)
         if not isinstance(directions, range) or directions.step != 1:
@@ -161,6 +189,7 @@ class PerturbedModel:
             stack.enter_context(torch.no_grad())
             for layer in self.layers.values():
                 stack.enter_context(layer.perturbing(self.sigma, self.antithetic))
+            stack.callback(self.model.register_forward_pre_hook(self._see_rows, with_kwargs=True).remove)
             yield
             unused = [name for name, layer in self.layers.items()
                       if layer.perturbs and layer.population_calls == 0]
@@ -171,6 +200,18 @@ class PerturbedModel:
                     f"with nesgpu.layers.functional_fallback before convert(), or freeze them "
                     f"(convert(..., freeze=[...])); a method that uses only part of the model should run with the "
                     f"unused part frozen")
+
+    def _see_rows(self, module, args, kwargs) -> None:
+        """Tell every module how many population rows the model's input has (input_ids, inputs_embeds or
+        the first tensor): a module that sees the tokens flattened (rows * T, ...), as an MoE block's experts
+        do, needs it to find each token's member."""
+        rows = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args, *kwargs.values())
+                     if isinstance(t, torch.Tensor) and t.dim() >= 1), None)
+        n, d = (None, 1) if rows is None else (rows.shape[0], self.local_directions)
+        if n is None or n % d or (self.antithetic and (n // d) % 2):
+            n = None  # not laid out rows-first (a sequence-first model): the modules check what they can
+        for layer in self.layers.values():
+            layer.population_rows = n
 
     def __call__(self, *args, **kwargs):
         with self.perturbing():
@@ -194,12 +235,36 @@ class PerturbedModel:
                 for module in prefix:
                     h = module(h)
                 if h.dim() == 2:
-                    h = first.population_forward_shared(h, signs)
+                    with first.own_call():
+                        h = first.population_forward_shared(h, signs)
                     for module in rest:
                         h = module(h)
                     return h
-            rows = x.unsqueeze(0).unsqueeze(2).expand(signs, x.shape[0], d, *x.shape[1:])
-            return self.model(rows.reshape(-1, *x.shape[1:]))
+            return self.model(self.member_rows(x))
+
+    def member_rows(self, batch: torch.Tensor) -> torch.Tensor:
+        """The population rows in which every member sees all of ``batch`` (B, ...): (signs * B * D, ...),
+        laid out (sign, sample, direction), signs = 2 with antithetic sampling, else 1. Row n is sample
+        ``(n // D) % B`` for direction ``n % D``: prompts for ``generate()``, with their attention mask.
+
+        Example:
+            >>> with pm.perturbing():
+            ...     out = model.generate(input_ids=pm.member_rows(ids), attention_mask=pm.member_rows(mask))
+            >>> answers = pm.by_member(out)  # (signs, B, D, T)
+        """
+        signs, d = 2 if self.antithetic else 1, self.local_directions
+        if not isinstance(batch, torch.Tensor) or batch.dim() < 1:
+            raise TypeError(f"batch must be a tensor with samples on its first dimension; got {batch!r}")
+        rows = batch.unsqueeze(0).unsqueeze(2).expand(signs, batch.shape[0], d, *batch.shape[1:])
+        return rows.reshape(-1, *batch.shape[1:])
+
+    def by_member(self, rows: torch.Tensor) -> torch.Tensor:
+        """Population rows (signs * B * D, ...) as (signs, B, D, ...): the inverse of :meth:`member_rows`."""
+        signs, d = 2 if self.antithetic else 1, self.local_directions
+        if rows.dim() < 1 or rows.shape[0] % (signs * d):
+            raise ValueError(f"rows must have a multiple of signs x directions = {signs * d} rows; got shape "
+                             f"{tuple(rows.shape)}")
+        return rows.view(signs, rows.shape[0] // (signs * d), d, *rows.shape[1:])
 
     def _shared_entry(self):
         """(row-wise modules before, the first perturbed Linear, the modules after) of a Sequential model
@@ -246,7 +311,9 @@ class PerturbedModel:
         coef = weights / (self.directions * self.sigma)
         for layer in self.layers.values():
             if layer.perturbs:
-                layer.accumulate_grad(coef)
+                masters = {name: self._masters[id(p)].value for name, p in layer.perturbed_parameters().items()
+                           if id(p) in self._masters}
+                layer.accumulate_grad(coef, masters or None)
 
     @property
     def noise_range(self) -> range | None:
@@ -268,172 +335,3 @@ class PerturbedModel:
     def __repr__(self) -> str:
         return (f"PerturbedModel(directions={self.directions}, sigma={self.sigma}, antithetic={self.antithetic}, "
                 f"seed={self.seed}, step={self.step},\n  model={self.model!r})")
-
-
-def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | None = None,
-            freeze: Iterable[str] = (), bits: int | None = None, noise_on: str = "latent",
-            act_bits: int | None = None, **options) -> nn.Module:
-    """Make every trainable parameter of ``model`` perturbable, keeping its weights.
-
-    Linear, Conv1d/2d/3d, Embedding, MultiheadAttention, LSTM/GRU/RNN become perturbed modules whose
-    matrices take ``kind``; LayerNorm, RMSNorm, GroupNorm and BatchNorm perturb their affine parameters
-    (BatchNorm keeps members apart); transformer layers take their unfused path in population mode. A
-    module of another type with trainable parameters of its own runs through the exact (slow) torch.func
-    fallback, with a warning. Where ``kind`` has no product for a module (e.g. "permuted" for an
-    Embedding, "sparse" for a convolution), that module takes IID Gaussian noise, with a warning.
-
-    Args:
-        model: converted in place (a bare module is returned as a new one).
-        kind: a :class:`nesgpu.kinds.Kind` or its name: ``"gaussian"``, ``"sparse"``, ``"permuted"``,
-            ``"flipout"``, ``"lowrank"``.
-        directions: population size (may be left to :class:`PerturbedModel`).
-        freeze: parameter names (``"0.weight"``) or module names (``"embed"``: all its parameters) to keep
-            fixed; they get ``requires_grad=False``. Parameters that already have it stay fixed too.
-        bits: None (float weights), 1 (binary) or 8 (int8): every Linear and Conv1d/2d/3d becomes a low-bit
-            module (:class:`nesgpu.layers.LowBitLinear`, ...) whose forward uses quantised weights with a
-            per-output-channel scale, derived from its float weights, which ES updates. Biases and norm
-            parameters stay float. A model with another module holding trainable matrices (Embedding,
-            attention, recurrent, a torch.func fallback) is refused: freeze those modules.
-        noise_on: with ``bits``: "latent" (each member is the quantisation of its perturbed float weights) or
-            "quantized" (the noise is added in float to the shared quantised weights).
-        act_bits: with ``bits``: None (float activations) or 8: every low-bit Linear quantises its input
-            rows to int8 and runs its shared product as an int8 GEMM (a model with a convolution is refused).
-        **options: the kind's options, e.g. ``rank=2`` or ``in_sparsity=0.1``.
-
-    Returns:
-        the converted model. Its parameters are new objects: build the optimizer after converting.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
-    kind = make_kind(kind, **options)
-    if bits is not None:
-        check_bits(bits)
-        if noise_on not in NOISE_ON:
-            raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {noise_on!r}")
-    elif noise_on != "latent" or act_bits is not None:
-        option = f"act_bits={act_bits!r}" if act_bits is not None else f"noise_on={noise_on!r}"
-        raise ValueError(f"{option} applies to low-bit layers; pass bits=1 or bits=8 with it")
-    if act_bits is not None and (isinstance(act_bits, bool) or act_bits != 8):
-        raise ValueError(f"act_bits must be None (float activations) or 8; got {act_bits!r}")
-    _freeze(model, freeze)
-    _refuse_tied(model)
-    notes: list[str] = []
-
-    def swap(module: nn.Module, name: str) -> nn.Module:
-        if isinstance(module, PerturbedModule):
-            return module
-        if isinstance(module, nn.TransformerEncoder):  # nested tensors cannot carry population rows
-            module.enable_nested_tensor = module.use_nested_tensor = False
-        frozen_low_bit = bits is not None and type(module) in LOW_BIT  # quantised though it does not evolve
-        if not frozen_low_bit and not any(p.requires_grad for p in module.parameters()) and not any(
-                isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
-            return module  # nothing to perturb, and no batch statistics to keep apart: it runs as it is
-        if parametrize.is_parametrized(module):
-            raise ValueError(f"{name or 'model'} ({type(module).__name__}) has parametrized weights (weight_norm, "
-                             f"spectral_norm, ...), which convert cannot perturb; remove the parametrization or freeze "
-                             f"it with convert(..., freeze=[{name!r}])")
-        path_swap = next((cls for base, cls in PATH_SWAPS.items() if isinstance(module, base)), None)
-        if path_swap is not None:
-            if type(module).forward is not path_swap.__mro__[1].forward:
-                raise ValueError(f"{name or 'model'} ({type(module).__name__}) overrides the forward of "
-                                 f"{path_swap.__mro__[1].__name__}, whose fused path reads every weight at once; "
-                                 f"expected the torch class or a subclass that keeps its forward")
-            module.__class__ = path_swap if type(module) is path_swap.__mro__[1] else type(
-                f"Perturbed{type(module).__name__}", (path_swap, type(module)), {"__module__": type(module).__module__})
-        conversion = conversion_for(module)
-        if conversion is not None and type(module).forward is not conversion.source.forward:
-            conversion = None  # a subclass with its own forward: only the exact fallback keeps its maths
-        if conversion is not None:
-            module_kind = kind
-            if conversion.product is not None and not kind.supports(conversion.product):
-                module_kind = Gaussian()
-                notes.append(f"{name or 'model'} ({type(module).__name__}): kind {kind.name!r} has no "
-                             f"{conversion.product} product; it takes IID Gaussian noise")
-            extra = {} if conversion.product is None else {"kind": module_kind}
-            target = conversion.target
-            if bits is not None and conversion.product is not None:
-                if conversion.source not in LOW_BIT:
-                    raise ValueError(f"bits={bits}: {name or 'model'} ({type(module).__name__}) has no low-bit "
-                                     f"version; expected only Linear and Conv1d/2d/3d to hold trainable matrices, "
-                                     f"or freeze it with convert(..., freeze=[{name!r}])")
-                target, extra = LOW_BIT[conversion.source], {**extra, "bits": bits, "noise_on": noise_on}
-                if act_bits is not None:
-                    if conversion.source is not nn.Linear:
-                        raise ValueError(f"act_bits={act_bits}: {name or 'model'} ({type(module).__name__}) has no "
-                                         f"int8-activation version; expected only Linear layers to be low-bit, or "
-                                         f"freeze it with convert(..., freeze=[{name!r}])")
-                    extra["act_bits"] = act_bits
-            try:
-                return _rebuild(target, module, {**conversion.args(module), **extra}, directions)
-            except ValueError as e:
-                params = [f"{name}.{n}" if name else n for n, p in module.named_parameters() if p.requires_grad]
-                raise ValueError(f"cannot perturb parameters {params} of {name or 'model'} ({type(module).__name__}): "
-                                 f"{e}; freeze them with convert(..., freeze=[...])") from e
-        if any(p.requires_grad for p in module.parameters(recurse=False)):
-            if bits is not None:
-                raise ValueError(f"bits={bits}: {name or 'model'} ({type(module).__name__}) would need the torch.func "
-                                 f"fallback, which has no low-bit version; expected only Linear and Conv1d/2d/3d to "
-                                 f"hold trainable matrices, or freeze it with convert(..., freeze=[{name!r}])")
-            if any(isinstance(m, (nn.modules.batchnorm._BatchNorm, PerturbedModule)) for m in module.modules()):
-                raise ValueError(f"{name or 'model'} ({type(module).__name__}) needs the torch.func fallback, but "
-                                 f"contains a BatchNorm or a perturbed module, which it cannot evaluate member by "
-                                 f"member; freeze it with convert(..., freeze=[{name!r}])")
-            notes.append(f"{name or 'model'} ({type(module).__name__}) has no batched perturbed version; it runs "
-                         f"through the exact torch.func fallback, member by member (slow)")
-            return functional_fallback(module, directions)
-        for child_name, child in module.named_children():
-            setattr(module, child_name, swap(child, f"{name}.{child_name}" if name else child_name))
-        return module
-
-    model = swap(model, "")
-    for note in notes:
-        warnings.warn(note, stacklevel=2)
-    missing = uncovered_parameters(model)
-    if missing:  # a safety net: every conversion declares all its trainable parameters
-        raise ValueError(f"convert could not perturb trainable parameters {missing}; freeze them with "
-                         f"convert(..., freeze=[...])")
-    return model
-
-
-def _refuse_tied(model: nn.Module) -> None:
-    """Tied weights (one tensor in two modules) would be rebuilt as two parameters drawing two noises."""
-    seen: dict[int, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if p.requires_grad and id(p) in seen:
-            raise ValueError(f"parameters {seen[id(p)]!r} and {name!r} are one tensor (tied weights), which convert "
-                             f"would split into two; untie them, or freeze one side with convert(..., freeze=[...])")
-        seen.setdefault(id(p), name)
-
-
-def _freeze(model: nn.Module, names: Iterable[str]) -> None:
-    if isinstance(names, str):
-        raise TypeError(f"freeze must be a list of parameter or module names; got the string {names!r}")
-    names = list(names)
-    params = dict(model.named_parameters())
-    for name in names:
-        matched = [p for n, p in params.items() if n == name or n.startswith(name + ".")]
-        if not matched:
-            raise ValueError(f"freeze: {name!r} names no parameter or module of the model; expected one of "
-                             f"{sorted(params)} or their module prefixes")
-        for p in matched:
-            p.requires_grad_(False)
-    if names and not any(p.requires_grad for p in params.values()):
-        raise ValueError(f"freeze={names} leaves no trainable parameter; expected at least one to evolve")
-
-
-def _rebuild(cls, module, args, directions):
-    tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
-    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
-    device = tensors[0].device if tensors else torch.device("cpu")
-    # Built on "meta" so that no initialisation runs (and no global RNG is consumed), then filled in.
-    layer = cls(**args, device="meta", dtype=dtype, directions=directions)
-    layer = layer.to_empty(device=device)
-    layer.load_state_dict(module.state_dict())
-    trainable = {n: p.requires_grad for n, p in module.named_parameters()}
-    for n, p in layer.named_parameters():
-        p.requires_grad_(trainable.get(n, True))
-    for m in layer.modules():
-        if isinstance(m, PerturbedModule):
-            m.declare_parameters()  # frozen parameters (requires_grad=False) get no noise
-    layer.train(module.training)
-    return layer

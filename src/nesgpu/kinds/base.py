@@ -119,6 +119,18 @@ class Kind:
         """y (R, D, M, dim) += scale_r * z_d[index_{r,d}] for an embedding table z_d of shape (num, dim)."""
         raise NotImplementedError(f"kind {self.name!r} has no embedding product")
 
+    def experts_(self, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, direction: torch.Tensor, noise: Noise,
+                 expert: int) -> None:
+        """y (M, out) += scale_m * (x_m times z_{direction_m}[expert]) for M tokens routed to one expert of a
+        bank of matrices (geometry: ``groups`` experts of (out/groups, in)); ``direction`` and ``scale`` (M,)
+        give each token's direction and signed sigma."""
+        raise NotImplementedError(f"kind {self.name!r} has no experts product")
+
+    def zero_rows_(self, noise: Noise, row: int) -> None:
+        """Make row ``row`` of every z_d zero (an embedding's padding row), for kinds with an embedding
+        product."""
+        raise NotImplementedError(f"kind {self.name!r} has no embedding product")
+
     def grad(self, noise: Noise, coef: torch.Tensor) -> torch.Tensor:
         """sum_d coef_d z_d, in the parameter's shape."""
         raise NotImplementedError

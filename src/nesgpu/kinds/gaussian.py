@@ -18,7 +18,7 @@ class Gaussian(Kind):
     """z_d: a tensor of IID unit Gaussians of the parameter's shape, per direction."""
 
     name = "gaussian"
-    products = frozenset({"linear", "conv", "embedding"})
+    products = frozenset({"linear", "conv", "embedding", "experts"})
 
     def draw_directions(self, gen, n, geometry, like):
         return {"z": randn(like, n, *like.shape, gen=gen)}
@@ -37,6 +37,14 @@ class Gaussian(Kind):
         d = noise.directions
         rows = noise["z"][torch.arange(d, device=index.device).view(1, d, 1), index]  # (R, D, M, dim)
         y.addcmul_(rows, scale.view(-1, 1, 1, 1))
+
+    def experts_(self, x, y, scale, direction, noise, expert):
+        g = noise.geometry
+        z = noise["z"].view(-1, g.groups, g.out // g.groups, g.in_ // g.groups)[direction, expert]  # (M, out, in)
+        y.addcmul_(torch.bmm(z, x.unsqueeze(-1)).squeeze(-1), scale.unsqueeze(-1))
+
+    def zero_rows_(self, noise, row):
+        noise["z"][:, row] = 0
 
     def grad(self, noise: Noise, coef):
         return torch.tensordot(coef, noise["z"], dims=1)

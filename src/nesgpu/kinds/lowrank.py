@@ -42,7 +42,7 @@ class LowRank(Kind):
     """
 
     name = "lowrank"
-    products = frozenset({"linear", "conv", "embedding"})
+    products = frozenset({"linear", "conv", "embedding", "experts"})
     rank: int = field(default=1, metadata={"help": "rank of each direction's noise matrix"})
 
     def __post_init__(self):
@@ -140,6 +140,14 @@ class LowRank(Kind):
                 y.addcmul_(t[..., k : k + 1], b[:, k].unsqueeze(0).unsqueeze(2))
             return
         y.add_(torch.einsum("rdmk,dkj->rdmj", t, b))
+
+    def zero_rows_(self, noise, row):
+        noise["a"][:, :, row] = 0  # a (D, r, num): z_d[row] = A_d[row] B_d^T
+
+    def experts_(self, x, y, scale, direction, noise, expert):
+        a, b = noise["a"][direction, expert], noise["b"][direction, expert]  # (M, out, r), (M, r, in): grouped layout
+        t = torch.bmm(b, x.unsqueeze(-1)).mul_(scale.view(-1, 1, 1))  # (M, r, 1)
+        y.add_(torch.bmm(a, t).squeeze(-1))
 
     def grad(self, noise, coef):
         a, b, g = noise["a"], noise["b"], noise.geometry

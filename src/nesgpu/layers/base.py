@@ -14,7 +14,6 @@ second half of the repeats with antithetic sampling.
 
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -24,25 +23,11 @@ from torch import nn
 
 from ..kinds import KINDS, LINEAR, Gaussian, Geometry, Kind, Noise, Op
 from ..noise import NoiseSource
+from .drawing import HALF, draw_noise
+from .sharing import Borrowed, SharedParameters
 
 VECTOR = Gaussian()
 """The kind of every parameter that is not a matrix: IID Gaussian, elementwise."""
-
-
-def _storage_uses(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
-# CPython before 3.14 counts every reference in sys.getrefcount; later versions may skip some
-_EXACT_REFCOUNTS = sys.version_info < (3, 14)
-_STORAGE_USES_ALONE = _storage_uses(torch.empty(1))
-
-
-def _unshared(t: torch.Tensor) -> bool:
-    """Whether only the noise record holds ``t``: no other Python reference (a caller's ``z``, an indexing
-    view) and no other tensor on its storage (``.detach()``, ``.data``, numpy): then it may be refilled."""
-    # references: the record's dict, the caller's local, this argument, getrefcount's own argument
-    return _EXACT_REFCOUNTS and sys.getrefcount(t) <= 4 and _storage_uses(t) == _STORAGE_USES_ALONE
 
 
 def rows_view(t: torch.Tensor, repeats: int, directions: int) -> torch.Tensor:
@@ -93,7 +78,7 @@ class Population(NamedTuple):
     scale: torch.Tensor
 
 
-class PerturbedModule(nn.Module):
+class PerturbedModule(SharedParameters):
     """Noise state and the population contract shared by all perturbed modules.
 
     Outside a :class:`nesgpu.PerturbedModel` call the module is exactly its torch parent.
@@ -102,10 +87,13 @@ class PerturbedModule(nn.Module):
     directions: int | None
 
     def _init_perturbation(self, kind: Kind, directions: int | None, matrices: dict[str, Geometry],
-                           product: str, recurse: bool = False) -> None:
+                           product: str, recurse: bool = False, transposed: frozenset[str] = frozenset(),
+                           banks: frozenset[str] = frozenset()) -> None:
         """Declare the perturbed parameters: ``matrices`` (name -> geometry) take ``kind``; every other
         trainable parameter of this module (not of its children) is perturbed elementwise. Parameters
-        with ``requires_grad=False`` stay frozen."""
+        with ``requires_grad=False`` stay frozen. A matrix named in ``transposed`` is stored as (in, out)
+        (GPT-2's Conv1D): its noise, update and dense z_d are those of the (out, in) geometry, transposed.
+        A matrix named in ``banks`` is a bank of ``groups`` matrices (E, out/E, in/E) (MoE experts)."""
         if directions is not None and (isinstance(directions, bool) or not isinstance(directions, int)
                                        or directions < 1):
             raise ValueError(f"directions must be a positive int; got {directions!r}")
@@ -116,8 +104,12 @@ class PerturbedModule(nn.Module):
                              f"{sorted(k for k, cls in KINDS.items() if product in cls.products)}")
         self.kind = kind
         self.directions = directions
-        self.layer_key = 0
-        self._matrices, self._recurse = matrices, recurse
+        self.layer_key, self.layer_name = 0, ""  # set by PerturbedModel: the module's key and name in the model
+        self._matrices, self._recurse, self._product_name = matrices, recurse, product
+        self._transposed, self._banks = transposed, banks
+        self._borrowed: dict[str, Borrowed] = {}
+        self._inside = False  # True while this module runs its own population forward (the read guard)
+        self.population_rows: int | None = None  # rows of the model's population input, once it is seen
         self.declare_parameters()
         self._noise: dict[str, Noise] | None = None
         self._source: NoiseSource | None = None
@@ -132,20 +124,29 @@ class PerturbedModule(nn.Module):
         freezing or unfreezing a parameter of a converted module."""
         slots = []
         for name, p in self.named_parameters(recurse=self._recurse):
-            if not p.requires_grad:
+            if not p.requires_grad or name in self._borrowed:
                 continue
             geometry = self._matrices.get(name)
             if geometry is not None:
-                if tuple(p.shape) != geometry.shape:
-                    raise ValueError(f"{name}: shape {tuple(p.shape)} does not match its geometry {geometry.shape}")
+                stored = geometry.shape[::-1] if name in self._transposed else geometry.shape
+                if name in self._banks:
+                    stored = (geometry.groups, geometry.out // geometry.groups, geometry.shape[1])
+                if tuple(p.shape) != stored:
+                    raise ValueError(f"{name}: shape {tuple(p.shape)} does not match its geometry {stored}")
                 self.kind.check(geometry)
             slots.append(Slot(name, self.kind if geometry is not None else VECTOR, geometry))
         self._slots = slots
+        self._guarded = frozenset(slot.name for slot in slots) | frozenset(self._borrowed)
         self._noise = None
 
     def perturbed_parameters(self) -> dict[str, nn.Parameter]:
-        """The parameters this module perturbs, by attribute name."""
+        """The parameters this module perturbs and updates, by attribute name (not those it borrows)."""
         return {slot.name: self.get_parameter(slot.name) for slot in self._slots}
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        """This module's perturbed parameters with their kinds and geometries (not those it borrows)."""
+        return tuple(self._slots)
 
     @property
     def perturbs(self) -> bool:
@@ -178,49 +179,15 @@ class PerturbedModule(nn.Module):
         src = self._source
         if src is None or src.seed != seed or src.layer != self.layer_key or src.generator.device != device:
             src = self._source = NoiseSource(seed, self.layer_key, device)
-
-        shared: dict[str, dict[str, torch.Tensor]] = {}
-        gen = src.shared(step)
-        for slot in self._slots:
-            shared[slot.name] = slot.kind.draw_shared(gen, slot.geometry, params[slot.name])
-
-        def draw(gen: torch.Generator, n: int) -> dict[str, torch.Tensor]:
-            return {f"{slot.name}/{key}": value for slot in self._slots
-                    for key, value in slot.kind.draw_directions(gen, n, slot.geometry, params[slot.name]).items()}
-
-        allocate = fill = None
-        metas = {slot.name: params[slot.name].to("meta") for slot in self._slots}  # shapes without memory
-        if all(slot.kind.allocate_directions(1, slot.geometry, metas[slot.name]) is not None for slot in self._slots):
-            def allocate(n: int) -> dict[str, torch.Tensor]:
-                # the last step's tensors where the shapes match and nothing else holds them (a view, a
-                # caller's reference, the record): no new allocation, no page faults
-                out = {}
-                for slot in self._slots:
-                    held = previous is None or slot.name not in previous or sys.getrefcount(previous[slot.name]) > 2
-                    old = {} if held else previous[slot.name].tensors
-                    device = params[slot.name].device
-                    for key, meta in slot.kind.allocate_directions(n, slot.geometry, metas[slot.name]).items():
-                        reuse = old.get(key)
-                        fits = (reuse is not None and reuse.shape == meta.shape and reuse.dtype == meta.dtype
-                                and reuse.device == device and _unshared(reuse))
-                        out[f"{slot.name}/{key}"] = reuse if fits else torch.empty_like(meta, device=device)
-                return out
-
-            def fill(gen: torch.Generator, out: dict[str, torch.Tensor]) -> None:
-                for slot in self._slots:  # in draw's order: the generator is consumed the same way
-                    prefix = slot.name + "/"
-                    slot.kind.fill_directions(gen, {k[len(prefix):]: v for k, v in out.items() if k.startswith(prefix)},
-                                              slot.geometry)
-
-        per_direction = src.per_direction(step, start, stop, draw, allocate, fill)
-        noise = {}
-        for slot in self._slots:
-            tensors = dict(shared[slot.name])
-            prefix = slot.name + "/"
-            tensors.update({k[len(prefix):]: v for k, v in per_direction.items() if k.startswith(prefix)})
-            noise[slot.name] = Noise(slot.geometry, tuple(params[slot.name].shape), tensors, stop - start)
-        self._noise = noise
+        shapes = {slot.name: self._noise_shape(slot) for slot in self._slots}
+        self._noise = draw_noise(self._slots, params, shapes, src, previous, step, start, stop)
+        del previous
         self._range = range(start, stop)
+
+    def _noise_shape(self, slot: Slot) -> tuple[int, ...]:
+        if slot.name in self._transposed or slot.name in self._banks:
+            return slot.geometry.shape
+        return tuple(self.get_parameter(slot.name).shape)
 
     def free_memory(self) -> None:
         """Drop the noise tensors. The next population call needs a new ``set_noise``."""
@@ -250,14 +217,18 @@ class PerturbedModule(nn.Module):
         return self._noise
 
     # ----- estimator ---------------------------------------------------------------------------------
-    def accumulate_grad(self, coef: torch.Tensor) -> None:
-        """Add ``sum_d coef_d z_d`` to ``.grad`` of every perturbed parameter (created if None)."""
+    def accumulate_grad(self, coef: torch.Tensor, into: dict[str, torch.Tensor] | None = None) -> None:
+        """Add ``sum_d coef_d z_d`` to ``.grad`` of every perturbed parameter (created if None), or of the
+        tensor ``into`` gives for it (a float32 master copy of a half-precision parameter)."""
         noise = self._require_noise()
         if coef.shape != (self.local_directions,):
             raise ValueError(f"coef must have shape ({self.local_directions},); got {tuple(coef.shape)}")
         for slot in self._slots:
-            p = self.get_parameter(slot.name)
-            g = slot.kind.grad(noise[slot.name], coef.to(device=p.device, dtype=p.dtype)).reshape(p.shape)
+            p = (into or {}).get(slot.name)
+            p = self.get_parameter(slot.name) if p is None else p
+            exact = torch.float32 if p.dtype in HALF else p.dtype  # half-precision noise is drawn in float32
+            g = slot.kind.grad(noise[slot.name], coef.to(device=p.device, dtype=exact)).to(p.dtype)
+            g = g.reshape(slot.geometry.shape).t().contiguous() if slot.name in self._transposed else g.reshape(p.shape)
             g = self._mask_grad(slot.name, g)
             if p.grad is None:  # grad returns a fresh tensor, so it can become .grad as is
                 p.grad = g
@@ -277,8 +248,14 @@ class PerturbedModule(nn.Module):
         """The unit-scale noise z_d of every local direction as dense tensors, for tests and inspection:
         ``{"weight": (D, *weight.shape), "bias": (D, out), ...}``."""
         noise = self._require_noise()
-        return {slot.name: self._mask_dense(slot.name, slot.kind.dense(noise[slot.name]).reshape(
-            self.local_directions, *noise[slot.name].shape)) for slot in self._slots}
+        out = {}
+        for slot in self._slots:
+            shape = self.get_parameter(slot.name).shape
+            dense = slot.kind.dense(noise[slot.name]).reshape(self.local_directions, *noise[slot.name].shape)
+            dense = dense.reshape(self.local_directions, *shape) if slot.name in self._banks else dense
+            out[slot.name] = self._mask_dense(slot.name, dense.transpose(1, 2) if slot.name in self._transposed
+                                              else dense)
+        return out
 
     def _mask_dense(self, name: str, dense: torch.Tensor) -> torch.Tensor:
         return dense
@@ -296,6 +273,7 @@ class PerturbedModule(nn.Module):
             yield self
         finally:
             self._active = None
+            self.population_rows = None
 
     @property
     def is_perturbing(self) -> bool:
@@ -346,7 +324,8 @@ class PerturbedModule(nn.Module):
 
     def _noise_of(self, name: str, dtype: torch.dtype) -> Noise | None:
         """The noise of parameter ``name`` in the compute dtype, or None when it is frozen."""
-        noise = self._require_noise().get(name)
+        tie = self._borrowed.get(name)
+        noise = tie.owner.noise_record(tie.name) if tie is not None else self._require_noise().get(name)
         if noise is None:
             return None
         if not self.population_calls:  # set once: a compiled rollout step must not see a changing counter
@@ -377,6 +356,9 @@ class PerturbedModule(nn.Module):
         return torch.addcmul(p.to(dtype).view(1, 1, *p.shape), z, pop.scale.view(-1, 1, *([1] * p.dim())))
 
     def _slot(self, name: str) -> Slot:
+        tie = self._borrowed.get(name)
+        if tie is not None:
+            return tie.owner._slot(tie.name)
         for slot in self._slots:
             if slot.name == name:
                 return slot
@@ -384,12 +366,20 @@ class PerturbedModule(nn.Module):
 
     def extra_repr(self) -> str:
         base = super().extra_repr()
-        return f"{base}{', ' if base else ''}kind={self.kind!r}, directions={self.directions}"
+        parts = [base] if base else []
+        parts += [f"kind={self.kind!r}", f"directions={self.directions}"]
+        frozen = [n for n, p in self.named_parameters(recurse=self._recurse) if not p.requires_grad]
+        if frozen:
+            parts.append(f"frozen={frozen}")
+        if self._borrowed:
+            parts.append("tied={" + ", ".join(f"{n!r}: {b.label!r}" for n, b in self._borrowed.items()) + "}")
+        return ", ".join(parts)
 
     def forward(self, *args, **kwargs):
         if self._active is None:
             return super().forward(*args, **kwargs)
-        return self.population_forward(*args, **kwargs)
+        with self.own_call():
+            return self.population_forward(*args, **kwargs)
 
     def population_forward(self, *args, **kwargs):
         raise NotImplementedError

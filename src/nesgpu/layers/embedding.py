@@ -16,7 +16,9 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
     The table is a matrix of ``num_embeddings`` rows by ``embedding_dim`` columns. IID Gaussian noise
     keeps a (D, num, dim) table; low-rank noise z_d = A_d B_d^T / sqrt(r) gathers A_d's looked-up rows
     and multiplies by B_d, so it never builds a per-direction table. The ``padding_idx`` row is never
-    perturbed (its noise is zero), as autograd never updates it.
+    perturbed (its noise is zero, also for an output head tied to the table), as autograd never updates it.
+    Indices with one row (position ids that broadcast over the batch, as GPT-2's) give every population row
+    its own perturbed lookup.
 
     Args:
         as for :class:`torch.nn.Embedding` (``max_norm`` is not supported: it rewrites the table during
@@ -41,14 +43,16 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
         if index.dim() < 1 or index.is_floating_point():
             raise ValueError(f"{type(self).__name__}: expected integer indices of shape (repeats * directions, ...); "
                              f"got {index.dtype} of shape {tuple(index.shape)}")
+        noise = self._noise_of("weight", self.weight.dtype)
+        if noise is None:
+            return F.embedding(index, self.weight, self.padding_idx)
+        if index.shape[0] == 1 and (self.population_rows or 1) > 1:  # ids shared by every row
+            index = index.expand(self.population_rows, *index.shape[1:])
         y = F.embedding(index, self.weight, self.padding_idx)
         pop = self._population(index.shape[0], y.dtype, y.device)
-        noise = self._noise_of("weight", y.dtype)
-        if noise is None:
-            return y
         rows = index.reshape(pop.repeats, pop.directions, -1)
         y4 = y.view(pop.repeats, pop.directions, rows.shape[-1], self.embedding_dim)
-        self.kind.embed_(rows, y4, pop.scale, noise)
+        self._slot("weight").kind.embed_(rows, y4, pop.scale, noise)
         if self.padding_idx is not None:  # the padding row stays as it is (torch.where: no host sync)
             y4.copy_(torch.where((rows == self.padding_idx).unsqueeze(-1), self.weight[self.padding_idx].to(y.dtype),
                                  y4))
@@ -59,17 +63,11 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
             grad[self.padding_idx] = 0
         return grad
 
-    def noise_sq_norms(self) -> torch.Tensor:
-        sq = super().noise_sq_norms()
+    def set_noise(self, seed: int, step: int, start: int = 0, stop: int | None = None) -> None:
+        super().set_noise(seed, step, start, stop)
         noise = self.noise_record("weight")
-        if self.padding_idx is None or noise is None:
-            return sq
-        # minus the padding row's share: z_d[padding_idx], looked up as one token per direction
-        d = noise.directions
-        row = torch.zeros(1, d, 1, self.embedding_dim, dtype=self.weight.dtype, device=self.weight.device)
-        index = torch.full((1, d, 1), self.padding_idx, device=self.weight.device)
-        self.kind.embed_(index, row, torch.ones(1, dtype=row.dtype, device=row.device), noise)
-        return sq - row.pow(2).sum((0, 2, 3))
+        if self.padding_idx is not None and noise is not None:  # z_d[padding_idx] = 0 for every use of the table
+            self._slot("weight").kind.zero_rows_(noise, self.padding_idx)
 
     def perturbed_numel(self) -> int:
         return super().perturbed_numel() - (self.embedding_dim if self.padding_idx is not None and

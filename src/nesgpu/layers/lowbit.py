@@ -28,7 +28,8 @@ from torch import nn
 
 from ..kinds import LINEAR, LinearOp, Op, make_kind
 from ..quantize import check_bits, codes, int8_linear, quantize
-from .base import _unshared, compute_dtype, rows_view
+from .base import compute_dtype, rows_view
+from .drawing import unshared
 from .conv import PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .linear import PerturbedLinear
 
@@ -99,6 +100,10 @@ class _LowBit:
         sees the fp32 latents under autocast), kept while noise, sigma and weight stay the same, and written
         into the last step's buffer when nothing else holds it (a fresh multi-MB tensor costs more in page
         faults than the arithmetic)."""
+        with self.own_call():
+            return self._member_weights(dtype)
+
+    def _member_weights(self, dtype: torch.dtype) -> torch.Tensor | None:
         noise = self._noise_of("weight", self.weight.dtype)
         if noise is None:
             return None
@@ -114,7 +119,7 @@ class _LowBit:
         shape = (signs, noise.directions, *w.shape)
         buffer = self._members_buffer
         if buffer is None or buffer.shape != shape or buffer.dtype != w.dtype or buffer.device != w.device \
-                or not _unshared(buffer):
+                or not unshared(buffer):
             self._members_buffer = buffer = None  # free it before allocating its successor
             self._members_buffer = buffer = torch.empty(shape, dtype=w.dtype, device=w.device)
         sign = torch.tensor([1.0, -1.0][:signs], dtype=w.dtype, device=w.device).mul_(self._active.sigma)
@@ -175,7 +180,8 @@ class LowBitLinear(_LowBit, PerturbedLinear):
     def forward(self, x):
         if self._active is None:
             return self._shared_base(x)[1]
-        return self.population_forward(x)
+        with self.own_call():
+            return self.population_forward(x)
 
     def _shared_base(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the input the noise products see, the shared low-bit product with the bias). With act_bits=8 the
@@ -257,7 +263,8 @@ class _LowBitConv(_LowBit):
     def forward(self, x):
         if self._active is None:
             return self._conv_forward(x, self.quantized_weight(), self.bias)
-        return self.population_forward(x)
+        with self.own_call():
+            return self.population_forward(x)
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.noise_on == "quantized":

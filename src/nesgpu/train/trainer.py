@@ -20,7 +20,8 @@ from typing import NamedTuple
 import torch
 
 from .. import __version__
-from ..model import PerturbedModel, convert
+from ..conversion import convert
+from ..model import PerturbedModel
 from ..strategies import STRATEGIES, Schedule, Strategy
 from ..tasks import SUPERVISED, make_task
 from ..tasks.protocol import check_differentiable, check_task

@@ -1,0 +1,308 @@
+"""convert(): make every trainable parameter of a model perturbable, keeping its weights.
+
+Each module is handled by the first rule that fits: already perturbed; nothing to perturb; a torch module
+type with a perturbed class (rebuilt, weights copied); a ``transformers`` module type (class swapped in
+place); any other module with parameters of its own (the exact torch.func fallback); else its children.
+Tied parameters (one tensor used by several modules) are tied again afterwards: one module draws their
+noise and takes the update, the others apply the same noise.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from .kinds import Gaussian, Kind, make_kind
+from .layers import PerturbedModule, functional_fallback
+from .layers import hf
+from .layers.functional import FunctionalPerturbed
+from .layers.lowbit import NOISE_ON
+from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
+from .model import uncovered_parameters
+from .quantize import check_bits
+
+EVOLVE = ("all", "matrices")
+"""What evolves: every trainable parameter, or only the weight matrices (2-D and higher: linear, attention,
+convolution and expert weights), with embedding tables, norms and biases frozen (EGGROLL's default)."""
+
+
+@dataclass
+class _Options:
+    kind: Kind
+    directions: int | None
+    bits: int | None
+    noise_on: str
+    act_bits: int | None
+    notes: list[str] = field(default_factory=list)
+
+
+def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | None = None,
+            freeze: Iterable[str] = (), bits: int | None = None, noise_on: str = "latent",
+            act_bits: int | None = None, evolve: str = "all", **options) -> nn.Module:
+    """Make every trainable parameter of ``model`` perturbable, keeping its weights.
+
+    Linear, Conv1d/2d/3d, Embedding, MultiheadAttention, LSTM/GRU/RNN become perturbed modules whose
+    matrices take ``kind``; LayerNorm, RMSNorm, GroupNorm and BatchNorm perturb their affine parameters
+    (BatchNorm keeps members apart); transformer layers take their unfused path in population mode. The
+    module types of Hugging Face ``transformers`` (GPT-2's Conv1D, every RMSNorm class, MoE expert banks)
+    get batched versions. A module of another type with trainable parameters of its own runs through the
+    exact (slow) torch.func fallback, with a warning. Where ``kind`` has no product for a module (e.g.
+    "permuted" for an Embedding), that module takes IID Gaussian noise, with a warning. Tied parameters (an
+    embedding table that is also the output head) are perturbed once: every use sees the same noise.
+
+    Args:
+        model: converted in place (a bare module is returned as a new one).
+        kind: a :class:`nesgpu.kinds.Kind` or its name: ``"gaussian"``, ``"sparse"``, ``"permuted"``,
+            ``"flipout"``, ``"lowrank"``.
+        directions: population size (may be left to :class:`PerturbedModel`).
+        freeze: parameter names (``"0.weight"``) or module names (``"embed"``: all its parameters) to keep
+            fixed; they get ``requires_grad=False``. Parameters that already have it stay fixed too.
+        bits: None (float weights), 1 (binary) or 8 (int8): every Linear and Conv1d/2d/3d becomes a low-bit
+            module (:class:`nesgpu.layers.LowBitLinear`, ...) whose forward uses quantised weights with a
+            per-output-channel scale, derived from its float weights, which ES updates. Biases and norm
+            parameters stay float. A model with another module holding trainable matrices is refused.
+        noise_on: with ``bits``: "latent" (each member is the quantisation of its perturbed float weights) or
+            "quantized" (the noise is added in float to the shared quantised weights).
+        act_bits: with ``bits``: None (float activations) or 8 (int8 inputs and an int8 GEMM; Linear only).
+        evolve: ``"all"`` (every trainable parameter) or ``"matrices"`` (only weights of 2 or more
+            dimensions outside embeddings; embedding tables, norms and biases are frozen).
+        **options: the kind's options, e.g. ``rank=2`` or ``in_sparsity=0.1``.
+
+    Returns:
+        the converted model. Its parameters are new objects: build the optimizer after converting.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
+    opts = _Options(make_kind(kind, **options), directions, bits, noise_on, act_bits)
+    _check_low_bit(opts)
+    if evolve not in EVOLVE:
+        raise ValueError(f"evolve must be one of {list(EVOLVE)}; got {evolve!r}")
+    _freeze(model, freeze)
+    if evolve == "matrices":
+        _freeze_non_matrices(model)
+    ties = tied_uses(model)
+    model = _swap(model, "", opts)
+    _retie(model, ties)
+    for note in opts.notes:
+        warnings.warn(note, stacklevel=2)
+    missing = uncovered_parameters(model)
+    if missing:  # a safety net: every conversion declares all its trainable parameters
+        raise ValueError(f"convert could not perturb trainable parameters {missing}; freeze them with "
+                         f"convert(..., freeze=[...])")
+    return model
+
+
+def _check_low_bit(opts: _Options) -> None:
+    if opts.bits is not None:
+        check_bits(opts.bits)
+        if opts.noise_on not in NOISE_ON:
+            raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {opts.noise_on!r}")
+    elif opts.noise_on != "latent" or opts.act_bits is not None:
+        option = f"act_bits={opts.act_bits!r}" if opts.act_bits is not None else f"noise_on={opts.noise_on!r}"
+        raise ValueError(f"{option} applies to low-bit layers; pass bits=1 or bits=8 with it")
+    if opts.act_bits is not None and (isinstance(opts.act_bits, bool) or opts.act_bits != 8):
+        raise ValueError(f"act_bits must be None (float activations) or 8; got {opts.act_bits!r}")
+
+
+def _swap(module: nn.Module, name: str, opts: _Options) -> nn.Module:
+    """``module`` with every trainable parameter in a perturbed module (see the module docstring)."""
+    if isinstance(module, PerturbedModule):
+        return module
+    if isinstance(module, nn.TransformerEncoder):  # nested tensors cannot carry population rows
+        module.enable_nested_tensor = module.use_nested_tensor = False
+    frozen_low_bit = opts.bits is not None and type(module) in LOW_BIT  # quantised though it does not evolve
+    if not frozen_low_bit and not any(p.requires_grad for p in module.parameters()) and not any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+        return module  # nothing to perturb, and no batch statistics to keep apart: it runs as it is
+    label = f"{name or 'model'} ({type(module).__name__})"
+    if parametrize.is_parametrized(module):
+        raise ValueError(f"{label} has parametrized weights (weight_norm, spectral_norm, ...), which convert cannot "
+                         f"perturb; remove the parametrization or freeze it with convert(..., freeze=[{name!r}])")
+    _swap_path(module, label)
+    converted = _rebuild_known(module, name, label, opts)
+    if converted is None and any(p.requires_grad for p in module.parameters(recurse=False)):
+        converted = _adopt_or_fallback(module, name, label, opts)
+    if converted is not None:
+        return converted
+    for child_name, child in module.named_children():
+        setattr(module, child_name, _swap(child, f"{name}.{child_name}" if name else child_name, opts))
+    return module
+
+
+def _swap_path(module: nn.Module, label: str) -> None:
+    """A transformer layer with a fused fast path takes its plain path in population mode (class swap)."""
+    torch_class, path_class = next(((base, cls) for base, cls in PATH_SWAPS.items() if isinstance(module, base)),
+                                   (None, None))
+    if path_class is None:
+        return
+    if type(module).forward is not torch_class.forward:
+        raise ValueError(f"{label} overrides the forward of {torch_class.__name__}, whose fused path reads every "
+                         f"weight at once; expected the torch class or a subclass that keeps its forward")
+    module.__class__ = path_class if type(module) is torch_class else type(
+        f"Perturbed{type(module).__name__}", (path_class, type(module)), {"__module__": type(module).__module__})
+
+
+def _rebuild_known(module: nn.Module, name: str, label: str, opts: _Options) -> nn.Module | None:
+    """A torch module type with a perturbed class, rebuilt with its weights; None for any other."""
+    conversion = conversion_for(module)
+    if conversion is None or type(module).forward is not conversion.source.forward:
+        return None  # a subclass with its own forward: only the exact fallback keeps its maths
+    module_kind = _kind_for(conversion.product, label, opts)
+    extra = {} if conversion.product is None else {"kind": module_kind}
+    target = conversion.target
+    if opts.bits is not None and conversion.product is not None:
+        if conversion.source not in LOW_BIT:
+            raise ValueError(f"bits={opts.bits}: {label} has no low-bit version; expected only Linear and "
+                             f"Conv1d/2d/3d to hold trainable matrices, or freeze it with "
+                             f"convert(..., freeze=[{name!r}])")
+        target, extra = LOW_BIT[conversion.source], {**extra, "bits": opts.bits, "noise_on": opts.noise_on}
+        if opts.act_bits is not None:
+            if conversion.source is not nn.Linear:
+                raise ValueError(f"act_bits={opts.act_bits}: {label} has no int8-activation version; expected "
+                                 f"only Linear layers to be low-bit, or freeze it with convert(..., freeze=[{name!r}])")
+            extra["act_bits"] = opts.act_bits
+    try:
+        return _rebuild(target, module, {**conversion.args(module), **extra}, opts.directions)
+    except ValueError as e:
+        params = [f"{name}.{n}" if name else n for n, p in module.named_parameters() if p.requires_grad]
+        raise ValueError(f"cannot perturb parameters {params} of {label}: {e}; freeze them with "
+                         f"convert(..., freeze=[...])") from e
+
+
+def _kind_for(product: str | None, label: str, opts: _Options) -> Kind:
+    """The model's kind, or IID Gaussian (with a note) where it has no ``product``."""
+    if product is None or opts.kind.supports(product):
+        return opts.kind
+    opts.notes.append(f"{label}: kind {opts.kind.name!r} has no {product} product; it takes IID Gaussian noise")
+    return Gaussian()
+
+
+def _adopt_or_fallback(module: nn.Module, name: str, label: str, opts: _Options) -> nn.Module:
+    """A transformers module type in its batched version, else the exact torch.func fallback."""
+    product = hf.needs_product(module)
+    if opts.bits is not None and (product is not None or hf.rms_norm_offset(module) is None):
+        reason = "has no low-bit version" if product else ("would need the torch.func fallback, which has no "
+                                                            "low-bit version")
+        raise ValueError(f"bits={opts.bits}: {label} {reason}; expected only Linear and Conv1d/2d/3d to hold "
+                         f"trainable matrices, or freeze it with convert(..., freeze=[{name!r}])")
+    adopted = hf.adopt(module, _kind_for(product, label, opts), opts.directions, Gaussian())
+    if adopted is not None:
+        return adopted
+    if any(isinstance(m, (nn.modules.batchnorm._BatchNorm, PerturbedModule)) for m in module.modules()):
+        raise ValueError(f"{label} needs the torch.func fallback, but contains a BatchNorm or a perturbed module, "
+                         f"which it cannot evaluate member by member; freeze it with convert(..., freeze=[{name!r}])")
+    opts.notes.append(f"{label} has no batched perturbed version; it runs through the exact torch.func fallback, "
+                      f"member by member (slow)")
+    return functional_fallback(module, opts.directions)
+
+
+def _rebuild(cls, module, args, directions):
+    tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    # Built on "meta" so that no initialisation runs (and no global RNG is consumed), then filled in.
+    layer = cls(**args, device="meta", dtype=dtype, directions=directions)
+    layer = layer.to_empty(device=device)
+    layer.load_state_dict(module.state_dict())
+    trainable = {n: p.requires_grad for n, p in module.named_parameters()}
+    for n, p in layer.named_parameters():
+        p.requires_grad_(trainable.get(n, True))
+    for m in layer.modules():
+        if isinstance(m, PerturbedModule):
+            m.declare_parameters()  # frozen parameters (requires_grad=False) get no noise
+    layer.train(module.training)
+    return layer
+
+
+# ----- tied parameters -------------------------------------------------------------------------------
+def tied_uses(model: nn.Module) -> list[list[tuple[str, str]]]:
+    """The trainable parameters used by several modules, each as its (module name, attribute) uses."""
+    uses: dict[int, list[tuple[str, str]]] = {}
+    for module_name, module in model.named_modules():
+        for attr, p in module.named_parameters(recurse=False):
+            if p.requires_grad:
+                uses.setdefault(id(p), []).append((module_name, attr))
+    return [group for group in uses.values() if len(group) > 1]
+
+
+def _retie(model: nn.Module, ties: list[list[tuple[str, str]]]) -> None:
+    """Make each tied group one Parameter again, drawn and updated by one module, borrowed by the others."""
+    for group in ties:
+        uses = [(model.get_submodule(m), attr, f"{m}.{attr}" if m else attr) for m, attr in group]
+        for module, _, full in uses:
+            if not isinstance(module, PerturbedModule) or isinstance(module, FunctionalPerturbed):
+                raise ValueError(f"tied parameter {full!r} is used by {type(module).__name__}, which has no batched "
+                                 f"perturbed version to share its noise; untie it, or freeze it with "
+                                 f"convert(..., freeze=[{full!r}])")
+        errors = []
+        for owner, owner_attr, label in uses:  # the first use whose kind has every other use's product
+            try:
+                for module, attr, _ in uses:
+                    if module is not owner:
+                        setattr(module, attr, getattr(owner, owner_attr))
+                        module.borrow(attr, owner, owner_attr, label)
+                break
+            except ValueError as e:
+                errors.append(str(e))
+        else:
+            raise ValueError(f"tied parameters {[full for *_, full in uses]} cannot share one noise: {errors[0]}")
+
+
+# ----- what evolves ----------------------------------------------------------------------------------
+def summary(model: nn.Module) -> str:
+    """How many parameters of a converted model evolve, which are frozen, tied or in the exact fallback.
+
+    Example:
+        >>> print(nesgpu.summary(nesgpu.convert(model, "lowrank", evolve="matrices")))
+        evolving 1,048,576 of 1,310,720 parameters (80.0%) in 28 tensors; frozen 262,144 in 21 tensors ...
+    """
+    params = dict(model.named_parameters())  # tied tensors once
+    evolving = {n: p for n, p in params.items() if p.requires_grad}
+    total, count = sum(p.numel() for p in params.values()), sum(p.numel() for p in evolving.values())
+    lines = [f"evolving {count:,} of {total:,} parameters ({100 * count / max(total, 1):.1f}%) in "
+             f"{len(evolving)} tensors; frozen {total - count:,} in {len(params) - len(evolving)} tensors"]
+    kinds: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, PerturbedModule):
+            for slot in m.slots:
+                kinds[slot.kind.name] = kinds.get(slot.kind.name, 0) + m.get_parameter(slot.name).numel()
+    lines.append("noise: " + ", ".join(f"{k} {v:,}" for k, v in sorted(kinds.items())))
+    ties = [f"{m}.{a}" if m else a for group in tied_uses(model) for m, a in group[1:]]
+    fallback = [n for n, m in model.named_modules() if isinstance(m, FunctionalPerturbed)]
+    if ties:
+        lines.append(f"tied (perturbed once, with the tensor they share): {ties}")
+    if fallback:
+        lines.append(f"exact fallback, member by member (slow): {fallback}")
+    return "\n".join(lines)
+
+
+def _freeze(model: nn.Module, names: Iterable[str]) -> None:
+    if isinstance(names, str):
+        raise TypeError(f"freeze must be a list of parameter or module names; got the string {names!r}")
+    names = list(names)
+    params = dict(model.named_parameters())
+    for name in names:
+        matched = [p for n, p in params.items() if n == name or n.startswith(name + ".")]
+        if not matched:
+            raise ValueError(f"freeze: {name!r} names no parameter or module of the model; expected one of "
+                             f"{sorted(params)} or their module prefixes")
+        for p in matched:
+            p.requires_grad_(False)
+    if names and not any(p.requires_grad for p in params.values()):
+        raise ValueError(f"freeze={names} leaves no trainable parameter; expected at least one to evolve")
+
+
+def _freeze_non_matrices(model: nn.Module) -> None:
+    """evolve="matrices": freeze embedding tables and every parameter of fewer than 2 dimensions."""
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if p.dim() < 2 or isinstance(module, nn.Embedding):
+                p.requires_grad_(False)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("evolve='matrices' leaves no trainable parameter: the model has no weight matrix outside "
+                         "its embeddings; expected evolve='all'")

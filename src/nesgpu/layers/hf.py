@@ -1,0 +1,229 @@
+"""Batched perturbed versions of the module types of Hugging Face ``transformers``.
+
+nesgpu never imports ``transformers``: a module is recognised by its class (when the user's program has
+imported the library) or by a check of what it computes, and converted in place by a class swap
+(:func:`nesgpu.layers.swap.swap_class`), so its state_dict and plain forward stay as they were.
+
+- **Conv1D** (GPT-2's Linear with the weight stored as (in, out)): the kind's linear product on the
+  transposed geometry.
+- **RMSNorm classes** of any model family (LlamaRMSNorm, Qwen3RMSNorm, attention's q_norm/k_norm, Gemma's
+  ``(1 + weight)`` form, ...): recognised by name and then by a float64 probe of the module's own forward
+  against ``w * x / rms(x)`` and ``(1 + w) * x / rms(x)``; a norm that matches neither takes the exact
+  fallback.
+- **Scaled embeddings** (Gemma's ``embedding(ids) * embed_scale``): recognised by a probe of their forward.
+- **MoE expert banks** (``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I) used through per-expert
+  matmuls, Qwen3-MoE's and Mixtral's): every expert matrix takes the kind's noise (low-rank: rank r per
+  expert). The bank sees tokens flattened as (rows * T, H); token j belongs to population row j // T.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kinds import Geometry, Kind
+from .base import PerturbedModule, compute_dtype
+from .embedding import PerturbedEmbedding
+from .swap import swap_class
+
+
+class PerturbedConv1D(PerturbedModule):
+    """transformers' Conv1D (y = x W + b, W of shape (in, out)) with the kind's noise on W.
+
+    Shape: population input (R * D, *, in) -> (R * D, *, out); row n uses direction n % D.
+    """
+
+    def population_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2 or x.shape[-1] != self.weight.shape[0]:
+            raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
+                             f"{self.weight.shape[0]}); got {tuple(x.shape)}")
+        pop = self._population(x.shape[0], compute_dtype(x), x.device)
+        y = x @ self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return self._perturbed_linear(x, pop, "weight", "bias", y=y)
+
+    __repr__ = nn.Module.__repr__  # transformers' Conv1D writes its own, which would hide the kind
+
+    def extra_repr(self) -> str:
+        return f"nf={self.weight.shape[1]}, nx={self.weight.shape[0]}, {super().extra_repr()}"
+
+
+class PerturbedHFRMSNorm(PerturbedModule):
+    """An RMSNorm class of ``transformers`` with a per-member weight: ``x / rms(x) * (offset + w)``,
+    normalised in float32 as the library does, then cast back to the input's dtype.
+
+    Shape: population input (R * D, *, C) -> the same shape.
+    """
+
+    def population_forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.rms_eps)
+        k = x.shape[-1]
+        if self.rms_offset:  # Gemma's form: the product in float32
+            pop = self._population(x.shape[0], torch.float32, x.device)
+            w = self._member_values("weight", pop, torch.float32) + self.rms_offset
+            out = h.view(pop.repeats, pop.directions, -1, k) * w.view(w.shape[0], w.shape[1], 1, k)
+            return out.to(x.dtype).view(x.shape)
+        pop = self._population(x.shape[0], self.weight.dtype, x.device)
+        w = self._member_values("weight", pop, self.weight.dtype)
+        out = h.to(x.dtype).view(pop.repeats, pop.directions, -1, k) * w.view(w.shape[0], w.shape[1], 1, k)
+        return out.view(x.shape)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, eps={self.rms_eps}, offset={self.rms_offset}"
+
+
+class PerturbedExperts(PerturbedModule):
+    """A bank of MoE experts, ``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I), each expert
+    matrix with its own noise; forward(hidden (N, H), top_k_index (N, k), top_k_weights (N, k)) as
+    transformers' eager experts. Tokens are the population rows flattened: N = rows * T."""
+
+    def population_forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+        rows, n = self.population_rows, hidden.shape[0]
+        if rows is None or n % rows:
+            raise ValueError(f"{type(self).__name__}: {n} tokens are not the population's rows ({rows}) times a "
+                             f"sequence length; call the model through nesgpu.PerturbedModel")
+        pop = self._population(rows, compute_dtype(hidden), hidden.device)
+        row = torch.arange(n, device=hidden.device) // (n // rows)
+        direction, scale = row % pop.directions, pop.scale[row // pop.directions]
+        out = torch.zeros_like(hidden)
+        for expert in range(self.num_experts):
+            position, token = torch.where((top_k_index == expert).t())
+            if token.numel() == 0:
+                continue
+            h = self._expert_linear("gate_up_proj", expert, hidden[token], direction[token], scale[token])
+            gate, up = h.chunk(2, dim=-1)
+            h = self._expert_linear("down_proj", expert, self.act_fn(gate) * up, direction[token], scale[token])
+            out.index_add_(0, token, (h * top_k_weights[token, position, None]).to(out.dtype))
+        return out
+
+    def _expert_linear(self, name, expert, x, direction, scale) -> torch.Tensor:
+        y = F.linear(x, self.get_parameter(name)[expert])
+        noise = self._noise_of(name, y.dtype)
+        if noise is not None:
+            self._slot(name).kind.experts_(x.to(y.dtype), y, scale.to(y.dtype), direction, noise, expert)
+        return y
+
+
+class PerturbedScaledEmbedding(PerturbedEmbedding):
+    """An nn.Embedding subclass whose forward multiplies the lookup by a constant ``embed_scale`` (Gemma's
+    scaled word embedding), with the kind's noise on the table."""
+
+    def population_forward(self, index: torch.Tensor) -> torch.Tensor:
+        return super().population_forward(index) * self.embed_scale.to(self.weight.dtype)
+
+
+def _is_scaled_embedding(module: nn.Module) -> bool:
+    """An nn.Embedding subclass computing ``F.embedding(ids, weight, padding_idx) * embed_scale`` (probed)."""
+    scale = getattr(module, "embed_scale", None)
+    if (not isinstance(module, nn.Embedding) or type(module).forward is nn.Embedding.forward or module.max_norm
+            or not isinstance(scale, torch.Tensor) or scale.numel() != 1 or module.weight.device.type == "meta"):
+        return False
+    probe = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, module.num_embeddings, (2, 5), generator=gen)
+    with torch.no_grad():
+        probe.weight.copy_(torch.randn(probe.weight.shape, generator=gen, dtype=torch.float64))
+        try:
+            y = probe(ids)
+        except Exception:  # another signature: not this form
+            return False
+    expected = F.embedding(ids, probe.weight, module.padding_idx) * probe.embed_scale.double()
+    return isinstance(y, torch.Tensor) and y.shape == expected.shape and torch.allclose(y.double(), expected,
+                                                                                       rtol=1e-6, atol=1e-9)
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    utils = sys.modules.get("transformers.pytorch_utils")  # only if the user's program imported transformers
+    conv1d = getattr(utils, "Conv1D", None)
+    return conv1d is not None and isinstance(module, conv1d) and type(module).forward is conv1d.forward
+
+
+def _is_expert_bank(module: nn.Module) -> bool:
+    params = dict(module.named_parameters(recurse=False))
+    if sorted(params) != ["down_proj", "gate_up_proj"] or any(True for c in module.children() for _ in c.parameters()):
+        return False
+    gate_up, down = params["gate_up_proj"], params["down_proj"]
+    if gate_up.dim() != 3 or down.dim() != 3 or not hasattr(module, "act_fn"):
+        return False
+    experts, two_inter, hidden = gate_up.shape
+    layout_ok = not getattr(module, "is_transposed", False) and not getattr(module, "has_bias", False) and (
+        getattr(module, "is_concatenated", True) and getattr(module, "has_gate", True))
+    return layout_ok and getattr(module, "num_experts", None) == experts and down.shape == (
+        experts, hidden, two_inter // 2) and two_inter % 2 == 0
+
+
+def rms_norm_offset(module: nn.Module) -> float | None:
+    """0.0 or 1.0 when ``module`` is an RMSNorm of the form ``(offset + w) * x / rms(x)`` (checked on its
+    own forward in float64 with random weights and inputs), else None."""
+    params = dict(module.named_parameters())
+    if "rmsnorm" not in type(module).__name__.lower() or list(params) != ["weight"] or list(module.children()):
+        return None
+    weight, eps = params["weight"], getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if weight.dim() != 1 or not isinstance(eps, float) or weight.device.type == "meta":
+        return None
+    gen = torch.Generator().manual_seed(0)
+    probe = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
+    w = torch.randn(weight.numel(), generator=gen, dtype=torch.float64)
+    x = 3 * torch.randn(3, 2, weight.numel(), generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        probe.weight.copy_(w)
+        try:
+            y = probe(x)
+        except Exception:  # another signature (a gated norm): not this form
+            return None
+    normalised = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    for offset in (0.0, 1.0):  # the library normalises in float32: compare at its precision
+        if isinstance(y, torch.Tensor) and y.shape == x.shape and torch.allclose(
+                y.double(), normalised * (offset + w), rtol=1e-5, atol=1e-6):
+            return offset
+    return None
+
+
+def adopt(module: nn.Module, kind: Kind, directions: int | None, fallback_kind: Kind) -> nn.Module | None:
+    """``module`` converted in place when it is a transformers module type nesgpu has a batched version of,
+    else None. ``fallback_kind`` replaces ``kind`` where it lacks the product the module needs."""
+    if _is_conv1d(module):
+        nx, nf = module.weight.shape
+        swap_class(module, PerturbedConv1D, "Perturbed")
+        module._init_perturbation(kind if kind.supports("linear") else fallback_kind, directions,
+                                  {"weight": Geometry(nf, nx)}, "linear", transposed=frozenset({"weight"}))
+        return module
+    if _is_scaled_embedding(module):
+        swap_class(module, PerturbedScaledEmbedding, "Perturbed")
+        module._init_perturbation(kind if kind.supports("embedding") else fallback_kind, directions,
+                                  {"weight": Geometry(module.num_embeddings, module.embedding_dim)}, "embedding")
+        return module
+    if _is_expert_bank(module):
+        e, two_inter, hidden = module.gate_up_proj.shape
+        matrices = {"gate_up_proj": Geometry(e * two_inter, e * hidden, e),
+                    "down_proj": Geometry(e * hidden, e * (two_inter // 2), e)}
+        swap_class(module, PerturbedExperts, "Perturbed")
+        module._init_perturbation(kind if kind.supports("experts") else fallback_kind, directions, matrices,
+                                  "experts", banks=frozenset(matrices))
+        return module
+    offset = rms_norm_offset(module)
+    if offset is not None:
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        swap_class(module, PerturbedHFRMSNorm, "Perturbed")
+        module.rms_eps, module.rms_offset = float(eps), offset
+        module._init_perturbation(fallback_kind, directions, {}, "elementwise")
+        return module
+    return None
+
+
+def needs_product(module: nn.Module) -> str | None:
+    """The product ``adopt`` needs from a kind for ``module`` (to warn when the kind lacks it), or None."""
+    if _is_conv1d(module):
+        return "linear"
+    if _is_expert_bank(module):
+        return "experts"
+    if _is_scaled_embedding(module):
+        return "embedding"
+    return None

@@ -1,0 +1,72 @@
+"""Parameters a perturbed module shares beyond itself: tied to another module's, or read by a parent.
+
+- **Tied** (one tensor used by two modules, as an embedding table and an output head): the owner draws the
+  noise z_d and takes the whole update; the borrower applies the same z_d in its own product, so every use
+  sees theta + sigma s_r z_d and the tensor is perturbed once.
+- **Read by a parent** in population mode (``F.linear(h, self.emb.weight)``): the parameter holds the
+  unperturbed weights, so the computation would silently ignore every member's noise. Such a read raises.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import NamedTuple
+
+from torch import nn
+
+
+class Borrowed(NamedTuple):
+    """A parameter tied to another module's: that module (the owner) draws its noise and takes its update;
+    this one applies the same noise z_d in its own product."""
+
+    owner: nn.Module
+    name: str
+    label: str  # the owner's parameter as the model names it, for print(model)
+
+
+class SharedParameters(nn.Module):
+    """The tie and read-guard part of :class:`nesgpu.layers.PerturbedModule` (its base)."""
+
+    def borrow(self, name: str, owner: SharedParameters, owner_name: str, label: str = "") -> None:
+        """Tie parameter ``name`` of this module to ``owner_name`` of ``owner`` (one tensor used twice, as an
+        embedding table and an output head): every use sees the same theta + sigma s_r z_d, the owner
+        draws z_d and takes the whole update, so the tied parameter is perturbed once."""
+        slot = next((s for s in owner.slots if s.name == owner_name), None)
+        if slot is None:
+            raise ValueError(f"{type(owner).__name__}.{owner_name} is not perturbed (frozen or borrowed); expected "
+                             f"the module that draws the tied parameter's noise")
+        geometry = self._matrices.get(name)
+        if geometry is None or slot.geometry is None or geometry.shape != slot.geometry.shape:
+            raise ValueError(f"{type(self).__name__}.{name} is tied to {type(owner).__name__}.{owner_name}, but "
+                             f"their geometries differ ({geometry} and {slot.geometry}); expected the same matrix")
+        if not slot.kind.supports(self._product_name):
+            raise ValueError(f"{type(self).__name__}.{name} is tied to {type(owner).__name__}.{owner_name}, whose "
+                             f"kind {slot.kind.name!r} has no {self._product_name} product; use kind 'lowrank' or "
+                             f"'gaussian' for tied weights")
+        self._borrowed[name] = Borrowed(owner, owner_name, label or owner_name)
+        self.declare_parameters()
+
+    @contextmanager
+    def own_call(self):
+        """Within this block the module reads its own perturbed parameters (its population forward, or
+        another entry point such as a shared-input forward): the read guard lets them through."""
+        inside, self._inside = self._inside, True
+        try:
+            yield
+        finally:
+            self._inside = inside
+
+    def __getattr__(self, name: str):
+        value = super().__getattr__(name)
+        state = self.__dict__
+        if state.get("_active") is not None and not state["_inside"] and name in state["_guarded"]:
+            # a parent reading a perturbed parameter would compute with the unperturbed weights: an error,
+            # never a silent result (reads for dtype/shape go through the plain model outside perturbing)
+            full = f"{self.layer_name}.{name}" if self.layer_name else name
+            raise RuntimeError(
+                f"parameter {full!r} of {type(self).__name__} was read directly during a population call: it holds the "
+                f"unperturbed weights, so a computation with it would ignore every member's noise. Call the "
+                f"module instead of reading its parameter, convert the reader with "
+                f"nesgpu.layers.functional_fallback before convert(), or freeze the parameter")
+        return value
+

@@ -1,0 +1,67 @@
+"""convert(evolve=...): what evolves, and how a converted model tells it (summary, print)."""
+
+import pytest
+import torch
+from torch import nn
+
+import nesgpu
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.norm = nn.LayerNorm(8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+        self.head = nn.Linear(8, 11, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, ids):
+        return self.head(self.mlp(self.norm(self.embed(ids))))
+
+
+def test_evolve_matrices_freezes_embeddings_norms_and_biases():
+    net = nesgpu.convert(TinyLM(), "lowrank", evolve="matrices")
+    evolving = sorted(n for n, p in net.named_parameters() if p.requires_grad)
+    assert evolving == ["mlp.0.weight", "mlp.2.weight"]  # the tied head is the embedding table: frozen with it
+    pm = nesgpu.PerturbedModel(net, 4, antithetic=True)
+    pm.set_noise()
+    assert sorted(pm.dense_noise()) == evolving
+    assert pm.num_perturbed == 8 * 16 * 2
+    text = repr(net)
+    assert "frozen=['bias']" in text and "Embedding(11, 8)" in text  # a frozen embedding stays a plain module
+
+
+def test_evolve_all_ties_the_head_to_the_table_and_the_summary_says_so():
+    net = nesgpu.convert(TinyLM(), "lowrank")
+    assert net.head.weight is net.embed.weight
+    assert "tied={'weight': 'embed.weight'}" in repr(net.head)
+    text = nesgpu.summary(net)
+    total = sum(p.numel() for p in net.parameters())
+    assert f"evolving {total:,} of {total:,} parameters (100.0%)" in text
+    assert "tied (perturbed once, with the tensor they share): ['head.weight']" in text
+    frozen = nesgpu.summary(nesgpu.convert(TinyLM(), "lowrank", evolve="matrices"))
+    assert f"evolving {8 * 16 * 2:,} of" in frozen and "noise: lowrank 256" in frozen
+
+
+def test_tied_weights_with_a_kind_the_table_lacks_take_its_gaussian_noise_once():
+    with pytest.warns(UserWarning, match="no embedding product"):
+        net = nesgpu.convert(TinyLM(), "flipout")
+    pm = nesgpu.PerturbedModel(net, 4, antithetic=True)
+    pm.set_noise()
+    ids = torch.randint(0, 11, (8, 3))
+    out = pm(ids)  # the head applies the table's Gaussian noise: the member's own model agrees
+    z = pm.dense_noise()
+    for row in (0, 5):
+        d, sign = row % 4, 1.0 if row < 4 else -1.0
+        params = {n: p + sign * pm.sigma * z[n][d] if n in z else p for n, p in net.named_parameters()}
+        params["head.weight"] = params["embed.weight"]
+        ref = torch.func.functional_call(net, params, (ids[row : row + 1],), tie_weights=False)
+        torch.testing.assert_close(out[row], ref[0], rtol=1e-5, atol=1e-6)
+
+
+def test_bad_evolve_and_nothing_left_to_evolve_are_errors():
+    with pytest.raises(ValueError, match=r"evolve must be one of \['all', 'matrices'\]; got 'weights'"):
+        nesgpu.convert(TinyLM(), "lowrank", evolve="weights")
+    with pytest.raises(ValueError, match="evolve='matrices' leaves no trainable parameter"):
+        nesgpu.convert(nn.Sequential(nn.LayerNorm(4)), "lowrank", evolve="matrices")

@@ -1,0 +1,51 @@
+"""A model held in bfloat16/float16 gets float32 master weights: an ES step below half-precision resolution
+is kept, and the half model follows the fp32 run within its own rounding."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import nesgpu
+
+
+def run(model, steps=4, lr=3e-4):
+    pm = nesgpu.PerturbedModel(model, 8, sigma=1e-3, antithetic=True, seed=2)
+    opt = torch.optim.Adam(pm.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 4, generator=gen)
+    for _ in range(steps):
+        pm.set_noise()
+        out = pm(x.to(next(model.parameters()).dtype))
+        assert out.dtype == next(model.parameters()).dtype  # the population runs in the model's dtype
+        weights = torch.randn(2, 8, generator=gen)  # the same fitness for both runs: only precision differs
+        opt.zero_grad()
+        pm.update(weights)
+        opt.step()
+    return pm
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_model_matches_the_fp32_run_within_its_rounding(dtype):
+    torch.manual_seed(0)
+    fp32 = nesgpu.convert(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), "lowrank")
+    with torch.no_grad():  # both runs start from the same weights: those the half model can hold
+        for p in fp32.parameters():
+            p.copy_(p.to(dtype))
+    half = copy.deepcopy(fp32).to(dtype)
+    start = {n: p.detach().clone() for n, p in half.named_parameters()}
+    run(fp32)
+    pm = run(half)
+    assert all(p.dtype == torch.float32 for p in pm.parameters())
+    half(torch.zeros(1, 4, dtype=dtype))  # a plain call refreshes the model from its masters
+    for (name, p), (_, ref) in zip(half.named_parameters(), fp32.named_parameters()):
+        assert torch.equal(p, ref.detach().to(dtype)), name
+    masters = dict(zip([n for n, _ in half.named_parameters()], pm.parameters()))
+    moved = masters["0.weight"] - start["0.weight"].float()
+    assert 0 < moved.abs().max() < 4 * 3e-4  # each step is far below bf16's resolution at these weights
+
+
+def test_without_masters_a_tiny_step_would_round_away():
+    w = torch.full((64,), 0.5, dtype=torch.bfloat16)
+    assert torch.equal(w + 1e-4, w)  # why the masters exist
