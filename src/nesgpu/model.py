@@ -211,7 +211,7 @@ class PerturbedModel:
         if n is None or n % d or (self.antithetic and (n // d) % 2):
             n = None  # not laid out rows-first (a sequence-first model): the modules check what they can
         for layer in self.layers.values():
-            layer.population_rows = n
+            layer.__dict__["population_rows"] = n  # a plain attribute, without nn.Module.__setattr__ (per call)
 
     def __call__(self, *args, **kwargs):
         with self.perturbing():

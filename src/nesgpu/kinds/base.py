@@ -107,6 +107,13 @@ class Kind:
         if bias is not None:
             y.addcmul_(op.per_channel(bias, y), op.per_repeat(scale, y))
 
+    def linear_product(self, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor,
+                       noise: Noise, bias_z: torch.Tensor | None) -> torch.Tensor | None:
+        """The whole perturbed linear product, x (R, D, M, in) @ weight_t (in, out) + bias + the noise's
+        product (and ``scale_r * bias_z_d``), as (R, D, M, out), where the kind can do it in one fused GEMM;
+        None (the default) where it cannot: the layer then runs ``apply_with_bias_`` on the shared product."""
+        return None
+
     def apply_shared_(self, x: torch.Tensor, y: torch.Tensor, noise: Noise) -> None:
         """y (B, D, out) += x_b times z_d for a 2-D input x (B, in) that every direction shares (a linear
         product at unit scale). The default expands x over the directions (no copy) and runs ``apply_``; a

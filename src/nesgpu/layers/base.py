@@ -267,13 +267,12 @@ class PerturbedModule(SharedParameters):
         if self.needs_antithetic and not antithetic:
             raise ValueError(f"{type(self).__name__} uses kind {self.kind.name!r}, which is biased without "
                              f"antithetic sampling; use antithetic=True or another kind")
-        self._active = Active(float(sigma), bool(antithetic))
-        self.population_calls = 0
+        state = self.__dict__  # plain attributes, set without nn.Module.__setattr__'s checks (a decode step's cost)
+        state.update(_active=Active(float(sigma), bool(antithetic)), population_calls=0)
         try:
             yield self
         finally:
-            self._active = None
-            self.population_rows = None
+            state.update(_active=None, population_rows=None)
 
     @property
     def is_perturbing(self) -> bool:
@@ -306,10 +305,17 @@ class PerturbedModule(SharedParameters):
                           part: slice | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
         """x (R * D, ..., in) through matrix ``weight`` and vector ``bias`` (rows ``part`` of it), both perturbed.
         ``y``, when given, is the shared (unperturbed) product with the bias, computed by the caller (a
-        low-bit layer's); the noise is added to it in place."""
+        low-bit layer's); the noise is added to it in place. A weight stored (in, out) is named in
+        ``transposed``."""
         b = None if bias is None else getattr(self, bias)
+        w = getattr(self, weight)
+        w = w.t() if weight in self._transposed else w  # (out, in)
+        if y is None and part is None and not torch.is_autocast_enabled(x.device.type):
+            y = self._fused_linear(x, pop, weight, bias, w, b)
+            if y is not None:
+                return y
         if y is None:
-            y = F.linear(x, getattr(self, weight), b if b is None or part is None else b[part])
+            y = F.linear(x, w, b if b is None or part is None else b[part])
         y4 = rows_view(y, pop.repeats, pop.directions)
         noise = self._noise_of(weight, y.dtype)
         if noise is None:  # a frozen weight
@@ -321,6 +327,18 @@ class PerturbedModule(SharedParameters):
         x4 = rows_view(x.to(y.dtype), pop.repeats, pop.directions)
         self._slot(weight).kind.apply_with_bias_(LINEAR, x4, y4, pop.scale, noise, bias_z)  # may fold the bias in
         return y
+
+    def _fused_linear(self, x, pop, weight, bias, w, b) -> torch.Tensor | None:
+        """The whole perturbed product in one GEMM where the kind has such a form (see
+        :meth:`nesgpu.kinds.Kind.linear_product`), else None."""
+        noise = self._noise_of(weight, x.dtype)
+        if noise is None or x.dtype != w.dtype or not x.is_contiguous():
+            return None
+        bias_noise = None if b is None else self._noise_of(bias, x.dtype)
+        x4 = rows_view(x, pop.repeats, pop.directions)
+        y4 = self._slot(weight).kind.linear_product(x4, w.t(), b, pop.scale, noise,
+                                                    None if bias_noise is None else bias_noise["z"])
+        return None if y4 is None else y4.view(*x.shape[:-1], w.shape[0])
 
     def _noise_of(self, name: str, dtype: torch.dtype) -> Noise | None:
         """The noise of parameter ``name`` in the compute dtype, or None when it is frozen."""

@@ -42,10 +42,7 @@ class PerturbedConv1D(PerturbedModule):
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
                              f"{self.weight.shape[0]}); got {tuple(x.shape)}")
         pop = self._population(x.shape[0], compute_dtype(x), x.device)
-        y = x @ self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return self._perturbed_linear(x, pop, "weight", "bias", y=y)
+        return self._perturbed_linear(x, pop, "weight", "bias")
 
     __repr__ = nn.Module.__repr__  # transformers' Conv1D writes its own, which would hide the kind
 

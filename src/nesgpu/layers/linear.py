@@ -38,6 +38,8 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
                              f"{self.in_features}); got {tuple(x.shape)}")
         pop = self._population(x.shape[0], compute_dtype(x), x.device)
+        if type(self)._shared_base is PerturbedLinear._shared_base:  # the plain product: the kind may fuse it
+            return self._perturbed_linear(x, pop, "weight", "bias")
         x, y = self._shared_base(x)
         return self._perturbed_linear(x, pop, "weight", "bias", y=y)
 

@@ -50,11 +50,12 @@ class SharedParameters(nn.Module):
     def own_call(self):
         """Within this block the module reads its own perturbed parameters (its population forward, or
         another entry point such as a shared-input forward): the read guard lets them through."""
-        inside, self._inside = self._inside, True
+        state = self.__dict__  # plain attributes: nn.Module.__setattr__'s checks cost more than the forward's ops
+        inside, state["_inside"] = state["_inside"], True
         try:
             yield
         finally:
-            self._inside = inside
+            state["_inside"] = inside
 
     def __getattr__(self, name: str):
         value = super().__getattr__(name)
