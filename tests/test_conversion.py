@@ -65,3 +65,25 @@ def test_bad_evolve_and_nothing_left_to_evolve_are_errors():
         nesgpu.convert(TinyLM(), "lowrank", evolve="weights")
     with pytest.raises(ValueError, match="evolve='matrices' leaves no trainable parameter"):
         nesgpu.convert(nn.Sequential(nn.LayerNorm(4)), "lowrank", evolve="matrices")
+
+
+def test_a_tie_into_the_exact_fallback_is_refused_with_the_parameter_named():
+    class Scaled(nn.Module):  # no batched version: the fallback, which cannot share another module's noise
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = weight
+
+        def forward(self, x):
+            return x @ self.weight
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.odd = Scaled(self.lin.weight)
+
+        def forward(self, x):
+            return self.odd(self.lin(x))
+
+    with pytest.raises(ValueError, match=r"tied parameter 'odd.weight' is used by FunctionalScaled, which has no batched"):
+        nesgpu.convert(Net(), "lowrank")

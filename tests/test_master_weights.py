@@ -49,3 +49,23 @@ def test_half_model_matches_the_fp32_run_within_its_rounding(dtype):
 def test_without_masters_a_tiny_step_would_round_away():
     w = torch.full((64,), 0.5, dtype=torch.bfloat16)
     assert torch.equal(w + 1e-4, w)  # why the masters exist
+
+
+def test_a_bf16_language_model_runs_its_population_in_bf16_with_fp32_masters():
+    tf = pytest.importorskip("transformers")
+    config = tf.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                            num_attention_heads=2, pad_token_id=0)
+    model = nesgpu.convert(tf.LlamaForCausalLM(config).to(torch.bfloat16), "lowrank", evolve="matrices")
+    pm = nesgpu.PerturbedModel(model, 4, sigma=1e-3, antithetic=True)
+    opt = torch.optim.SGD(pm.parameters(), lr=1e-4)
+    before = model.lm_head.weight.detach().clone()
+    for _ in range(3):
+        pm.set_noise()
+        logits = pm(input_ids=torch.randint(1, 40, (8, 5))).logits
+        assert logits.dtype == torch.bfloat16
+        opt.zero_grad()
+        pm.update(logits.float().mean((1, 2)).view(2, 4))
+        opt.step()
+    masters = [p for p in pm.parameters() if p.shape == before.shape]
+    assert len(masters) == 1 and masters[0].dtype == torch.float32
+    assert (masters[0] - before.float()).abs().max() > 0  # kept in fp32, though below bf16's resolution

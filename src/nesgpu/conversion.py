@@ -239,18 +239,18 @@ def _retie(model: nn.Module, ties: list[list[tuple[str, str]]]) -> None:
                 raise ValueError(f"tied parameter {full!r} is used by {type(module).__name__}, which has no batched "
                                  f"perturbed version to share its noise; untie it, or freeze it with "
                                  f"convert(..., freeze=[{full!r}])")
-        errors = []
+        problems = []
         for owner, owner_attr, label in uses:  # the first use whose kind has every other use's product
-            try:
+            problems = [p for module, attr, _ in uses if module is not owner
+                        for p in [module.borrow_problem(attr, owner, owner_attr)] if p]
+            if not problems:
                 for module, attr, _ in uses:
                     if module is not owner:
                         setattr(module, attr, getattr(owner, owner_attr))
                         module.borrow(attr, owner, owner_attr, label)
                 break
-            except ValueError as e:
-                errors.append(str(e))
-        else:
-            raise ValueError(f"tied parameters {[full for *_, full in uses]} cannot share one noise: {errors[0]}")
+        if problems:
+            raise ValueError(f"tied parameters {[full for *_, full in uses]} cannot share one noise: {problems[0]}")
 
 
 # ----- what evolves ----------------------------------------------------------------------------------

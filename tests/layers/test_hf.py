@@ -65,8 +65,7 @@ def convert_quietly(model, kind="lowrank", **options):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_population_rows_equal_each_members_own_model(family, kind):
     net, notes = convert_quietly(make(family), kind, **({"rank": 2} if kind == "lowrank" else {}))
-    # every module is batched; only MoE routers (a bare matrix in a custom forward) take the exact fallback
-    assert all("Router" in note for note in notes), notes
+    assert not notes, notes  # every module is batched: no fallback, no kind replaced
     pm = nesgpu.PerturbedModel(net, 4, sigma=SIGMA, antithetic=True, seed=3)
     pm.set_noise()
     padding_rows = sum(m.embedding_dim for m in net.modules() if isinstance(m, nn.Embedding) and m.padding_idx is not None)
@@ -89,6 +88,23 @@ def test_module_types_of_transformers_get_batched_versions():
     assert qwen3.model.layers[0].self_attn.q_norm.rms_offset == 0.0
     moe, _ = convert_quietly(make("qwen3_moe"))
     assert type(moe.model.layers[0].mlp.experts).__name__ == "PerturbedQwen3MoeExperts"
+    assert type(moe.model.layers[0].mlp.gate).__name__ == "PerturbedQwen3MoeTopKRouter"
+
+
+def test_a_router_that_uses_its_matrix_beyond_f_linear_is_an_error():
+    class MatmulRouter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.num_experts, self.weight = 3, nn.Parameter(torch.randn(3, 4))
+
+        def forward(self, x):
+            return (x.reshape(-1, 4) @ self.weight.t()).softmax(-1)
+
+    net = nesgpu.convert(nn.Sequential(nn.Linear(4, 4), MatmulRouter()), "lowrank")
+    pm = nesgpu.PerturbedModel(net, 2)
+    pm.set_noise()
+    with pytest.raises(RuntimeError, match="MatmulRouter: its matrix is used by .* in a population call"):
+        pm(torch.randn(2, 5, 4))
 
 
 @pytest.mark.parametrize("family", list(TIED))

@@ -1,5 +1,4 @@
-"""What every perturbed module shares: its perturbed parameters, their noise, the population layout,
-and the update.
+"""What every perturbed module shares: its perturbed parameters, their noise, the layout, the update.
 
 A perturbed module is its torch parent (same parameters, same state_dict, same plain forward) plus a list
 of :class:`Slot` s, one per trainable parameter: the parameter's name, the :class:`nesgpu.kinds.Kind`
@@ -305,16 +304,15 @@ class PerturbedModule(SharedParameters):
                           part: slice | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
         """x (R * D, ..., in) through matrix ``weight`` and vector ``bias`` (rows ``part`` of it), both perturbed.
         ``y``, when given, is the shared (unperturbed) product with the bias, computed by the caller (a
-        low-bit layer's); the noise is added to it in place. A weight stored (in, out) is named in
-        ``transposed``."""
+        low-bit layer's); the noise is added to it in place."""
         b = None if bias is None else getattr(self, bias)
         w = getattr(self, weight)
         w = w.t() if weight in self._transposed else w  # (out, in)
-        if y is None and part is None and not torch.is_autocast_enabled(x.device.type):
-            y = self._fused_linear(x, pop, weight, bias, w, b)
-            if y is not None:
-                return y
         if y is None:
+            fused = None if part or torch.is_autocast_enabled(x.device.type) else self._fused_linear(x, pop, weight,
+                                                                                                     bias, w, b)
+            if fused is not None:
+                return fused
             y = F.linear(x, w, b if b is None or part is None else b[part])
         y4 = rows_view(y, pop.repeats, pop.directions)
         noise = self._noise_of(weight, y.dtype)
@@ -329,8 +327,7 @@ class PerturbedModule(SharedParameters):
         return y
 
     def _fused_linear(self, x, pop, weight, bias, w, b) -> torch.Tensor | None:
-        """The whole perturbed product in one GEMM where the kind has such a form (see
-        :meth:`nesgpu.kinds.Kind.linear_product`), else None."""
+        """The whole perturbed product in one GEMM where the kind has one (Kind.linear_product), else None."""
         noise = self._noise_of(weight, x.dtype)
         if noise is None or x.dtype != w.dtype or not x.is_contiguous():
             return None

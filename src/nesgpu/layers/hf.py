@@ -11,6 +11,9 @@ imported the library) or by a check of what it computes, and converted in place 
   against ``w * x / rms(x)`` and ``(1 + w) * x / rms(x)``; a norm that matches neither takes the exact
   fallback.
 - **Scaled embeddings** (Gemma's ``embedding(ids) * embed_scale``): recognised by a probe of their forward.
+- **MoE routers** (a ``weight`` (E, H) used as ``F.linear(tokens, weight)``, then softmax / top-k, whatever the
+  family does after): their own forward runs with the matrix replaced by a view that computes ``F.linear``
+  per member (the kind's linear product over the rows' tokens) and refuses any other use.
 - **MoE expert banks** (``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I) used through per-expert
   matmuls, Qwen3-MoE's and Mixtral's): every expert matrix takes the kind's noise (low-rank: rank r per
   expert). The bank sees tokens flattened as (rows * T, H); token j belongs to population row j // T.
@@ -116,6 +119,67 @@ class PerturbedScaledEmbedding(PerturbedEmbedding):
         return super().population_forward(index) * self.embed_scale.to(self.weight.dtype)
 
 
+class _LinearOnly(torch.Tensor):
+    """A router's matrix during its population forward: ``F.linear(x, w)`` is the router's perturbed product;
+    any other use of the matrix is an error, never a silent unperturbed result."""
+
+    @staticmethod
+    def __new__(cls, weight: torch.Tensor, router: PerturbedRouter):
+        view = torch.Tensor._make_subclass(cls, weight.detach(), False)
+        view.router, view.param = router, weight
+        return view
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and len(args) >= 2 and isinstance(args[1], _LinearOnly) and not isinstance(args[0], cls):
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            return args[1].router.token_linear(args[0], bias)
+        router = next(a.router for a in args if isinstance(a, _LinearOnly))
+        raise RuntimeError(f"{type(router).__name__}: its matrix is used by {getattr(func, '__name__', func)} in a "
+                           f"population call; nesgpu's router runs it only through F.linear(tokens, weight). Freeze "
+                           f"the router (convert(..., freeze=[...]))")
+
+
+class PerturbedRouter(PerturbedModule):
+    """An MoE router (a ``weight`` (E, H) used as ``F.linear(tokens, weight)``): its own forward, with every
+    member's logits from the kind's linear product over that member's tokens.
+
+    Shape: tokens (rows * T, H) or (rows, ..., H), as the library's routers see them.
+    """
+
+    def population_forward(self, *args, **kwargs):
+        params = self._parameters  # torch's own registry: a plain attribute write would refuse a non-Parameter
+        weight = params["weight"]
+        params["weight"] = _LinearOnly(weight, self)
+        try:
+            return super(PerturbedModule, self).forward(*args, **kwargs)  # the router's own forward
+        finally:
+            params["weight"] = weight
+
+    def token_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        params, rows = self._parameters, self.population_rows
+        view = params["weight"]
+        params["weight"] = view.param  # the real matrix while the perturbed product reads it
+        try:
+            n = x.shape[0]
+            if rows is None or n % rows or (n != rows and x.dim() != 2):
+                raise ValueError(f"{type(self).__name__}: {n} tokens are neither the population's rows ({rows}) nor "
+                                 f"their tokens flattened; call the model through nesgpu.PerturbedModel")
+            per_row = x if n == rows else x.view(rows, n // rows, x.shape[-1])
+            pop = self._population(rows, compute_dtype(x), x.device)
+            y = self._perturbed_linear(per_row, pop, "weight", None)
+            return (y if bias is None else y + bias).view(*x.shape[:-1], -1)
+        finally:
+            params["weight"] = view
+
+
+def _is_router(module: nn.Module) -> bool:
+    params = dict(module.named_parameters())
+    return ("router" in type(module).__name__.lower() and list(params) == ["weight"] and params["weight"].dim() == 2
+            and getattr(module, "num_experts", None) == params["weight"].shape[0])
+
+
 def _is_scaled_embedding(module: nn.Module) -> bool:
     """An nn.Embedding subclass computing ``F.embedding(ids, weight, padding_idx) * embed_scale`` (probed)."""
     scale = getattr(module, "embed_scale", None)
@@ -197,6 +261,11 @@ def adopt(module: nn.Module, kind: Kind, directions: int | None, fallback_kind: 
         module._init_perturbation(kind if kind.supports("embedding") else fallback_kind, directions,
                                   {"weight": Geometry(module.num_embeddings, module.embedding_dim)}, "embedding")
         return module
+    if _is_router(module):
+        swap_class(module, PerturbedRouter, "Perturbed")
+        module._init_perturbation(kind if kind.supports("linear") else fallback_kind, directions,
+                                  {"weight": Geometry(*module.weight.shape)}, "linear")
+        return module
     if _is_expert_bank(module):
         e, two_inter, hidden = module.gate_up_proj.shape
         matrices = {"gate_up_proj": Geometry(e * two_inter, e * hidden, e),
@@ -217,7 +286,7 @@ def adopt(module: nn.Module, kind: Kind, directions: int | None, fallback_kind: 
 
 def needs_product(module: nn.Module) -> str | None:
     """The product ``adopt`` needs from a kind for ``module`` (to warn when the kind lacks it), or None."""
-    if _is_conv1d(module):
+    if _is_conv1d(module) or _is_router(module):
         return "linear"
     if _is_expert_bank(module):
         return "experts"

@@ -31,20 +31,27 @@ class SharedParameters(nn.Module):
         """Tie parameter ``name`` of this module to ``owner_name`` of ``owner`` (one tensor used twice, as an
         embedding table and an output head): every use sees the same theta + sigma s_r z_d, the owner
         draws z_d and takes the whole update, so the tied parameter is perturbed once."""
-        slot = next((s for s in owner.slots if s.name == owner_name), None)
-        if slot is None:
-            raise ValueError(f"{type(owner).__name__}.{owner_name} is not perturbed (frozen or borrowed); expected "
-                             f"the module that draws the tied parameter's noise")
-        geometry = self._matrices.get(name)
-        if geometry is None or slot.geometry is None or geometry.shape != slot.geometry.shape:
-            raise ValueError(f"{type(self).__name__}.{name} is tied to {type(owner).__name__}.{owner_name}, but "
-                             f"their geometries differ ({geometry} and {slot.geometry}); expected the same matrix")
-        if not slot.kind.supports(self._product_name):
-            raise ValueError(f"{type(self).__name__}.{name} is tied to {type(owner).__name__}.{owner_name}, whose "
-                             f"kind {slot.kind.name!r} has no {self._product_name} product; use kind 'lowrank' or "
-                             f"'gaussian' for tied weights")
+        problem = self.borrow_problem(name, owner, owner_name)
+        if problem:
+            raise ValueError(problem)
         self._borrowed[name] = Borrowed(owner, owner_name, label or owner_name)
         self.declare_parameters()
+
+    def borrow_problem(self, name: str, owner: SharedParameters, owner_name: str) -> str | None:
+        """Why :meth:`borrow` would refuse this tie (None: it would not)."""
+        slot = next((s for s in owner.slots if s.name == owner_name), None)
+        if slot is None:
+            return (f"{type(owner).__name__}.{owner_name} is not perturbed (frozen or borrowed); expected the module "
+                    f"that draws the tied parameter's noise")
+        geometry = self._matrices.get(name)
+        if geometry is None or slot.geometry is None or geometry.shape != slot.geometry.shape:
+            return (f"{type(self).__name__}.{name} is tied to {type(owner).__name__}.{owner_name}, but their "
+                    f"geometries differ ({geometry} and {slot.geometry}); expected the same matrix")
+        if not slot.kind.supports(self._product_name):
+            return (f"{type(self).__name__}.{name} is tied to {type(owner).__name__}.{owner_name}, whose kind "
+                    f"{slot.kind.name!r} has no {self._product_name} product; use kind 'lowrank' or 'gaussian' "
+                    f"for tied weights")
+        return None
 
     @contextmanager
     def own_call(self):
