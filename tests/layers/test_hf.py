@@ -26,6 +26,12 @@ FAMILIES = {
     "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**COMMON, tie_word_embeddings=True)),
     "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**COMMON, head_dim=8)),
     "gemma": lambda: tf.GemmaForCausalLM(tf.GemmaConfig(**COMMON, head_dim=8)),
+    "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(**COMMON)),
+    "phi3": lambda: tf.Phi3ForCausalLM(tf.Phi3Config(**COMMON)),
+    "olmo2": lambda: tf.Olmo2ForCausalLM(tf.Olmo2Config(**COMMON)),
+    "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**COMMON, head_dim=8)),  # q_norm on a strided view
+    "gpt_neox": lambda: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                                                               num_hidden_layers=2, num_attention_heads=4)),
     "qwen3_moe": lambda: tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
         **COMMON, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)),
     "mixtral": lambda: tf.MixtralForCausalLM(tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)),

@@ -62,7 +62,7 @@ class PerturbedHFRMSNorm(PerturbedModule):
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.rms_eps)
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.rms_eps)).contiguous()  # x may be a strided view
         k = x.shape[-1]
         if self.rms_offset:  # Gemma's form: the product in float32
             pop = self._population(x.shape[0], torch.float32, x.device)
