@@ -87,3 +87,22 @@ def test_a_tie_into_the_exact_fallback_is_refused_with_the_parameter_named():
 
     with pytest.raises(ValueError, match=r"tied parameter 'odd.weight' is used by FunctionalScaled, which has no batched"):
         nesgpu.convert(Net(), "lowrank")
+
+
+def test_a_tied_table_owns_its_noise_whichever_module_comes_first():
+    class HeadFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 7, bias=False)
+            self.embed = nn.Embedding(7, 4, padding_idx=0)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.head(self.embed(ids))
+
+    net = nesgpu.convert(HeadFirst(), "lowrank")
+    assert "tied={'weight': 'embed.weight'}" in repr(net.head)
+    pm = nesgpu.PerturbedModel(net, 4, antithetic=True)
+    pm.set_noise()
+    drawn = net.embed.kind.dense(net.embed.noise_record("weight"))  # the noise as drawn, before any masking
+    assert torch.equal(drawn[:, 0], torch.zeros(4, 4))  # the padding row: no noise, for the head too

@@ -239,6 +239,7 @@ def _retie(model: nn.Module, ties: list[list[tuple[str, str]]]) -> None:
                 raise ValueError(f"tied parameter {full!r} is used by {type(module).__name__}, which has no batched "
                                  f"perturbed version to share its noise; untie it, or freeze it with "
                                  f"convert(..., freeze=[{full!r}])")
+        uses.sort(key=lambda use: not isinstance(use[0], nn.Embedding))  # a table owns: its padding row stays zero
         problems = []
         for owner, owner_attr, label in uses:  # the first use whose kind has every other use's product
             problems = [p for module, attr, _ in uses if module is not owner

@@ -52,10 +52,7 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
         pop = self._population(index.shape[0], y.dtype, y.device)
         rows = index.reshape(pop.repeats, pop.directions, -1)
         y4 = y.view(pop.repeats, pop.directions, rows.shape[-1], self.embedding_dim)
-        self._slot("weight").kind.embed_(rows, y4, pop.scale, noise)
-        if self.padding_idx is not None:  # the padding row stays as it is (torch.where: no host sync)
-            y4.copy_(torch.where((rows == self.padding_idx).unsqueeze(-1), self.weight[self.padding_idx].to(y.dtype),
-                                 y4))
+        self._slot("weight").kind.embed_(rows, y4, pop.scale, noise)  # the padding row's noise is zero
         return y
 
     def _mask_grad(self, name, grad):
