@@ -28,7 +28,8 @@ import nesgpu
 
 def llama(hidden: int, layers: int, vocab: int, dtype, device):
     config = tf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
-                            num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 128,
+                            num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                            num_key_value_heads=hidden // 128,
                             max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
     return tf.LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
@@ -159,7 +160,8 @@ def main() -> None:
     print("|---:|---|---:|---:|")
     for r in results["speed"]:
         for evolve in ("all", "matrices"):
-            print(f"| {r['hidden']} | {evolve} | {r[evolve]['forward_ratio']:.3f} | {r[evolve]['generate_ratio']:.3f} |")
+            ratios = r[evolve]
+            print(f"| {r['hidden']} | {evolve} | {ratios['forward_ratio']:.3f} | {ratios['generate_ratio']:.3f} |")
     for r in results["speed"]:
         m = r["members_per_s"]
         print(f"hidden {r['hidden']}: members/s batched {m['batched']:.0f}, one at a time in place {m['in_place']:.1f} "

@@ -18,8 +18,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .kinds import Gaussian, Kind, make_kind
-from .layers import PerturbedModule, functional_fallback
-from .layers import hf
+from .layers import PerturbedModule, functional_fallback, hf
 from .layers.functional import FunctionalPerturbed
 from .layers.lowbit import NOISE_ON
 from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 import zlib
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -106,7 +107,9 @@ class PerturbedModel:
             layer.layer_name = name
         self._masters = _master_weights(self.layers)
         if self._masters:  # plain calls of the model see the optimizer's latest step too
-            model.register_forward_pre_hook(lambda *_: self.sync_weights())
+            this = weakref.ref(self)  # the hook must not keep this object (and its fp32 copy) alive
+            handle = model.register_forward_pre_hook(lambda *_: this() is not None and this().sync_weights())
+            weakref.finalize(self, handle.remove)
 
     @property
     def sigma(self) -> float:
@@ -226,7 +229,8 @@ class PerturbedModel:
         product once per sample and never builds the repeated rows; any other model runs on the rows.
         """
         signs = 2 if self.antithetic else 1
-        d = self.local_directions
+        if self.noise_range is None:
+            raise ValueError("no noise: call set_noise() before a population call")
         entry = self._shared_entry()
         with self.perturbing():
             if entry is not None:

@@ -74,7 +74,8 @@ def test_population_rows_equal_each_members_own_model(family, kind):
     assert not notes, notes  # every module is batched: no fallback, no kind replaced
     pm = nesgpu.PerturbedModel(net, 4, sigma=SIGMA, antithetic=True, seed=3)
     pm.set_noise()
-    padding_rows = sum(m.embedding_dim for m in net.modules() if isinstance(m, nn.Embedding) and m.padding_idx is not None)
+    padding_rows = sum(m.embedding_dim for m in net.modules()
+                       if isinstance(m, nn.Embedding) and m.padding_idx is not None)
     assert pm.num_perturbed == sum(p.numel() for p in net.parameters()) - padding_rows  # tied: counted once
     ids = torch.randint(3, VOCAB, (8, 7))
     logits = pm(input_ids=ids).logits
@@ -184,6 +185,7 @@ def test_an_rms_norm_of_another_form_takes_the_exact_fallback():
 
 
 def test_import_nesgpu_does_not_import_transformers():
-    code = "import sys, nesgpu; nesgpu.convert(__import__('torch').nn.Linear(2, 2)); print('transformers' in sys.modules)"
+    code = ("import sys, nesgpu; nesgpu.convert(__import__('torch').nn.Linear(2, 2)); "
+            "print('transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
