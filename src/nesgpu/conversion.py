@@ -183,15 +183,14 @@ def _kind_for(product: str | None, label: str, opts: _Options) -> Kind:
 
 def _adopt_or_fallback(module: nn.Module, name: str, label: str, opts: _Options) -> nn.Module:
     """A transformers module type in its batched version, else the exact torch.func fallback."""
-    product = hf.needs_product(module)
-    if opts.bits is not None and (product is not None or hf.rms_norm_offset(module) is None):
-        reason = "has no low-bit version" if product else ("would need the torch.func fallback, which has no "
-                                                            "low-bit version")
+    found = hf.recognise(module)
+    if opts.bits is not None and (found is None or found.product is not None):
+        reason = ("has no low-bit version" if found else
+                  "would need the torch.func fallback, which has no low-bit version")
         raise ValueError(f"bits={opts.bits}: {label} {reason}; expected only Linear and Conv1d/2d/3d to hold "
                          f"trainable matrices, or freeze it with convert(..., freeze=[{name!r}])")
-    adopted = hf.adopt(module, _kind_for(product, label, opts), opts.directions, Gaussian())
-    if adopted is not None:
-        return adopted
+    if found is not None:
+        return hf.adopt(module, found, _kind_for(found.product, label, opts), opts.directions)
     if any(isinstance(m, (nn.modules.batchnorm._BatchNorm, PerturbedModule)) for m in module.modules()):
         raise ValueError(f"{label} needs the torch.func fallback, but contains a BatchNorm or a perturbed module, "
                          f"which it cannot evaluate member by member; freeze it with convert(..., freeze=[{name!r}])")

@@ -180,7 +180,6 @@ class PerturbedModule(SharedParameters):
             src = self._source = NoiseSource(seed, self.layer_key, device)
         shapes = {slot.name: self._noise_shape(slot) for slot in self._slots}
         self._noise = draw_noise(self._slots, params, shapes, src, previous, step, start, stop)
-        del previous
         self._range = range(start, stop)
 
     def _noise_shape(self, slot: Slot) -> tuple[int, ...]:
@@ -227,16 +226,11 @@ class PerturbedModule(SharedParameters):
             p = self.get_parameter(slot.name) if p is None else p
             exact = torch.float32 if p.dtype in HALF else p.dtype  # half-precision noise is drawn in float32
             g = slot.kind.grad(noise[slot.name], coef.to(device=p.device, dtype=exact)).to(p.dtype)
-            g = g.reshape(slot.geometry.shape).t().contiguous() if slot.name in self._transposed else g.reshape(p.shape)
-            g = self._mask_grad(slot.name, g)
+            g = self._as_stored(slot.name, g.reshape(1, *noise[slot.name].shape))[0].contiguous()
             if p.grad is None:  # grad returns a fresh tensor, so it can become .grad as is
                 p.grad = g
             else:
                 p.grad.add_(g)
-
-    def _mask_grad(self, name: str, grad: torch.Tensor) -> torch.Tensor:
-        """Hook for entries a module never perturbs (an embedding's padding row)."""
-        return grad
 
     def noise_sq_norms(self) -> torch.Tensor:
         """||z_d||^2 over every perturbed parameter of each local direction, shape (D,)."""
@@ -247,17 +241,15 @@ class PerturbedModule(SharedParameters):
         """The unit-scale noise z_d of every local direction as dense tensors, for tests and inspection:
         ``{"weight": (D, *weight.shape), "bias": (D, out), ...}``."""
         noise = self._require_noise()
-        out = {}
-        for slot in self._slots:
-            shape = self.get_parameter(slot.name).shape
-            dense = slot.kind.dense(noise[slot.name]).reshape(self.local_directions, *noise[slot.name].shape)
-            dense = dense.reshape(self.local_directions, *shape) if slot.name in self._banks else dense
-            out[slot.name] = self._mask_dense(slot.name, dense.transpose(1, 2) if slot.name in self._transposed
-                                              else dense)
-        return out
+        return {slot.name: self._as_stored(slot.name, slot.kind.dense(noise[slot.name]).reshape(
+            self.local_directions, *noise[slot.name].shape)) for slot in self._slots}
 
-    def _mask_dense(self, name: str, dense: torch.Tensor) -> torch.Tensor:
-        return dense
+    def _as_stored(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """t (N, *noise shape) in the layout the parameter is stored in, (N, *param shape): a transposed
+        matrix (Conv1D) is transposed back, a bank of matrices (MoE experts) reshaped to (E, out, in)."""
+        if name in self._transposed:
+            return t.transpose(1, 2)
+        return t.reshape(t.shape[0], *self.get_parameter(name).shape)
 
     # ----- population forward ------------------------------------------------------------------------
     @contextmanager

@@ -55,23 +55,13 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
         self._slot("weight").kind.embed_(rows, y4, pop.scale, noise)  # the padding row's noise is zero
         return y
 
-    def _mask_grad(self, name, grad):
-        if self.padding_idx is not None:
-            grad[self.padding_idx] = 0
-        return grad
-
     def set_noise(self, seed: int, step: int, start: int = 0, stop: int | None = None) -> None:
         super().set_noise(seed, step, start, stop)
         noise = self.noise_record("weight")
-        if self.padding_idx is not None and noise is not None:  # z_d[padding_idx] = 0 for every use of the table
+        # z_d[padding_idx] = 0 as drawn: every use of the table, the update and dense z_d leave that row alone
+        if self.padding_idx is not None and noise is not None:
             self._slot("weight").kind.zero_rows_(noise, self.padding_idx)
 
     def perturbed_numel(self) -> int:
         return super().perturbed_numel() - (self.embedding_dim if self.padding_idx is not None and
                                             self.weight.requires_grad else 0)
-
-    def _mask_dense(self, name, dense):
-        if self.padding_idx is not None:
-            dense = dense.clone()
-            dense[:, self.padding_idx] = 0
-        return dense

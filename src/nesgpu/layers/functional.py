@@ -76,10 +76,10 @@ def _per_member(member, params, inputs, batched, rows):
     except RuntimeError:
         outs = [member({k: v[i] for k, v in params.items()}, *[a[i] if b else a for a, b in zip(inputs, batched)])
                 for i in range(rows)]
-        leaves, spec = tree_flatten(outs[0])
-        stacked = [torch.stack([tree_flatten(o)[0][j] for o in outs]) if isinstance(leaf, torch.Tensor) else leaf
-                   for j, leaf in enumerate(leaves)]
-        return tree_unflatten(stacked, spec)
+        flat = [tree_flatten(o)[0] for o in outs]
+        spec = tree_flatten(outs[0])[1]
+        return tree_unflatten([torch.stack(leaves) if isinstance(leaves[0], torch.Tensor) else leaves[0]
+                               for leaves in zip(*flat)], spec)
 
 
 def functional_fallback(module: nn.Module, directions: int | None = None) -> nn.Module:

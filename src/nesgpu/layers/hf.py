@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import copy
 import sys
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kinds import Geometry, Kind
+from ..kinds import Gaussian, Geometry, Kind
 from .base import PerturbedModule, compute_dtype
 from .embedding import PerturbedEmbedding
 from .swap import swap_class
@@ -247,49 +248,53 @@ def rms_norm_offset(module: nn.Module) -> float | None:
     return None
 
 
-def adopt(module: nn.Module, kind: Kind, directions: int | None, fallback_kind: Kind) -> nn.Module | None:
-    """``module`` converted in place when it is a transformers module type nesgpu has a batched version of,
-    else None. ``fallback_kind`` replaces ``kind`` where it lacks the product the module needs."""
+class Recognised(NamedTuple):
+    """A transformers module type nesgpu has a batched version of: its form, the product it needs from a
+    kind (None: elementwise noise only) and, for an RMSNorm, the weight's offset (0 or 1)."""
+
+    form: str
+    product: str | None
+    offset: float | None = None
+
+
+def recognise(module: nn.Module) -> Recognised | None:
+    """What :func:`adopt` would make of ``module`` (each check, and each probe, runs once), or None."""
     if _is_conv1d(module):
+        return Recognised("conv1d", "linear")
+    if _is_scaled_embedding(module):
+        return Recognised("scaled_embedding", "embedding")
+    if _is_router(module):
+        return Recognised("router", "linear")
+    if _is_expert_bank(module):
+        return Recognised("experts", "experts")
+    offset = rms_norm_offset(module)
+    return None if offset is None else Recognised("rms_norm", None, offset)
+
+
+def adopt(module: nn.Module, found: Recognised, kind: Kind, directions: int | None) -> nn.Module:
+    """``module`` converted in place as :func:`recognise` found it, its matrices with ``kind`` (which has
+    ``found.product``)."""
+    if found.form == "conv1d":
         nx, nf = module.weight.shape
         swap_class(module, PerturbedConv1D, "Perturbed")
-        module._init_perturbation(kind if kind.supports("linear") else fallback_kind, directions,
-                                  {"weight": Geometry(nf, nx)}, "linear", transposed=frozenset({"weight"}))
-        return module
-    if _is_scaled_embedding(module):
+        module._init_perturbation(kind, directions, {"weight": Geometry(nf, nx)}, "linear",
+                                  transposed=frozenset({"weight"}))
+    elif found.form == "scaled_embedding":
         swap_class(module, PerturbedScaledEmbedding, "Perturbed")
-        module._init_perturbation(kind if kind.supports("embedding") else fallback_kind, directions,
-                                  {"weight": Geometry(module.num_embeddings, module.embedding_dim)}, "embedding")
-        return module
-    if _is_router(module):
+        module._init_perturbation(kind, directions, {"weight": Geometry(module.num_embeddings, module.embedding_dim)},
+                                  "embedding")
+    elif found.form == "router":
         swap_class(module, PerturbedRouter, "Perturbed")
-        module._init_perturbation(kind if kind.supports("linear") else fallback_kind, directions,
-                                  {"weight": Geometry(*module.weight.shape)}, "linear")
-        return module
-    if _is_expert_bank(module):
+        module._init_perturbation(kind, directions, {"weight": Geometry(*module.weight.shape)}, "linear")
+    elif found.form == "experts":
         e, two_inter, hidden = module.gate_up_proj.shape
         matrices = {"gate_up_proj": Geometry(e * two_inter, e * hidden, e),
                     "down_proj": Geometry(e * hidden, e * (two_inter // 2), e)}
         swap_class(module, PerturbedExperts, "Perturbed")
-        module._init_perturbation(kind if kind.supports("experts") else fallback_kind, directions, matrices,
-                                  "experts", banks=frozenset(matrices))
-        return module
-    offset = rms_norm_offset(module)
-    if offset is not None:
+        module._init_perturbation(kind, directions, matrices, "experts", banks=frozenset(matrices))
+    else:
         eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
         swap_class(module, PerturbedHFRMSNorm, "Perturbed")
-        module.rms_eps, module.rms_offset = float(eps), offset
-        module._init_perturbation(fallback_kind, directions, {}, "elementwise")
-        return module
-    return None
-
-
-def needs_product(module: nn.Module) -> str | None:
-    """The product ``adopt`` needs from a kind for ``module`` (to warn when the kind lacks it), or None."""
-    if _is_conv1d(module) or _is_router(module):
-        return "linear"
-    if _is_expert_bank(module):
-        return "experts"
-    if _is_scaled_embedding(module):
-        return "embedding"
-    return None
+        module.rms_eps, module.rms_offset = float(eps), found.offset
+        module._init_perturbation(Gaussian(), directions, {}, "elementwise")
+    return module

@@ -29,8 +29,8 @@ from torch import nn
 from ..kinds import LINEAR, LinearOp, Op, make_kind
 from ..quantize import check_bits, codes, int8_linear, quantize
 from .base import compute_dtype, rows_view
-from .drawing import unshared
 from .conv import PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
+from .drawing import unshared
 from .linear import PerturbedLinear
 
 NOISE_ON = ("latent", "quantized")
