@@ -21,19 +21,17 @@ import torch
 
 def nesgpu_run(seed: int, limit: float, **overrides) -> dict:
     from nesgpu.train import TrainConfig
-    from nesgpu.train.trainer import build
+    from nesgpu.train.build import build
 
     cfg = TrainConfig(task="cartpole", seed=seed, device="cpu", out="/tmp/unused", **overrides).resolved()
-    task, model, pm, strategy = build(cfg, torch.device("cpu"))
+    task, model, pm, stepper = build(cfg, torch.device("cpu"))
     task.eval_episodes = 10
     trained, env_steps = 0.0, 0
     for step in range(1, 100_000):
         t0 = time.perf_counter()
-        strategy.ask()
-        fitness, info = task.fitness(pm, step)
-        strategy.tell(fitness)
+        stats = stepper.run()  # ask, evaluate, tell, update, optimizer step
         trained += time.perf_counter() - t0
-        env_steps += int(info["env_steps"])
+        env_steps += int(stats["env_steps"])
         value = task.evaluate(model)
         if value >= 500 or trained > limit:
             return {"solved": value >= 500, "seconds": trained, "steps": step, "env_steps": env_steps}

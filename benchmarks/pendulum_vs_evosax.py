@@ -23,9 +23,7 @@ from pathlib import Path
 import torch
 
 from nesgpu.train import TrainConfig
-from nesgpu.train.distributed import Ranks
-from nesgpu.train.population import PopulationStep
-from nesgpu.train.trainer import build
+from nesgpu.train.build import build
 
 ROOT = Path(__file__).resolve().parents[1]
 JAX_PYTHON = ROOT / ".venv-jax" / "bin" / "python"
@@ -35,8 +33,7 @@ def nesgpu_round(compiled: bool, population: int, hidden: int, steps: int) -> di
     """A fresh run: the first ES step (compiling, when compiled) timed apart, then ``steps`` steps."""
     cfg = TrainConfig(task="pendulum", population=population, hidden=(hidden,), episodes=1, strategy="openai_es",
                       compile="on" if compiled else "off", device="cpu").resolved()
-    task, _, pm, strategy = build(cfg, torch.device("cpu"))
-    step = PopulationStep(task, pm, strategy, Ranks(), None, "fp32", log=lambda *a: None)
+    step = build(cfg, torch.device("cpu"), log=lambda *a: None).step
     t0 = time.perf_counter()
     step.run()
     first = time.perf_counter() - t0

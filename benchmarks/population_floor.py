@@ -17,9 +17,7 @@ import time
 import torch
 
 from nesgpu.train import TrainConfig
-from nesgpu.train.distributed import Ranks
-from nesgpu.train.population import PopulationStep
-from nesgpu.train.trainer import build
+from nesgpu.train.build import build
 
 CASES = {
     "digits default (64-64-10, P=512, B=128)": dict(task="digits"),
@@ -35,8 +33,7 @@ def sync(device):
 
 def case(options: dict, layer: str, device: torch.device):
     cfg = TrainConfig(**options, layer=layer, device=str(device)).resolved()
-    task, model, pm, strategy = build(cfg, device)
-    step = PopulationStep(task, pm, strategy, Ranks(), None, "fp32", log=lambda *a: None)
+    task, model, pm, step = build(cfg, device, log=lambda *a: None)
     rows = cfg.population * cfg.batch_size
     x, _ = task.batch(1)
     plain_rows = x.repeat(cfg.population, *[1] * (x.dim() - 1))  # the same number of rows, materialised once

@@ -24,17 +24,14 @@ from torch import nn
 
 import nesgpu
 from nesgpu.train import TrainConfig
-from nesgpu.train.distributed import Ranks
-from nesgpu.train.population import PopulationStep
-from nesgpu.train.trainer import build
+from nesgpu.train.build import build
 
 
 def step_time(cfg: TrainConfig, steps: int, warmup: int = 2) -> float:
     """Median seconds of one ES step of ``cfg`` (one process)."""
     cfg = cfg.resolved()
     device = torch.device(cfg.device)
-    task, _, pm, strategy = build(cfg, device)
-    population = PopulationStep(task, pm, strategy, Ranks(), cfg.chunk_size, cfg.precision, log=lambda *a: None)
+    task, _, pm, population = build(cfg, device, log=lambda *a: None)
     times = []
     for step in range(1, warmup + steps + 1):
         t0 = time.perf_counter()

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from nesgpu.tasks import make_task
 from nesgpu.train import TrainConfig, train
 from nesgpu.train.checkpoint import load_weights
-from nesgpu.train.trainer import build
+from nesgpu.train.build import build
 
 
 def accuracies(task, model) -> dict:

@@ -5,16 +5,16 @@ from .layers import *  # noqa: F403
 from .layers import __all__ as _layers
 from .conversion import convert, summary
 from .model import PerturbedModel
+from .version import __version__  # noqa: F401 (nesgpu.__version__)
 
-__version__ = "0.1.0"  # the only version: pyproject.toml reads this literal statically (no import)
 
 
-def load_run(directory, device: str = "auto"):
-    """The trained model, task and config of a run directory: see :func:`nesgpu.train.trainer.load_run`
-    (needs the ``[train]`` extra)."""
-    from .train.trainer import load_run as _load_run
+def load_run(directory, device: str = "auto", model=None, task=None):
+    """The trained model, task and config of a run directory (a run of your own model or task needs them
+    again): see :func:`nesgpu.train.runs.load_run` (needs the ``[train]`` extra)."""
+    from .train.runs import load_run as _load_run
 
-    return _load_run(directory, device)
+    return _load_run(directory, device, model=model, task=task)
 
 
 __all__ = ["PerturbedModel", "convert", "kinds", "load_run", "summary", *_layers]

@@ -19,7 +19,7 @@ import argparse
 import sys
 import warnings
 
-from . import __version__
+from .version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,10 +20,10 @@ from torch.nn.utils import parametrize
 from .kinds import Gaussian, Kind, make_kind
 from .layers import PerturbedModule, functional_fallback, hf
 from .layers.functional import FunctionalPerturbed
-from .layers.lowbit import NOISE_ON
+from .layers.lowbit import check_low_bit_options
 from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
+from .layers.swap import swap_class
 from .model import uncovered_parameters
-from .quantize import check_bits
 
 EVOLVE = ("all", "matrices")
 """What evolves: every trainable parameter, or only the weight matrices (2-D and higher: linear, attention,
@@ -78,7 +78,7 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
     opts = _Options(make_kind(kind, **options), directions, bits, noise_on, act_bits)
-    _check_low_bit(opts)
+    check_low_bit_options(opts.bits, opts.noise_on, opts.act_bits)
     if evolve not in EVOLVE:
         raise ValueError(f"evolve must be one of {list(EVOLVE)}; got {evolve!r}")
     _freeze(model, freeze)
@@ -94,18 +94,6 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         raise ValueError(f"convert could not perturb trainable parameters {missing}; freeze them with "
                          f"convert(..., freeze=[...])")
     return model
-
-
-def _check_low_bit(opts: _Options) -> None:
-    if opts.bits is not None:
-        check_bits(opts.bits)
-        if opts.noise_on not in NOISE_ON:
-            raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {opts.noise_on!r}")
-    elif opts.noise_on != "latent" or opts.act_bits is not None:
-        option = f"act_bits={opts.act_bits!r}" if opts.act_bits is not None else f"noise_on={opts.noise_on!r}"
-        raise ValueError(f"{option} applies to low-bit layers; pass bits=1 or bits=8 with it")
-    if opts.act_bits is not None and (isinstance(opts.act_bits, bool) or opts.act_bits != 8):
-        raise ValueError(f"act_bits must be None (float activations) or 8; got {opts.act_bits!r}")
 
 
 def _swap(module: nn.Module, name: str, opts: _Options) -> nn.Module:
@@ -142,8 +130,7 @@ def _swap_path(module: nn.Module, label: str) -> None:
     if type(module).forward is not torch_class.forward:
         raise ValueError(f"{label} overrides the forward of {torch_class.__name__}, whose fused path reads every "
                          f"weight at once; expected the torch class or a subclass that keeps its forward")
-    module.__class__ = path_class if type(module) is torch_class else type(
-        f"Perturbed{type(module).__name__}", (path_class, type(module)), {"__module__": type(module).__module__})
+    swap_class(module, path_class, "Perturbed", exact=torch_class)
 
 
 def _rebuild_known(module: nn.Module, name: str, label: str, opts: _Options) -> nn.Module | None:

@@ -10,9 +10,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
 
-from .layers import PerturbedModule
-from .layers.base import repeat_signs
-from .layers.drawing import HALF
+from .layers import HALF, PerturbedLinear, PerturbedModule, repeat_signs
 
 
 def direction_blocks(directions: range, size: int | None) -> list[range]:
@@ -273,8 +271,6 @@ class PerturbedModel:
     def _shared_entry(self):
         """(row-wise modules before, the first perturbed Linear, the modules after) of a Sequential model
         whose first perturbed module is a Linear, or None."""
-        from .layers.linear import PerturbedLinear
-
         if not isinstance(self.model, nn.Sequential):
             return None
         modules = list(self.model)

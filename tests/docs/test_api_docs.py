@@ -69,9 +69,11 @@ def test_the_build_raises_no_warnings_that_break_the_reference(api_docs):
 @pytest.mark.parametrize("module, names", [
     ("nesgpu", ["PerturbedModel", "convert", "load_run", "PerturbedLinear", "functional_fallback"]),
     ("nesgpu.kinds", ["Kind", "LowRank", "Permuted", "Flipout", "Sparse", "Gaussian", "make_kind"]),
-    ("nesgpu.strategies", ["Strategy", "OpenAIES", "ARS", "PGPE", "ClipUp", "centered_ranks", "Schedule"]),
+    ("nesgpu.strategies", ["Strategy", "StrategyState", "OpenAIES", "ARS", "PGPE", "ClipUp", "centered_ranks",
+                           "Schedule", "StepSizes"]),
+    ("nesgpu.population", ["Population", "Evaluation"]),
     ("nesgpu.train", ["TrainConfig", "train", "load_run", "TASK_DEFAULTS"]),
-    ("nesgpu.tasks", ["make_task", "ClassificationTask", "RLTask", "StreamingClassificationTask"]),
+    ("nesgpu.tasks", ["make_task", "ClassificationTask", "RLTask", "StreamingClassificationTask", "Task", "TaskSpec"]),
     ("nesgpu.tasks.envs", ["CartPole", "Pendulum", "Acrobot", "MountainCarContinuous"]),
 ])
 def test_public_names_are_documented(api_docs, module, names):

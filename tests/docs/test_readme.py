@@ -15,7 +15,8 @@ def test_the_readme_has_python_snippets():
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
-def test_readme_snippet_runs(index, capsys):
+def test_readme_snippet_runs(index, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a snippet's run directories go there
     code = re.sub(r"range\((\d+), (\d+)\)", r"range(\1, \1 + 3)", SNIPPETS[index])  # the same loops, 3 steps each
     code = re.sub(r"range\((\d+)\)", "range(3)", code)
     exec(compile(code, f"README.md snippet {index}", "exec"), {"__name__": "readme"})

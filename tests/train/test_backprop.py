@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 from nesgpu.train import TrainConfig
 from nesgpu.train.activations import checkpoint_blocks
 from nesgpu.train.backprop import BackpropStep
-from nesgpu.train.distributed import Ranks
+from nesgpu.distributed import Ranks
 from nesgpu.train.initialization import init_weights
-from nesgpu.train.trainer import build, train
+from nesgpu.train.build import build
+from nesgpu.train.trainer import train
 
 CPU = torch.device("cpu")
 
@@ -29,9 +30,9 @@ def config(**kw):
 
 def built(**kw):
     cfg = config(**kw)
-    task, model, pm, bp = build(cfg, CPU)
+    task, model, pm, step = build(cfg, CPU)
     assert pm is None
-    return cfg, task, model, bp
+    return cfg, task, model, step.backprop
 
 
 def test_matches_a_hand_written_torch_loop_bit_for_bit():

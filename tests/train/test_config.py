@@ -9,15 +9,13 @@ import torch
 from nesgpu.cli import build_parser, main
 from nesgpu.kinds import KINDS
 from nesgpu.model import PerturbedModel
-from nesgpu.strategies import STRATEGIES, OpenAIES
+from nesgpu.strategies import STRATEGIES
 from nesgpu.tasks import make_task
 from nesgpu.tasks.protocol import Task, check_task
 from nesgpu.train import TrainConfig
 from nesgpu.train.cli import layer_option_flags
 from nesgpu.train.config import presets
-from nesgpu.train.distributed import Ranks
-from nesgpu.train.population import PopulationStep
-from nesgpu.train.trainer import build
+from nesgpu.train.build import build
 
 
 def train_parser():
@@ -103,12 +101,13 @@ def test_ars_v1_policies_see_raw_observations():
 
 def small_step(chunk, **cfg):
     cfg = TrainConfig(task="digits", population=32, hidden=(8,), batch_size=8, layer="gaussian", **cfg).resolved()
-    task, model, pm, strategy = build(cfg, torch.device("cpu"))
-    return PopulationStep(task, pm, strategy, Ranks(), chunk, "fp32", log=lambda *a: None), model
+    cfg.chunk_size = chunk
+    built = build(cfg, torch.device("cpu"), log=lambda *a: None)
+    return built.step, built.model
 
 
 def test_a_population_that_cannot_fit_is_refused_up_front_with_what_it_needs(monkeypatch):
-    shared, per_direction = small_step(None)[0].noise_bytes_per_direction()
+    shared, per_direction = small_step(None)[0].population.noise_bytes_per_direction()
     assert (shared, per_direction) == (0, (64 * 8 + 8 + 8 * 10 + 10) * 4)  # IID noise: every parameter, fp32
     monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction * 80))  # 16 directions + a drawn block of 32 fit
     assert small_step(None)[0].chunk == 16
@@ -133,8 +132,8 @@ def test_a_population_that_cannot_fit_is_refused_up_front_with_what_it_needs(mon
 def test_one_owner_cuts_the_blocks_and_a_chunked_step_equals_a_whole_one():
     whole, model_a = small_step(None)
     chunked, model_b = small_step(3)
-    assert [len(b) for b in chunked.forward_blocks()] == [3, 3, 3, 3, 3, 1]
-    assert chunked.update_blocks() == chunked.forward_blocks()
+    assert [len(b) for b in chunked.population.forward_blocks()] == [3, 3, 3, 3, 3, 1]
+    assert chunked.population.update_blocks() == chunked.population.forward_blocks()
     for _ in range(2):
         a, b = whole.run(), chunked.run()
         assert a["fitness_mean"] == pytest.approx(b["fitness_mean"], rel=1e-6)
@@ -142,18 +141,17 @@ def test_one_owner_cuts_the_blocks_and_a_chunked_step_equals_a_whole_one():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-def test_tell_refuses_blocks_that_do_not_cover_the_directions():
-    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+@pytest.mark.parametrize("chunk", [None, 1, 4, 5])
+def test_the_population_cuts_blocks_that_cover_the_directions_in_order(chunk):
     from nesgpu import convert
-    pm = PerturbedModel(convert(model, "gaussian"), 6, sigma=0.1, antithetic=True)
-    strategy = OpenAIES(pm)
-    strategy.ask()
-    fitness = torch.randn(2, 6)
-    for blocks in ([range(0, 3)], [range(0, 3), range(2, 6)], [range(3, 6), range(0, 3)]):
-        with pytest.raises(ValueError, match="blocks must be ranges covering the 6 directions in order"):
-            strategy.tell(fitness, blocks=blocks)
-    strategy.tell(fitness, blocks=[range(0, 4), range(4, 6)])
-    assert strategy.step == 1
+    from nesgpu.population import Population
+
+    pm = PerturbedModel(convert(torch.nn.Sequential(torch.nn.Linear(3, 2)), "gaussian"), 6, sigma=0.1, antithetic=True)
+    population = Population(pm, chunk=chunk, log=lambda *a: None)
+    for blocks in (population.forward_blocks(), population.update_blocks()):
+        assert [d for b in blocks for d in b] == list(range(6)) and all(len(b) <= (chunk or 6) for b in blocks)
+    with pytest.raises(ValueError, match=r"chunk must be None, 'auto' or a number of directions in \[1, 6\]"):
+        Population(pm, chunk=7)
 
 
 def test_a_yaml_resumes_its_own_values_and_cannot_redirect_the_resume(tmp_path, capsys):

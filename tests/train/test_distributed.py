@@ -128,7 +128,7 @@ def _rank_data(rank):
 def _exchange_worker(rank, world, init_file, out_dir):
     import torch.distributed as dist
 
-    from nesgpu.train.distributed import Ranks
+    from nesgpu.distributed import Ranks
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:

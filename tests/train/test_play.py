@@ -107,7 +107,7 @@ def test_each_twin_plays_the_episodes_of_our_env(name):
     pytest.importorskip("gymnasium")
     from nesgpu.noise import derive_seed
     from nesgpu.tasks import make_task
-    from nesgpu.tasks.rl import _EVAL_STREAM, rollout
+    from nesgpu.tasks.rl import EVAL_STREAM, rollout
 
     task = make_task(name, eval_episodes=3, seed=0)
     torch.manual_seed(1)
@@ -119,7 +119,7 @@ def test_each_twin_plays_the_episodes_of_our_env(name):
         model.norm.var.uniform_(0.5, 2.0)
         model.norm.count.fill_(10)
         model.eval()
-        ours, lengths, _ = rollout(task.make_env(3, "cpu"), model, torch.arange(3), derive_seed(7, _EVAL_STREAM),
+        ours, lengths, _ = rollout(task.make_env(3, "cpu"), model, torch.arange(3), derive_seed(7, EVAL_STREAM),
                                    task.max_steps)
         returns, twin_lengths = gym_episodes(task, model, 3, seed=7)
     assert twin_lengths == lengths.tolist()

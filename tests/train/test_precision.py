@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from nesgpu.train import TrainConfig
-from nesgpu.train.distributed import Ranks
-from nesgpu.train.population import PopulationStep
-from nesgpu.train.precision import native_support, slow_precision_note
-from nesgpu.train.trainer import build
+from nesgpu.distributed import Ranks
+from nesgpu.population import Population
+from nesgpu.precision import native_support, slow_precision_note
+from nesgpu.train.build import build
 
 CPU = torch.device("cpu")
 
@@ -54,10 +54,10 @@ def test_unknown_support_gives_no_note(monkeypatch):
 def test_the_evaluator_logs_the_note_once(monkeypatch, native):
     with_capabilities(monkeypatch, avx512_bf16=native)
     cfg = TrainConfig(task="digits", population=8, hidden=(4,), batch_size=4, precision="bf16").resolved()
-    task, _, pm, strategy = build(cfg, CPU)
+    pm = build(cfg, CPU, log=lambda *a: None).pm
     lines = []
-    PopulationStep(task, pm, strategy, Ranks(), None, "bf16", log=lines.append)
+    Population(pm, Ranks(), None, "bf16", log=lines.append)
     assert len(lines) == (0 if native else 1)
     fp32 = []
-    PopulationStep(task, pm, strategy, Ranks(), None, "fp32", log=fp32.append)
+    Population(pm, Ranks(), None, "fp32", log=fp32.append)
     assert fp32 == []

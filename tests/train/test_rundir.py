@@ -14,7 +14,7 @@ import torch
 
 from nesgpu.cli import main
 from nesgpu.strategies import Schedule
-from nesgpu.strategies.base import Strategy
+from nesgpu.train.evolution import EvolutionStep
 from nesgpu.tasks.rl import RLTask
 from nesgpu.train import TrainConfig, train
 from nesgpu.train.checkpoint import find_checkpoint, write_json
@@ -105,23 +105,23 @@ def test_resume_refuses_defining_changes_before_writing_and_applies_the_others(t
 
 
 def test_non_finite_weights_never_reach_a_checkpoint(tmp_path, monkeypatch):
-    original = Strategy.tell
+    original = EvolutionStep.run
 
-    def diverging(self, fitness, extra=None, blocks=None):
-        stats = original(self, fitness, extra=extra, blocks=blocks)
+    def diverging(self):
+        stats = original(self)
         if self.step == 3:
             with torch.no_grad():
-                next(self.pm.model.parameters()).fill_(float("nan"))
+                next(self.model.parameters()).fill_(float("nan"))
         return stats
 
-    monkeypatch.setattr(Strategy, "tell", diverging)
+    monkeypatch.setattr(EvolutionStep, "run", diverging)
     out = tmp_path / "run"
     with pytest.raises(ValueError, match=r"step 3 made non-finite values in \['net.0.weight'.*checkpoint of step 2 "
                                          r"is kept"):
         train(TrainConfig(**RUN, out=str(out)), log=quiet)
     state = torch.load(find_checkpoint(out / "checkpoint") / "state.pt", weights_only=True)
     assert state["strategy"]["step"] == 2
-    monkeypatch.setattr(Strategy, "tell", original)
+    monkeypatch.setattr(EvolutionStep, "run", original)
     train(TrainConfig(**{**RUN, "lr": 0.05}, out=str(out)), resume=True, log=quiet)  # the run goes on
 
 
@@ -240,7 +240,7 @@ def test_without_a_terminal_progress_is_a_plain_line_now_and_then(tmp_path):
 def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(tmp_path, monkeypatch, capsys):
     import errno
 
-    import nesgpu.train.trainer as trainer
+    import nesgpu.train.loop as trainer
 
     out = tmp_path / "run"
     original, calls = trainer.save_checkpoint, []
@@ -344,14 +344,15 @@ def test_resume_applies_a_new_schedule_or_a_stretched_one_from_the_next_step(tmp
 
 def test_a_new_lr_on_resume_also_moves_clipups_speed_cap(tmp_path):
     import nesgpu
-    from nesgpu.strategies import PGPE
+    from nesgpu.strategies import PGPE, StepSizes
 
     net = nesgpu.convert(torch.nn.Linear(3, 2), "lowrank")
-    pgpe = PGPE(nesgpu.PerturbedModel(net, 4, antithetic=True), lr=0.15)
-    cap = pgpe.optimizer.param_groups[0]["max_speed"]
-    pgpe.set_lr(0.015)
-    assert pgpe.optimizer.param_groups[0]["lr"] == 0.015
-    assert pgpe.optimizer.param_groups[0]["max_speed"] == pytest.approx(cap / 10)
+    pm = nesgpu.PerturbedModel(net, 4, antithetic=True)
+    optimizer = PGPE(4, num_perturbed=pm.num_perturbed).make_optimizer(pm.parameters(), lr=0.15)
+    cap = optimizer.param_groups[0]["max_speed"]
+    StepSizes(optimizer).set_base(0.015, step=0)
+    assert optimizer.param_groups[0]["lr"] == 0.015
+    assert optimizer.param_groups[0]["max_speed"] == pytest.approx(cap / 10)
 
 
 def test_a_callback_returning_a_numpy_bool_stops_the_run(tmp_path):

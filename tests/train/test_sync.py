@@ -9,9 +9,7 @@ import torch
 
 import nesgpu
 from nesgpu.train import TrainConfig
-from nesgpu.train.distributed import Ranks
-from nesgpu.train.population import PopulationStep
-from nesgpu.train.trainer import build
+from nesgpu.train.build import build
 
 PACKAGE = str(Path(nesgpu.__file__).parent)
 READS = ["item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"]
@@ -38,11 +36,10 @@ def host_reads(monkeypatch):
 def run_steps(cfg: TrainConfig, steps: int, seen: Counter):
     cfg = cfg.resolved()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    task, model, pm, strategy = build(cfg, device)
-    population = PopulationStep(task, pm, strategy, Ranks(), cfg.chunk_size, cfg.precision)
+    stepper = build(cfg, device).step
     seen.active = True
     for _ in range(steps):
-        population.run()
+        stepper.run()
     return seen
 
 
@@ -50,13 +47,13 @@ def run_steps(cfg: TrainConfig, steps: int, seen: Counter):
 def test_supervised_step_reads_the_device_once(host_reads, chunk):
     cfg = TrainConfig(task="digits", population=16, hidden=(8,), batch_size=8, steps=3, chunk_size=chunk)
     seen = run_steps(cfg, 3, host_reads)
-    assert dict(seen) == {"tolist in base.py:tell": 3}
+    assert dict(seen) == {"tolist in base.py:fitness_statistics": 3}
 
 
 def test_rl_step_reads_fitness_and_checks_termination_every_16_env_steps(host_reads):
     cfg = TrainConfig(task="pendulum", strategy="openai_es", population=8, hidden=(4,), steps=2)
     seen = run_steps(cfg, 2, host_reads)
-    assert seen.pop("tolist in base.py:tell") == 2
+    assert seen.pop("tolist in base.py:fitness_statistics") == 2
     assert seen.pop("__bool__ in rl.py:rollout") == 2 * (200 // 16)  # the all-done check
     assert not seen
 
@@ -65,12 +62,13 @@ def test_rl_step_reads_fitness_and_checks_termination_every_16_env_steps(host_re
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_no_device_sync_on_gpu_outside_the_fitness_read(precision):
     cfg = TrainConfig(task="digits", population=64, hidden=(16,), batch_size=16, steps=2, device="cuda").resolved()
-    task, model, pm, strategy = build(cfg, torch.device("cuda"))
-    population = PopulationStep(task, pm, strategy, Ranks(), None, precision)
-    step = strategy.begin_step()
+    cfg.precision = precision
+    built = build(cfg, torch.device("cuda"))
+    stepper = built.step
+    sigma = stepper.strategy.ask(stepper.state)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        fitness, info = population.evaluate(step)
+        result = stepper.population.evaluate(built.task, 1, sigma)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    strategy.tell(fitness)
+    stepper.strategy.tell(stepper.state, result.fitness, result.sq_norms)

@@ -28,7 +28,10 @@ from datetime import datetime, timezone
 import torch
 from torch import nn
 
-import nesgpu
+from ..layers import (FlipoutConv2d, FlipoutLinear, LowRankConv2d, LowRankLinear, PermutedConv2d, PermutedLinear,
+                      PerturbedConv2d, PerturbedLinear, PerturbedModule, SparsePerturbedLinear)
+from ..model import PerturbedModel
+from ..version import __version__
 
 # ----- what is measured -----------------------------------------------------------------------------
 # (out, in)
@@ -46,23 +49,23 @@ QUICK_CONV_SIZES = [CONV_SIZES[2], CONV_SIZES[3], CONV_SIZES[4]]
 
 # (row label, layer class, options)
 LINEAR_ROWS = [
-    ("PerturbedLinear", nesgpu.PerturbedLinear, {}),
-    ("SparsePerturbedLinear (k=1)", nesgpu.SparsePerturbedLinear, {"k": 1}),
-    ("SparsePerturbedLinear (k=2)", nesgpu.SparsePerturbedLinear, {"k": 2}),
-    ("PermutedLinear", nesgpu.PermutedLinear, {}),
-    ("PermutedLinear(in_sparsity=.5)", nesgpu.PermutedLinear, {"in_sparsity": 0.5}),
-    ("PermutedLinear(in_sparsity=.1)", nesgpu.PermutedLinear, {"in_sparsity": 0.1}),
-    ("FlipoutLinear", nesgpu.FlipoutLinear, {}),
-    ("LowRankLinear (rank=1)", nesgpu.LowRankLinear, {"rank": 1}),
-    ("LowRankLinear (rank=4)", nesgpu.LowRankLinear, {"rank": 4}),
+    ("PerturbedLinear", PerturbedLinear, {}),
+    ("SparsePerturbedLinear (k=1)", SparsePerturbedLinear, {"k": 1}),
+    ("SparsePerturbedLinear (k=2)", SparsePerturbedLinear, {"k": 2}),
+    ("PermutedLinear", PermutedLinear, {}),
+    ("PermutedLinear(in_sparsity=.5)", PermutedLinear, {"in_sparsity": 0.5}),
+    ("PermutedLinear(in_sparsity=.1)", PermutedLinear, {"in_sparsity": 0.1}),
+    ("FlipoutLinear", FlipoutLinear, {}),
+    ("LowRankLinear (rank=1)", LowRankLinear, {"rank": 1}),
+    ("LowRankLinear (rank=4)", LowRankLinear, {"rank": 4}),
 ]
 CONV_ROWS = [
-    ("PerturbedConv2d", nesgpu.PerturbedConv2d, {}),
-    ("PermutedConv2d", nesgpu.PermutedConv2d, {}),
-    ("PermutedConv2d(out_sparsity=.5)", nesgpu.PermutedConv2d, {"out_sparsity": 0.5}),
-    ("PermutedConv2d(out_sparsity=.1)", nesgpu.PermutedConv2d, {"out_sparsity": 0.1}),
-    ("FlipoutConv2d", nesgpu.FlipoutConv2d, {}),
-    ("LowRankConv2d", nesgpu.LowRankConv2d, {}),
+    ("PerturbedConv2d", PerturbedConv2d, {}),
+    ("PermutedConv2d", PermutedConv2d, {}),
+    ("PermutedConv2d(out_sparsity=.5)", PermutedConv2d, {"out_sparsity": 0.5}),
+    ("PermutedConv2d(out_sparsity=.1)", PermutedConv2d, {"out_sparsity": 0.1}),
+    ("FlipoutConv2d", FlipoutConv2d, {}),
+    ("LowRankConv2d", LowRankConv2d, {}),
 ]
 ROWS = {"linear": LINEAR_ROWS, "conv": CONV_ROWS}
 BASE, NAIVE = "Base", "Naive"
@@ -93,7 +96,7 @@ def time_call(fn: Callable[[], object], repeats: int, warmup: int, device: torch
     return statistics.median(times)
 
 
-def noise_mib(layer: nesgpu.PerturbedModule) -> float:
+def noise_mib(layer: PerturbedModule) -> float:
     """Memory of the layer's current noise tensors in MiB."""
     return layer.noise_bytes() / 2**20
 
@@ -127,7 +130,7 @@ def bench_size(kind: str, size, population: int, repeats: int, warmup: int, devi
         layer = make_layer(kind, cls, options, size, population, device)
         # the permuted kind needs antithetic pairs: the same P rows are then 2 repeats of P / 2 directions
         antithetic = layer.needs_antithetic
-        pm = nesgpu.PerturbedModel(layer, directions=population // 2 if antithetic else population, sigma=SIGMA,
+        pm = PerturbedModel(layer, directions=population // 2 if antithetic else population, sigma=SIGMA,
                                    antithetic=antithetic)
         pm.set_noise()  # once, outside the timer
         mib[label] = noise_mib(layer)
@@ -208,7 +211,7 @@ def run(which: str = "all", device: str | torch.device = "cpu", population: int 
         "device": str(device),
         "device_name": device_name(device),
         "torch": torch.__version__,
-        "nesgpu": nesgpu.__version__,
+        "nesgpu": __version__,
         "python": platform.python_version(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "threads": torch.get_num_threads(),

@@ -17,7 +17,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-import nesgpu
+from ..kinds import KINDS
+from ..conversion import convert
+from ..model import PerturbedModel
 
 from .layers import device_name, positive_int, time_call
 
@@ -76,8 +78,8 @@ def run(population: int = 256, kinds=("lowrank", "gaussian"), repeats: int = 10,
             with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
                 torch.manual_seed(0)
                 warnings.simplefilter("ignore")  # the fallback row warns that it is slow: that is measured here
-                module = nesgpu.convert(factory(), kind).to(device)
-            pm = nesgpu.PerturbedModel(module, population // 2, sigma=0.01, antithetic=True)
+                module = convert(factory(), kind).to(device)
+            pm = PerturbedModel(module, population // 2, sigma=0.01, antithetic=True)
             pm.set_noise()
             es_ms = time_call(lambda: pm(x), repeats, warmup, device)
             row = {"module": name, "kind": kind, "plain_ms": plain_ms, "es_ms": es_ms, "ratio": es_ms / plain_ms,
@@ -106,7 +108,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--population", type=positive_int, default=256, help="rows P (default: 256)")
-    p.add_argument("--kinds", nargs="+", default=["lowrank", "gaussian"], choices=sorted(nesgpu.kinds.KINDS))
+    p.add_argument("--kinds", nargs="+", default=["lowrank", "gaussian"], choices=sorted(KINDS))
     p.add_argument("--repeats", type=positive_int, default=10, help="timed calls per row (default: 10)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
     p.set_defaults(func=main)

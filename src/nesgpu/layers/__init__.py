@@ -2,8 +2,9 @@
 
 from ..kinds import KINDS
 from .attention import PerturbedMultiheadAttention, PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer
-from .base import PerturbedModule, Slot
+from .base import PerturbedModule, Slot, repeat_signs
 from .conv import FlipoutConv2d, LowRankConv2d, PermutedConv2d, PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
+from .drawing import HALF
 from .embedding import PerturbedEmbedding
 from .functional import FunctionalPerturbed, functional_fallback
 from .linear import FlipoutLinear, LowRankLinear, PermutedLinear, PerturbedLinear, SparsePerturbedLinear
@@ -19,11 +20,11 @@ from .norm import (
 from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
 
 __all__ = [
-    "KINDS", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed", "LowBitConv1d", "LowBitConv2d",
+    "HALF", "KINDS", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed", "LowBitConv1d", "LowBitConv2d",
     "LowBitConv3d", "LowBitLinear", "LowRankConv2d", "LowRankLinear",
     "PermutedConv2d", "PermutedLinear", "PerturbedBatchNorm1d", "PerturbedBatchNorm2d", "PerturbedBatchNorm3d",
     "PerturbedConv1d", "PerturbedConv2d", "PerturbedConv3d", "PerturbedEmbedding", "PerturbedGRU",
     "PerturbedGroupNorm", "PerturbedLSTM", "PerturbedLayerNorm", "PerturbedLinear", "PerturbedModule",
     "PerturbedMultiheadAttention", "PerturbedRMSNorm", "PerturbedRNN", "PerturbedTransformerDecoderLayer",
-    "PerturbedTransformerEncoderLayer", "Slot", "SparsePerturbedLinear", "functional_fallback",
+    "PerturbedTransformerEncoderLayer", "Slot", "SparsePerturbedLinear", "functional_fallback", "repeat_signs",
 ]

@@ -41,6 +41,13 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+class Cached(NamedTuple):
+    """A value computed from ``key``, kept until the key changes."""
+
+    key: tuple
+    value: torch.Tensor
+
+
 def repeat_scale(repeats: int, sigma: float, antithetic: bool, like: torch.Tensor) -> torch.Tensor:
     """sigma * s_r for each repeat r: +sigma, or -sigma for r >= R/2 with antithetic sampling."""
     scale = torch.full((repeats,), float(sigma), dtype=like.dtype, device=like.device)
@@ -114,7 +121,7 @@ class PerturbedModule(SharedParameters):
         self._source: NoiseSource | None = None
         self._range = range(0)
         self._active: Active | None = None
-        self._scale: tuple[tuple, torch.Tensor] | None = None  # the last repeat_scale and its key
+        self._scale: Cached | None = None  # the last repeat_scale and its key
         self.population_calls = 0  # 1 once the noise was used since ``perturbing`` began (the bypass check)
 
     # ----- parameters and noise ----------------------------------------------------------------------
@@ -286,11 +293,11 @@ class PerturbedModule(SharedParameters):
         if self._scale is not None and torch.compiler.is_compiling():
             # a compiled rollout step: the eager first step of the rollout filled the cache for this rollout's
             # repeats and sigma; checking the key would make the program depend on sigma (a recompile per value)
-            return Population(r, d, self._scale[1])
+            return Population(r, d, self._scale.value)
         key = (r, *self._active, dtype, device)
-        if self._scale is None or self._scale[0] != key:
-            self._scale = (key, repeat_scale(r, *self._active, torch.empty(0, dtype=dtype, device=device)))
-        return Population(r, d, self._scale[1])
+        if self._scale is None or self._scale.key != key:
+            self._scale = Cached(key, repeat_scale(r, *self._active, torch.empty(0, dtype=dtype, device=device)))
+        return Population(r, d, self._scale.value)
 
     def _perturbed_linear(self, x: torch.Tensor, pop: Population, weight: str, bias: str | None,
                           part: slice | None = None, y: torch.Tensor | None = None) -> torch.Tensor:

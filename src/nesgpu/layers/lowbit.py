@@ -28,12 +28,27 @@ from torch import nn
 
 from ..kinds import LINEAR, LinearOp, Op, make_kind
 from ..quantize import check_bits, codes, int8_linear, quantize
-from .base import compute_dtype, rows_view
+from .base import Cached, compute_dtype, rows_view
 from .conv import PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .drawing import unshared
 from .linear import PerturbedLinear
 
 NOISE_ON = ("latent", "quantized")
+
+
+def check_low_bit_options(bits: int | None, noise_on: str = "latent", act_bits: int | None = None,
+                          hint: str = "pass bits=1 or bits=8 with it") -> None:
+    """The one statement of the low-bit options' rules: ``noise_on`` and ``act_bits`` apply with ``bits``
+    only; ``hint`` says how to add bits where the options come from (convert's arguments, the CLI's flags)."""
+    if bits is not None:
+        check_bits(bits)
+        if noise_on not in NOISE_ON:
+            raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {noise_on!r}")
+    elif noise_on != "latent" or act_bits is not None:
+        option = f"act_bits={act_bits!r}" if act_bits is not None else f"noise_on={noise_on!r}"
+        raise ValueError(f"{option} applies to low-bit layers; {hint}")
+    if act_bits is not None and (isinstance(act_bits, bool) or act_bits != 8):
+        raise ValueError(f"act_bits must be None (float activations) or 8; got {act_bits!r}")
 """Where a low-bit layer's noise goes: on the float latents (then quantised) or on the quantised weights."""
 
 
@@ -111,8 +126,8 @@ class _LowBit:
         w = self.weight
         key = (noise, w.data_ptr(), w._version, self._active.sigma, signs, dtype, w.device)
         cached = self._members_cache
-        if cached is not None and cached[0][0] is noise and cached[0][1:] == key[1:]:
-            return cached[1]
+        if cached is not None and cached.key[0] is noise and cached.key[1:] == key[1:]:
+            return cached.value
         self._members_cache = None
         w = self.weight.detach()
         z = self._slot("weight").kind.dense(noise).reshape(noise.directions, *w.shape)
@@ -126,7 +141,7 @@ class _LowBit:
         torch.addcmul(w.unsqueeze(0).unsqueeze(0), sign.view(signs, *([1] * z.dim())), z.unsqueeze(0), out=buffer)
         quantize(buffer, self.bits, w.dim() - 1, out=buffer)
         members = buffer.flatten(0, 1).to(dtype)
-        self._members_cache = (key, members)
+        self._members_cache = Cached(key, members)
         return members
 
     def _latent_product(self, op: Op, x_rows: torch.Tensor, groups: int) -> torch.Tensor | None:

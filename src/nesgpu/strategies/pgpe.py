@@ -15,8 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from ..model import PerturbedModel
-from .base import Strategy, antithetic_halves
+from .base import Strategy, StrategyState, antithetic_halves
 from .clipup import ClipUp
 from .schedules import Schedule
 from .shaping import get_shaping
@@ -26,51 +25,59 @@ class PGPE(Strategy):
     """Symmetric-sampling PGPE: g = -1/(D sigma) sum_d (u+_d - u-_d)/2 z_d, then ClipUp (by default).
 
     Args:
-        pm: the perturbed model; must use antithetic (symmetric) sampling.
-        optimizer: default ``ClipUp(lr=lr, max_speed=max_speed)``.
-        lr, max_speed: ClipUp's step size (default 0.15) and speed cap (default 2 * lr).
+        directions: the population's directions; sampling must be antithetic (symmetric).
+        num_perturbed: n, how many scalar parameters are perturbed (the dimension of z_d); needed when
+            sigma adapts (``sigma_lr > 0``).
         sigma_lr: step size of the sigma adaptation (0 keeps sigma fixed).
         max_sigma_change: cap on the relative change of sigma per step.
         shaping: fitness shaping, "centered_ranks" by default.
+        max_speed: the default optimizer ClipUp's speed cap (default 2 * lr).
     """
 
     name = "pgpe"
     default_lr = 0.15
+    needs_antithetic = True
     config_options: ClassVar[dict[str, str]] = {"shaping": "shaping"}
+    population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
+    adapts_sigma = True
 
-    def __init__(self, pm: PerturbedModel, optimizer: torch.optim.Optimizer | None = None, lr: float | None = None,
-                 max_speed: float | None = None, sigma_lr: float = 0.1, max_sigma_change: float = 0.2,
-                 shaping: str = "centered_ranks", sigma_schedule: Schedule | None = None,
-                 lr_schedule: Schedule | None = None):
-        if not pm.antithetic:
-            raise ValueError("PGPE needs symmetric sampling: PerturbedModel(..., antithetic=True)")
+    def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
+                 sigma_lr: float = 0.1, max_sigma_change: float = 0.2, shaping: str = "centered_ranks",
+                 max_speed: float | None = None, sigma_schedule: Schedule | None = None):
+        super().__init__(directions, antithetic, sigma_schedule)
         if sigma_lr and sigma_schedule is not None:
             raise ValueError("PGPE adapts sigma itself: pass sigma_lr=0 to use a sigma_schedule")
         if sigma_lr < 0 or not 0 < max_sigma_change < 1:
             raise ValueError(f"need sigma_lr >= 0 and 0 < max_sigma_change < 1; got {sigma_lr}, {max_sigma_change}")
-        lr = self.default_lr if lr is None else lr
-        optimizer = optimizer or ClipUp(pm.model.parameters(), lr=lr, max_speed=max_speed)
-        super().__init__(pm, optimizer, sigma_schedule, lr_schedule)
+        if sigma_lr and not (isinstance(num_perturbed, int) and num_perturbed > 0):
+            raise ValueError(f"PGPE's sigma adaptation needs num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
+        self.num_perturbed = num_perturbed
         self.sigma_lr = sigma_lr
         self.max_sigma_change = max_sigma_change
         self.shaping = get_shaping(shaping)
-        self._utility = None
+        self.max_speed = max_speed
 
-    def weights(self, fitness):
+    @property
+    def needs_sq_norms(self) -> bool:
+        return bool(self.sigma_lr)
+
+    def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
+        return ClipUp(parameters, lr=self.default_lr if lr is None else lr, max_speed=self.max_speed)
+
+    def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, StrategyState]:
+        fitness = self.check(fitness, state)
         plus, minus = antithetic_halves(self.shaping(fitness))
-        self._utility = (plus + minus) / 2  # how good direction d is, whichever its sign
-        self._sq_norms = []
-        return -(plus - minus) / 2
-
-    def on_update_block(self, block):
-        if self.sigma_lr:
-            self._sq_norms.append(self.pm.noise_sq_norms())
-
-    def after_optimizer_step(self, fitness):
+        weights = -(plus - minus) / 2
         if not self.sigma_lr:
-            return
-        n = self.pm.num_perturbed
-        radius = (torch.cat(self._sq_norms) / n - 1) * math.sqrt(n / 2)  # ~N(0, 1) per direction
-        utility = self._utility - self._utility.mean()
+            return weights, self.advance(state)
+        if sq_norms is None or sq_norms.shape != (self.directions,):
+            raise ValueError(f"PGPE's sigma adaptation needs sq_norms of shape ({self.directions},); got "
+                             f"{None if sq_norms is None else tuple(sq_norms.shape)}")
+        n = self.num_perturbed
+        radius = (sq_norms / n - 1) * math.sqrt(n / 2)  # ~N(0, 1) per direction
+        utility = (plus + minus) / 2  # how good direction d is, whichever its sign
+        utility = utility - utility.mean()
         change = (self.sigma_lr * (utility * radius).mean()).clamp(-self.max_sigma_change, self.max_sigma_change)
-        self.pm.sigma = self.pm.sigma * (1 + change.item())  # sigma lives on the host: one read per step
+        sigma = state.sigma * (1 + change.item())  # sigma lives on the host: one read per step
+        return weights, self.advance(state, sigma)

@@ -39,3 +39,60 @@ class Schedule:
         if self.kind == "cosine":
             return self.final + (1.0 - self.final) * 0.5 * (1.0 + math.cos(math.pi * t))
         return self.final**t
+
+
+class StepSizes:
+    """The step size of each of an optimizer's parameter groups: a base value times the schedule's factor at
+    the step. The one lr mechanism of ES and backprop runs: :meth:`apply` sets the groups' lr for a step.
+
+    Args:
+        optimizer: any torch optimizer; its groups' current lr are the bases unless ``bases`` are given.
+        schedule: the factor per step (None: constant).
+    """
+
+    def __init__(self, optimizer, schedule: Schedule | None = None, bases: list[float] | None = None):
+        self.optimizer, self.schedule = optimizer, schedule
+        self.bases = [group["lr"] for group in optimizer.param_groups] if bases is None else list(bases)
+
+    def factor(self, step: int) -> float:
+        return 1.0 if self.schedule is None else self.schedule(step)
+
+    def value(self, step: int) -> float:
+        """The first group's step size at ``step`` (completed steps)."""
+        return self.bases[0] * self.factor(step)
+
+    def apply(self, step: int) -> None:
+        """Set every group's lr for the step after ``step`` completed ones."""
+        factor = self.factor(step)
+        for group, base in zip(self.optimizer.param_groups, self.bases):
+            group["lr"] = base * factor
+
+    def set_base(self, lr: float, step: int) -> None:
+        """A new base step size from ``step`` on: the first group gets ``lr`` and every other group keeps its
+        ratio to the first. A group with a ``max_speed`` (ClipUp: twice the step size) has it scaled by the
+        same factor."""
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+            raise ValueError(f"lr must be a positive number; got {lr!r}")
+        ratio = lr / self.bases[0]
+        for group in self.optimizer.param_groups:
+            if "max_speed" in group:
+                group["max_speed"] = group["max_speed"] * ratio
+        self.bases = [base * ratio for base in self.bases]
+        self.apply(step)
+
+    def load(self, saved, step: int) -> None:
+        """Bases from a checkpoint's ``lr`` (a list per group, or one number; None: the groups' current lr,
+        as an optimizer's loaded state has them), applied at ``step``. The groups lose the ``initial_lr`` a
+        torch LR scheduler of an older nesgpu stored."""
+        groups = self.optimizer.param_groups
+        for group in groups:
+            group.pop("initial_lr", None)
+        if saved is None:
+            bases = [group["lr"] for group in groups]
+        else:
+            bases = list(saved) if isinstance(saved, (list, tuple)) else [float(saved)] * len(groups)
+        if len(bases) != len(groups):
+            raise ValueError(f"the state has {len(bases)} parameter groups' step sizes; the optimizer has "
+                             f"{len(groups)}")
+        self.bases = [float(b) for b in bases]
+        self.apply(step)

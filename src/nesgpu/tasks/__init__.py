@@ -1,20 +1,36 @@
-"""Tasks: rows in, fitness (R, D) out. Supervised datasets and RL environments."""
+"""Tasks: rows in, fitness (R, D) out. Supervised datasets, sequence tasks and RL environments.
+
+``TASKS`` is the registry of built-in tasks (each module declares its own, with its tuned defaults): adding
+a task is one module plus one line here. Any object meeting :class:`~nesgpu.tasks.protocol.Task` trains too.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from . import control, gym_tasks, sequence, supervised
 from .envs import ENVS
-from .gym import GymVectorEnv
+from .gym import GymVectorEnv, check_vector_mode
+from .protocol import DifferentiableTask, ModelMaker, Task
 from .rl import ObservationNorm, Policy, RLTask, rollout
 from .sequence import SequenceTask, SequenceTransformer, reverse, sort
+from .spec import TaskOptions, TaskSpec
 from .streaming import StepBatchSampler, StreamingClassificationTask
 from .supervised import ClassificationTask, Conv1dNet, digits, mnist1d
 
-SUPERVISED = {"digits": digits, "mnist1d": mnist1d, "reverse": reverse, "sort": sort}
-TASK_NAMES = sorted(SUPERVISED) + sorted(ENVS) + ["gym:<id>"]
+TASKS: dict[str, TaskSpec] = {**supervised.TASKS, **sequence.TASKS, **control.TASKS, **gym_tasks.TASKS}
+SUPERVISED = {name: spec for name, spec in TASKS.items() if spec.supervised}
+TASK_NAMES = [*sorted(SUPERVISED), *sorted(n for n in TASKS if n not in SUPERVISED and n != "gym"), "gym:<id>"]
 # model architectures per task (make_model's ``model`` argument); the first is the default
-MODELS = {"digits": ("mlp",), "mnist1d": ("mlp", "cnn"), "reverse": ("transformer",), "sort": ("transformer",)}
+MODELS = {name: spec.models for name, spec in TASKS.items()}
+
+
+def task_spec(name: str) -> TaskSpec:
+    """The registry's entry of a task name (``gym:<id>``: the "gym" entry); a ValueError names the tasks."""
+    key = "gym" if name.startswith("gym:") and len(name) > len("gym:") else name
+    if key not in TASKS or name == "gym":
+        raise ValueError(f"unknown task {name!r}; expected one of {TASK_NAMES}")
+    return TASKS[key]
 
 
 def model_choices(task: str) -> tuple[str, ...]:
@@ -33,35 +49,19 @@ def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batc
     environments: each environment step and the population forward as one compiled program), and
     ``reward_shift``, ``start_states``, ``policy_output``, ``observation_clip`` (see :class:`RLTask`);
     supervised ones ``batch_size``."""
-    from .gym import check_vector_mode
-
     check_vector_mode(vector_mode)
-    if vector_mode != "sync" and (name in SUPERVISED or name in ENVS):
+    spec = task_spec(name)
+    if vector_mode != "sync" and not name.startswith("gym:"):
         raise ValueError(f"vector_mode={vector_mode!r} applies only to gym:<id> tasks (gymnasium's vector envs); "
                          f"task {name!r} has no gymnasium environment")
-    rl_options = dict(reward_shift=reward_shift, start_states=start_states, policy_output=policy_output,
-                      observation_clip=observation_clip)
-    if name in SUPERVISED:
-        return SUPERVISED[name](device=device, seed=seed, batch_size=batch_size)
-    if name in ENVS:
-        env_cls = ENVS[name]
-        return RLTask(env_cls, env_cls, name, episodes=episodes, eval_episodes=eval_episodes, device=device,
-                      seed=seed, normalize_observations=normalize_observations, compile=compile, **rl_options)
-    if name.startswith("gym:") and len(name) > 4:
-        env_id = name[4:]
-        try:
-            spec = GymVectorEnv.spec(env_id)
-        except ImportError:
-            raise
-        except Exception as e:
-            raise ValueError(f"unknown task {name!r}: gymnasium cannot make {env_id!r} ({e})") from e
-        clip = policy_output != "linear"  # a linear policy's actions reach the env as computed (ARS)
-        return RLTask(lambda n, dev: GymVectorEnv(env_id, n, dev, vector_mode=vector_mode, clip_actions=clip), spec,
-                      name, episodes=episodes, eval_episodes=eval_episodes, device=device, seed=seed,
-                      normalize_observations=normalize_observations, **rl_options)
-    raise ValueError(f"unknown task {name!r}; expected one of {TASK_NAMES}")
+    options = TaskOptions(device=device, seed=seed, batch_size=batch_size, episodes=episodes,
+                          eval_episodes=eval_episodes, vector_mode=vector_mode,
+                          normalize_observations=normalize_observations, compile=compile, reward_shift=reward_shift,
+                          start_states=start_states, policy_output=policy_output, observation_clip=observation_clip)
+    return spec.make(name, options)
 
 
-__all__ = ["StepBatchSampler", "StreamingClassificationTask", "ClassificationTask", "Conv1dNet", "ENVS", "GymVectorEnv",
-           "MODELS", "ObservationNorm", "Policy", "RLTask", "SequenceTask", "SequenceTransformer", "TASK_NAMES",
-           "digits", "make_task", "mnist1d", "model_choices", "reverse", "rollout", "sort"]
+__all__ = ["ClassificationTask", "Conv1dNet", "DifferentiableTask", "ENVS", "GymVectorEnv", "MODELS", "ModelMaker",
+           "ObservationNorm", "Policy", "RLTask", "SUPERVISED", "SequenceTask", "SequenceTransformer",
+           "StepBatchSampler", "StreamingClassificationTask", "TASKS", "TASK_NAMES", "Task", "TaskOptions", "TaskSpec",
+           "digits", "make_task", "mnist1d", "model_choices", "reverse", "rollout", "sort", "task_spec"]

@@ -1,9 +1,9 @@
 """What a task gives the trainer: the one written contract between ``nesgpu.tasks`` and ``nesgpu.train``.
 
-A task owns its data or environments. The trainer builds the model through the task, asks it for the
-population's fitness once per block of directions, hands it the step's merged statistics, and asks it to
-evaluate the plain model. Any object with these members can be trained (``train`` takes a task built by
-:func:`nesgpu.tasks.make_task`; a custom task can be driven through the same loop with a Strategy).
+A task owns its data or environments. The trainer asks it for the population's fitness once per block of
+directions, hands it the step's merged statistics, and asks it to evaluate the plain model; a task that
+builds its own model (:class:`ModelMaker`) may be trained without one. Any object with these members can be
+trained: ``nesgpu.train.train(cfg, task=my_task, model=my_model)``.
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ class Task(Protocol):
     default_target: float | None
     summed_info: frozenset[str]
 
-    def make_model(self, hidden: tuple[int, ...], model: str) -> nn.Module:
-        """A fresh plain model of architecture ``model`` (one of the task's choices) with ``hidden`` sizes."""
-        ...
-
     def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
         """Fitness (R, D_local) of the directions whose noise is drawn (higher is better), evaluated in one
         population call inside ``pm``, and the block's statistics (tensors on the device: no host reads)."""
@@ -49,6 +45,15 @@ class Task(Protocol):
 
     def evaluate(self, model: nn.Module) -> float:
         """The metric of the plain (unperturbed) model."""
+        ...
+
+
+@runtime_checkable
+class ModelMaker(Protocol):
+    """A task that builds its own model (every built-in task does): ``train`` needs no ``model=`` then."""
+
+    def make_model(self, hidden: tuple[int, ...], model: str) -> nn.Module:
+        """A fresh plain model of architecture ``model`` (one of the task's choices) with ``hidden`` sizes."""
         ...
 
 
@@ -73,23 +78,27 @@ class DifferentiableTask(Task, Protocol):
         ...
 
 
+TASK_MEMBERS = ("metric", "default_target", "summed_info", "fitness", "finish_step", "evaluate")
+DIFFERENTIABLE_MEMBERS = ("batch_size", "device", "batch", "loss")
+
+
 def check_task(task: object) -> Task:
-    """``task`` if it has every member of :class:`Task`; else a TypeError naming what is missing."""
-    missing = [name for name in ("metric", "default_target", "summed_info", "make_model", "fitness",
-                                 "finish_step", "evaluate") if not hasattr(task, name)]
-    if missing:
+    """``task`` if it is a :class:`Task`; else a TypeError naming the members it lacks."""
+    if not isinstance(task, Task):
+        missing = [name for name in TASK_MEMBERS if not hasattr(task, name)]
         raise TypeError(f"a task needs {missing} (see nesgpu.tasks.protocol.Task); got {type(task).__name__}")
     return task
 
 
 def check_differentiable(task: object) -> DifferentiableTask:
-    """``task`` if a backprop run can train it; else a TypeError naming what is missing."""
+    """``task`` if a backprop run can train it (a :class:`DifferentiableTask`); else a TypeError naming what
+    is missing."""
     check_task(task)
-    missing = [name for name in ("batch_size", "device", "batch", "loss") if not hasattr(task, name)]
-    if missing:
+    if not isinstance(task, DifferentiableTask):
+        missing = [name for name in DIFFERENTIABLE_MEMBERS if not hasattr(task, name)]
         raise TypeError(f"backprop needs a task with {missing} (see nesgpu.tasks.protocol.DifferentiableTask); "
                         f"got {type(task).__name__}")
-    return task  # type: ignore[return-value]
+    return task
 
 
-__all__ = ["DifferentiableTask", "Task", "check_differentiable", "check_task"]
+__all__ = ["DIFFERENTIABLE_MEMBERS", "DifferentiableTask", "ModelMaker", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -10,7 +12,16 @@ from ..noise import derive_seed
 from .envs.base import TorchEnv
 
 _ENV_STREAM = 0x656E76  # keys environment resets apart from the noise
-_EVAL_STREAM = 0x6576616C
+EVAL_STREAM = 0x6576616C  # keys evaluation episodes apart (the trainer's and nesgpu play's)
+
+
+class _Affine(NamedTuple):
+    """The statistics tensors an affine map was computed from, their state (``key``) and the map."""
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    key: tuple
+    affine: tuple[torch.Tensor, torch.Tensor]
 
 
 class ObservationNorm(nn.Module):
@@ -47,9 +58,9 @@ class ObservationNorm(nn.Module):
         # storage pointers catch a `.data = ...` swap, which the counters do not see)
         key = (dtype, mean._version, var._version, mean.data_ptr(), var.data_ptr())
         cached = getattr(self, "_cached_affine", None)
-        if cached is None or cached[0] is not mean or cached[1] is not var or cached[2] != key:
-            cached = self._cached_affine = (mean, var, key, compute())
-        return cached[3]
+        if cached is None or cached.mean is not mean or cached.var is not var or cached.key != key:
+            cached = self._cached_affine = _Affine(mean, var, key, compute())
+        return cached.affine
 
     @torch.no_grad()
     def update(self, total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor) -> None:
@@ -275,7 +286,7 @@ class RLTask:
         return self._env
 
     def _norm(self, pm: PerturbedModel) -> ObservationNorm | None:
-        norm = getattr(pm.model, "norm", None)
+        norm = pm.model.norm if isinstance(pm.model, Policy) else None
         return norm if self.normalize_observations and isinstance(norm, ObservationNorm) else None
 
     def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
@@ -323,5 +334,5 @@ class RLTask:
         """Mean return of the plain model over ``eval_episodes`` fixed start states."""
         groups = torch.arange(self.eval_episodes, device=self.device)
         returns, _, _ = rollout(self.make_env(self.eval_episodes, self.device), model, groups,
-                                derive_seed(self.seed, _EVAL_STREAM), self.max_steps)
+                                derive_seed(self.seed, EVAL_STREAM), self.max_steps)
         return returns.mean().item()

@@ -7,6 +7,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+from ..layers.swap import swap_class
+
 # blocks that are checkpointed (and sharded) whole
 TRANSFORMER_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 
@@ -23,17 +25,12 @@ class _CheckpointedBlock:
 class _CheckpointedSequential:
     """Mixin: a Sequential runs as ``segments`` checkpointed segments while gradients are recorded."""
 
+    segments: int  # set on each swapped class
+
     def forward(self, x):
         if not torch.is_grad_enabled():
             return super().forward(x)
-        return checkpoint_sequential(self, self._segments, x, use_reentrant=False)
-
-
-def _swap(module: nn.Module, mixin: type) -> None:
-    """Give ``module`` a subclass of its own class with ``mixin``'s forward: its state_dict keys, parameters
-    and plain forward stay the same."""
-    cls = type(module)
-    module.__class__ = type(f"Checkpointed{cls.__name__}", (mixin, cls), {"__module__": cls.__module__})
+        return checkpoint_sequential(self, self.segments, x, use_reentrant=False)
 
 
 def checkpoint_blocks(model: nn.Module) -> int:
@@ -49,13 +46,12 @@ def checkpoint_blocks(model: nn.Module) -> int:
         if isinstance(module, (_CheckpointedBlock, _CheckpointedSequential)):
             continue
         if isinstance(module, TRANSFORMER_LAYERS):
-            _swap(module, _CheckpointedBlock)
+            swap_class(module, _CheckpointedBlock, "Checkpointed")
             blocks += 1
         elif isinstance(module, nn.Sequential):
             weighted = sum(1 for child in module if any(True for _ in child.parameters()))
             if weighted >= 2 and not inside_transformer_layer(model, module):
-                _swap(module, _CheckpointedSequential)
-                module._segments = weighted
+                swap_class(module, _CheckpointedSequential, "Checkpointed", segments=weighted)
                 blocks += weighted
     if not blocks:
         raise ValueError(f"activation checkpointing found no block in {type(model).__name__} (a transformer "

@@ -26,9 +26,11 @@ import math
 import torch
 from torch import nn
 
+from ..precision import autocast_dtype
 from ..strategies import Schedule
+from ..strategies.schedules import StepSizes
 from .activations import TRANSFORMER_LAYERS, inside_transformer_layer
-from .distributed import Ranks
+from ..distributed import Ranks
 
 # torch.optim's optimizers by lower-case name, less those a plain step cannot drive: LBFGS needs a closure,
 # SparseAdam sparse gradients, Muon 2-D parameters only
@@ -72,8 +74,7 @@ class Backprop:
             self.optimizer = cls(model.parameters(), lr=lr, weight_decay=weight_decay)
         except TypeError as e:  # an optimizer without weight decay
             raise ValueError(f"optimizer {optimizer!r} does not take weight_decay ({e})") from e
-        self.lr_schedule = lr_schedule
-        self.base_lrs = [lr] * len(self.optimizer.param_groups)
+        self.lrs = StepSizes(self.optimizer, lr_schedule, bases=[lr] * len(self.optimizer.param_groups))
         self.step = 0  # completed optimizer steps
         self.scaler: torch.amp.GradScaler | None = None  # set by BackpropStep for fp16
         self.loaded_scaler: dict | None = None  # a loaded checkpoint's scaler state, for BackpropStep
@@ -82,19 +83,9 @@ class Backprop:
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def apply_schedule(self) -> None:
-        """Set every group's lr for the coming step: its base lr times the schedule's factor."""
-        factor = 1.0 if self.lr_schedule is None else self.lr_schedule(self.step)
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-            group["lr"] = base * factor
-
     def set_lr(self, lr: float) -> None:
         """A new base step size from the current step on (the schedule keeps scaling it)."""
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-            raise ValueError(f"lr must be a positive number; got {lr!r}")
-        ratio = lr / self.base_lrs[0]
-        self.base_lrs = [base * ratio for base in self.base_lrs]
-        self.apply_schedule()
+        self.lrs.set_base(lr, self.step)
 
     def sync(self) -> None:
         """Under sharding, gather the full weights into :attr:`plain` and the full optimizer state, on rank 0:
@@ -117,7 +108,7 @@ class Backprop:
         optimizer = self._full_optimizer_state if self.sharded else self.optimizer.state_dict()
         if optimizer is None:
             raise RuntimeError("a sharded Backprop's state needs a sync() first")
-        state = {"step": self.step, "lr": list(self.base_lrs), "optimizer": optimizer}
+        state = {"step": self.step, "lr": list(self.lrs.bases), "optimizer": optimizer}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         return state
@@ -136,11 +127,10 @@ class Backprop:
             self._full_optimizer_state = state["optimizer"]
         else:
             self.optimizer.load_state_dict(state["optimizer"])
-        self.base_lrs = [float(b) for b in state["lr"]]
         self.loaded_scaler = state.get("scaler")
         if self.scaler is not None and self.loaded_scaler is not None:
             self.scaler.load_state_dict(self.loaded_scaler)
-        self.apply_schedule()
+        self.lrs.load(state["lr"], self.step)
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -159,7 +149,7 @@ def shard_model(model: nn.Module) -> nn.Module:
 
 
 class BackpropStep:
-    """One optimizer step of a supervised task: what :class:`~nesgpu.train.population.PopulationStep` is to
+    """One optimizer step of a supervised task: what :class:`~nesgpu.train.evolution.EvolutionStep` is to
     an ES run.
 
     Args:
@@ -171,22 +161,22 @@ class BackpropStep:
     """
 
     chunk = None  # the trainer's summary reports the ES chunk size; none here
+    progress_key = "train_loss"
 
     def __init__(self, task, backprop: Backprop, ranks: Ranks, precision: str = "fp32",
                  accumulate: int = 1):
-        from .config import PRECISIONS
-
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}")
+        dtype = autocast_dtype(precision)
         if accumulate < 1:
             raise ValueError(f"accumulate must be >= 1; got {accumulate}")
         if task.batch_size % ranks.world:
             raise ValueError(f"batch_size {task.batch_size} does not split evenly over {ranks.world} processes; "
                              f"expected a multiple of {ranks.world}")
-        self.task, self.model, self.backprop, self.ranks = task, backprop.module, backprop, ranks
+        self.task, self.module, self.backprop, self.ranks = task, backprop.module, backprop, ranks
         self.accumulate = accumulate
         self.device = task.device
-        self.dtype = None if PRECISIONS[precision] is None else getattr(torch, PRECISIONS[precision])
+        self.dtype = dtype
+        self.model = backprop.plain  # what is evaluated and saved
+        self.needs_sync = backprop.sharded
         if precision != "fp16":
             backprop.scaler = None
         elif backprop.scaler is None:  # a resumed fp16 run continues with its saved loss scale
@@ -210,17 +200,17 @@ class BackpropStep:
         """Forward, backward and the optimizer step; returns the step's statistics (one host read)."""
         bp = self.backprop
         step = bp.step + 1
-        bp.apply_schedule()
+        bp.lrs.apply(bp.step)
         bp.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         for i in range(self.accumulate):
             x, y = self.task.batch((step - 1) * self.accumulate + i + 1)
             last = i == self.accumulate - 1
             # DDP: gradients are exchanged once, after the last micro-batch
-            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            sync = contextlib.nullcontext() if last or not hasattr(self.module, "no_sync") else self.module.no_sync()
             with sync:
                 with self._autocast():
-                    loss = self.task.loss(self.model, self._local(x), self._local(y)) / self.accumulate
+                    loss = self.task.loss(self.module, self._local(x), self._local(y)) / self.accumulate
                 (loss if bp.scaler is None else bp.scaler.scale(loss)).backward()
             total += loss.detach().float()
         if bp.scaler is None:
@@ -234,3 +224,29 @@ class BackpropStep:
         if not math.isfinite(loss_value):
             raise ValueError(f"step {step}: the training loss is not finite ({loss_value}); lower --lr")
         return {"train_loss": loss_value, "lr": bp.lr}
+
+    # ----- the interface the training loop drives (see nesgpu.train.evolution.Stepper) ----------------
+    @property
+    def step(self) -> int:
+        return self.backprop.step
+
+    def sync(self) -> None:
+        self.backprop.sync()
+
+    def state_dict(self) -> dict:
+        return self.backprop.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.backprop.load_state_dict(state)
+
+    def apply_changes(self, old: dict, cfg) -> None:
+        """A resumed run's new lr becomes the base from the next step on."""
+        if old.get("lr") != cfg.lr:
+            self.backprop.set_lr(cfg.lr)
+
+    def summary(self, cfg) -> dict:
+        """No population, noise or layer kind."""
+        return {"layer": None, "population": None, "sigma": None}
+
+    def finish(self) -> None:
+        """Nothing held between steps."""

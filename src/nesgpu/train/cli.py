@@ -186,7 +186,7 @@ def add_eval_parser(commands) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from .trainer import evaluate_run
+    from .runs import evaluate_run
 
     print(json.dumps(evaluate_run(args.run, args.device)))
     return 0

@@ -9,13 +9,14 @@ Every run is a real run directory (``DIR/<strategy>-seed<k>``) trained by :func:
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import json
 import statistics
 import sys
 from pathlib import Path
 
-from .config import BACKPROP, TrainConfig
+from .config import BACKPROP, TrainConfig, resolve_for
 from .rundir import is_run_directory
 
 # what compare sets in every run; a strategy's config file may not
@@ -33,9 +34,11 @@ def _overrides(values: dict | None, which: str) -> dict:
     return values
 
 
-def run_configs(task: str, budget: float, seeds: list[int], out: Path, shared: dict | None = None,
+def run_configs(task, budget: float, seeds: list[int], out: Path, shared: dict | None = None,
                 es: dict | None = None, backprop: dict | None = None, evals: int = 20) -> list[TrainConfig]:
-    """The resolved configs of every run: ES then backprop for each seed (validated before any run starts)."""
+    """The resolved configs of every run: ES then backprop for each seed (validated before any run starts).
+    ``task``: a built-in task's name, or a task object of your own."""
+    own = None if isinstance(task, str) else task
     if not budget > 0:
         raise ValueError(f"budget must be a positive number of seconds; got {budget}")
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
@@ -46,23 +49,25 @@ def run_configs(task: str, budget: float, seeds: list[int], out: Path, shared: d
     configs = []
     for seed in seeds:
         for which, extra in (("es", _overrides(es, "es")), (BACKPROP, _overrides(backprop, BACKPROP))):
-            values = {**shared, **extra, "task": task, "seed": seed, "time_budget": float(budget),
+            named = {"task": task} if own is None else {}  # a task of your own is labelled by resolve_for
+            values = {**shared, **extra, **named, "seed": seed, "time_budget": float(budget),
                       "steps": STEP_CAP, "eval_every": STEP_CAP, "eval_seconds": budget / evals}
             if which == BACKPROP:
                 values["strategy"] = BACKPROP
-            cfg = TrainConfig.from_dict(values, source=f"{which} config").resolved()
+            cfg = resolve_for(TrainConfig.from_dict(values, source=f"{which} config"), own)
             cfg.out = str(out / f"{cfg.strategy}-seed{seed}")
             configs.append(cfg)
     return configs
 
 
-def compare(task: str = "digits", budget: float = 60.0, seeds: list[int] = (0,), out: str | Path = "compare",
+def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: str | Path = "compare",
             shared: dict | None = None, es: dict | None = None, backprop: dict | None = None, evals: int = 20,
-            overwrite: bool = False, log=None) -> dict:
+            overwrite: bool = False, log=None, model=None) -> dict:
     """Train ES and backprop for ``budget`` seconds each per seed and write the table and plot.
 
     Args:
-        task: a supervised task.
+        task: a supervised task: a built-in one's name, or your own task object (a
+            :class:`~nesgpu.tasks.protocol.DifferentiableTask`, shared by the runs).
         budget: wall-clock seconds of training per run (evaluations included).
         seeds: one ES and one backprop run each.
         out: the directory of the runs and the results.
@@ -70,6 +75,7 @@ def compare(task: str = "digits", budget: float = 60.0, seeds: list[int] = (0,),
         es, backprop: options of one side (e.g. {"strategy": "pgpe", "population": 256} / {"lr": 3e-3}).
         evals: evaluations per run, evenly spaced in time.
         overwrite: replace earlier runs in ``out``.
+        model: your own model (an nn.Module): every run trains a fresh copy of it.
 
     Returns:
         {"table": the Markdown text, "runs": one summary per run, with its curve}.
@@ -86,7 +92,8 @@ def compare(task: str = "digits", budget: float = 60.0, seeds: list[int] = (0,),
     runs = []
     for cfg in configs:
         log(f"compare: {cfg.strategy}, seed {cfg.seed}, {budget:g} s -> {cfg.out}")
-        summary = train(cfg, overwrite=overwrite, log=lambda *a, **k: None)
+        summary = train(cfg, overwrite=overwrite, log=lambda *a, **k: None,
+                        model=None if model is None else copy.deepcopy(model), task=None if isinstance(task, str) else task)
         runs.append({**summary, "curve": _curve(Path(cfg.out), summary["metric"], cfg)})
     table = _table(runs, budget)
     out.mkdir(parents=True, exist_ok=True)

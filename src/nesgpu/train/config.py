@@ -1,178 +1,29 @@
-"""Training configuration: one dataclass whose fields the CLI maps one to one; defaults per task."""
+"""Training configuration: one dataclass whose fields the CLI maps one to one; unset fields take the task's
+defaults (:mod:`nesgpu.train.defaults`), and every value is checked (:mod:`nesgpu.train.validation`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..layers import KINDS
 from ..layers.lowbit import NOISE_ON
+from ..precision import PRECISIONS
 from ..quantize import BITS
 from ..strategies import STRATEGIES
 from ..strategies.schedules import KINDS as SCHEDULES
 from .ars_paper import PRESETS, preset_values
+from .defaults import (BACKPROP, BACKPROP_ONLY, CUSTOM, ES_ONLY, STRATEGY_CHOICES, TASK_DEFAULTS, compiles, is_supervised, presets,
+                       torch_env_tasks)
 from .initialization import INITS
-
-# Per-task defaults, tuned on a 2-core CPU from starting points in the ES literature (Salimans et al. 2017,
-# Mania et al. 2018, Toklu et al. 2020). Strategy: OpenAI-ES + Adam unless a task says otherwise (CartPole:
-# PGPE + ClipUp, which solves it in a few steps). population = members per step (both signs counted),
-# sigma, lr (for the task's strategy), steps, hidden sizes of the MLP (() = a linear policy; the transformer
-# of "reverse" and "sort": (d_model, n_layers)), batch_size = samples per member per step (supervised),
-# episodes = start states per member per step (RL). The sequence tasks' defaults reach >= 95% test token
-# accuracy well within 10 minutes on 2 CPU cores (benchmarks/results/transformer_es_vs_adamw_*.json).
-TASK_DEFAULTS: dict[str, dict] = {
-    "digits": dict(population=512, sigma=0.1, lr=0.005, steps=1000, hidden=(64,), batch_size=128,
-                   weight_decay=0.005),
-    "mnist1d": dict(population=512, sigma=0.05, lr=0.005, steps=1500, hidden=(128,), batch_size=64),
-    "reverse": dict(population=256, sigma=0.05, lr=0.01, steps=300, hidden=(32, 2), batch_size=32),
-    "sort": dict(population=512, sigma=0.05, lr=0.01, steps=1000, hidden=(32, 2), batch_size=32,
-                 lr_schedule="cosine", lr_final=0.1),
-    "cartpole": dict(strategy="pgpe", population=64, sigma=0.5, lr=0.15, steps=20, hidden=()),
-    "pendulum": dict(population=256, sigma=0.5, lr=0.1, steps=300, hidden=(64,), episodes=2),
-    "acrobot": dict(population=64, sigma=0.1, lr=0.05, steps=50, hidden=(16,)),
-    "mountaincar": dict(population=64, sigma=0.5, lr=0.05, steps=40, hidden=(16,)),
-    "gym": dict(population=64, sigma=0.05, lr=0.02, steps=200, hidden=(32,)),
-}
-# what a non-default model of a task changes (over TASK_DEFAULTS); hidden = the Conv1d channels of "cnn"
-MODEL_DEFAULTS: dict[tuple[str, str], dict] = {
-    ("mnist1d", "cnn"): dict(hidden=(32, 32, 32), lr=0.01, steps=1200),
-}
-PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
-# the gradient baseline: not an ES strategy (no population, no noise) but a strategy name of the config, so a
-# run differs from an ES run by one option; its defaults are AdamW's own
-BACKPROP = "backprop"
-BACKPROP_DEFAULTS = dict(lr=1e-3, weight_decay=0.01)
-STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
-# the options of ES runs only, and of backprop runs only (each an error, when set, under the other)
-ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "shaping",
-           "sigma_schedule", "sigma_final", "chunk_size", "compile")
-BACKPROP_ONLY = ("optimizer", "accumulate", "activation_checkpointing", "shard")
-# what neither the task nor its model sets
-GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0,
-                       weight_decay=0.0)
-
-
-def presets(task: str, model: str | None = None, strategy: str | None = None) -> dict:
-    """The defaults a run of ``task`` (with ``model`` and ``strategy``, None: the task's own) starts from:
-    global defaults < the task's < its model's. The task's tuned step size holds for its own strategy;
-    another strategy starts from that strategy's ``default_lr`` (its optimizer has another scale)."""
-    key = "gym" if task.startswith("gym:") else task
-    if key not in TASK_DEFAULTS:
-        from ..tasks import TASK_NAMES
-        raise ValueError(f"unknown task {task!r}; expected one of {TASK_NAMES}")
-    from ..tasks import model_choices
-
-    choices = model_choices(key)
-    model = model or choices[0]
-    values = {**GLOBAL_DEFAULTS, **TASK_DEFAULTS[key], **MODEL_DEFAULTS.get((key, model), {}), "model": model}
-    if strategy is not None and strategy != values["strategy"]:
-        if strategy == BACKPROP:
-            values.update(strategy=strategy, **BACKPROP_DEFAULTS)
-        elif strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; expected one of {list(STRATEGY_CHOICES)}")
-        else:
-            values.update(strategy=strategy, lr=STRATEGIES[strategy].default_lr)
-    values["observation_clip"] = 0.0 if values["strategy"] == "ars" else 5.0  # the ARS paper does not clip
-    return values
-
-
-def _torch_env_tasks() -> list[str]:
-    from ..tasks import ENVS
-
-    return sorted(ENVS)
-
-
-# the built-in RL runs compile their rollouts when they make at least this many environment steps: compiling
-# takes ~3 s (cached) to ~12 s (cold) on a 2-core CPU, and the compiled loop is ~2.8x faster (BENCHMARKS.md)
-COMPILE_MIN_ENV_STEPS = 20_000_000
-
-
-def compiles(cfg: TrainConfig) -> bool:
-    """Whether a resolved config's rollouts run compiled (``compile``: on, off, or auto by the run's size)."""
-    if cfg.compile != "auto":
-        return cfg.compile == "on"
-    if cfg.task not in _torch_env_tasks():
-        return False
-    from ..tasks import ENVS
-
-    return cfg.steps * cfg.population * cfg.episodes * ENVS[cfg.task].max_steps >= COMPILE_MIN_ENV_STEPS
-
-
-def _check_strategy_options(values: dict, strategy: str) -> None:
-    """An option of another strategy (``top_b`` under openai_es) set away from its default is an error, not
-    silently ignored."""
-    defaults = field_defaults()
-    preset = presets(values["task"], values.get("model"), values.get("strategy"))
-    if strategy == BACKPROP or any(values.get(name) != defaults[name] for name in BACKPROP_ONLY):
-        _check_backprop_options(values, strategy, defaults, preset)
-    own = {"weight_decay": "weight_decay"} if strategy == BACKPROP else STRATEGIES[strategy].config_options
-    for other, cls in STRATEGIES.items():
-        for name in cls.config_options:
-            if name not in own and values.get(name) not in (defaults[name], preset.get(name, defaults[name]),
-                                                            GLOBAL_DEFAULTS.get(name, defaults[name])):
-                raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy {other!r}, not "
-                                 f"{strategy!r}; drop it or choose --strategy {other}")
-
+from .validation import check_strategy_options, check_type, validate
 
 def field_defaults() -> dict:
     """Every TrainConfig field's default (a fresh one for fields with a default factory)."""
     return {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
             for f in dataclasses.fields(TrainConfig)}
-
-
-def _check_backprop_options(values: dict, strategy: str, defaults: dict, preset: dict) -> None:
-    """ES options set under backprop, or backprop options set under an ES strategy, are errors."""
-    def is_set(name):
-        value = values.get(name)
-        if isinstance(value, (list, tuple)):
-            value = tuple(value)
-        return value is not None and value not in (defaults[name], preset.get(name, defaults[name]))
-
-    if strategy == BACKPROP:
-        for name in ES_ONLY:
-            if is_set(name):
-                raise ValueError(f"option {name!r} (= {values[name]!r}) applies to the ES strategies, not to "
-                                 f"strategy 'backprop'; drop it or choose an ES strategy")
-        return
-    for name in BACKPROP_ONLY:
-        if is_set(name):
-            raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy 'backprop', not {strategy!r}; "
-                             f"drop it or choose --strategy backprop")
-
-
-def _check_layer_options(layer: str, options: dict) -> None:
-    """The options must be the layer kind's own, with valid values."""
-    from ..kinds import make_kind
-
-    names = [f.name for f in dataclasses.fields(KINDS[layer])]
-    unknown = sorted(set(options) - set(names))
-    if unknown:
-        raise ValueError(f"layer option(s) {unknown} do not apply to layer {layer!r}; its options: {names or 'none'}")
-    make_kind(layer, **options)  # the kind checks its values
-
-
-def _check_type(name: str, value, annotation: str, source: str) -> None:
-    """``value`` fits the field's annotation (a string: this module uses postponed annotations). YAML and
-    JSON give bools, ints, floats, strings, lists and mappings; "no" is a string, not False, and 3.7 is
-    not an int."""
-    allowed = [a.strip() for a in annotation.split("|")]
-    if value is None and "None" in allowed:
-        return
-    checks = {
-        "str": lambda v: isinstance(v, str),
-        "bool": lambda v: isinstance(v, bool),
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "dict": lambda v: isinstance(v, dict),
-        "tuple[int, ...]": lambda v: isinstance(v, (list, tuple)) and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in v),
-    }
-    if not any(checks[a](value) for a in allowed if a in checks):
-        raise ValueError(f"{source}: option {name!r} must be {' or '.join(allowed)}; got {value!r} "
-                         f"({type(value).__name__})")
 
 
 def opt(default=None, help: str = "", **cli):
@@ -283,15 +134,16 @@ class TrainConfig:
                     values[name] = value
             values["preset"] = None  # expanded: the options it set are the run's own from here on
         defaults = presets(values["task"], values["model"], values["strategy"])
-        _check_strategy_options(values, defaults["strategy"])
+        check_strategy_options(values, defaults["strategy"], field_defaults(), defaults)
         for name, value in defaults.items():
             if values.get(name) is None:
                 values[name] = value
         values["hidden"] = tuple(values["hidden"])
-        from ..tasks import SUPERVISED
-
-        if values["policy_output"] == "auto" and values["task"] not in SUPERVISED:  # ARS's linear policy: linear
-            values["policy_output"] = "linear" if values["strategy"] == "ars" and not values["hidden"] else "tanh"
+        custom = values["task"].startswith(CUSTOM)
+        if values["policy_output"] == "auto" and not custom and not is_supervised(values["task"]):
+            own = STRATEGIES.get(values["strategy"])  # None for the gradient baseline
+            linear = own is not None and own.linear_policy and not values["hidden"]
+            values["policy_output"] = "linear" if linear else "tanh"
         cfg = TrainConfig(**values)
         cfg.validate()
         return cfg
@@ -299,92 +151,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Check every value of a resolved config; a ValueError names the option, the value and what was
         expected."""
-        types = {f.name: f.type for f in dataclasses.fields(self)}
-        for f in dataclasses.fields(self):
-            _check_type(f.name, getattr(self, f.name), types[f.name], "config")
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) is not None and getattr(self, f.name) not in choices:
-                raise ValueError(f"{f.name} must be one of {list(choices)}; got {getattr(self, f.name)!r}")
-        from ..tasks import model_choices
-
-        choices = model_choices("gym" if self.task.startswith("gym:") else self.task)
-        if self.model not in choices:
-            raise ValueError(f"unknown model {self.model!r} for task {self.task!r}; expected one of {list(choices)}")
-        for name, low in (("population", 2), ("accumulate", 1), ("steps", 1), ("batch_size", 1), ("episodes", 1),
-                          ("eval_episodes", 1),
-                          ("seed", 0), ("eval_every", 0), ("checkpoint_every", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}; got {getattr(self, name)}")
-        for name in ("sigma", "lr", "dist_timeout"):
-            if not 0 < getattr(self, name) < math.inf:
-                raise ValueError(f"{name} must be a positive finite number; got {getattr(self, name)}")
-        if self.time_budget is not None and not 0 < self.time_budget < math.inf:
-            raise ValueError(f"time_budget must be a positive finite number of seconds; got {self.time_budget}")
-        for name in ("sigma_final", "lr_final", "weight_decay", "progress_every", "eval_seconds"):
-            if not 0 <= getattr(self, name) < math.inf:
-                raise ValueError(f"{name} must be a finite number >= 0; got {getattr(self, name)}")
-        if self.target is not None and not math.isfinite(self.target):
-            raise ValueError(f"target must be a finite number; got {self.target}")
-        if max(self.population, self.steps, self.batch_size, self.episodes, self.eval_episodes) > 1 << 40:
-            raise ValueError(f"population, steps, batch_size and episodes must be below 2^40; got {self.population}, "
-                             f"{self.steps}, {self.batch_size}, {self.episodes}")
-        if any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden sizes must be >= 1; got {self.hidden}")
-        if self.antithetic and self.population % 2:
-            raise ValueError(f"population must be even with antithetic sampling (pairs of +/- members); "
-                             f"got {self.population}")
-        if self.top_b is not None and not 1 <= self.top_b <= self.directions:
-            raise ValueError(f"top_b must be in [1, {self.directions}] (the directions); got {self.top_b}")
-        _check_layer_options(self.layer, self.layer_options)
-        if KINDS[self.layer].needs_antithetic and not self.antithetic:
-            raise ValueError(f"layer kind {self.layer!r} is biased without antithetic sampling (its directions of "
-                             f"one step share their noise); drop --no-antithetic or choose another kind")
-        if self.strategy in ("ars", "pgpe") and not self.antithetic:
-            raise ValueError(f"strategy {self.strategy!r} needs antithetic sampling")
-        if self.strategy == "pgpe" and self.sigma_schedule != "constant":
-            raise ValueError("strategy 'pgpe' adapts sigma itself; a sigma_schedule does not apply to it")
-        if self.bits is None and (self.noise_on != "latent" or self.act_bits is not None):
-            option = "act_bits" if self.act_bits is not None else "noise_on"
-            raise ValueError(f"{option}={getattr(self, option)!r} applies to low-bit layers; add --bits 1 or --bits 8")
-        if self.act_bits is not None and self.model != "mlp":
-            raise ValueError(f"act_bits={self.act_bits} applies to the Linear layers of model mlp; got model "
-                             f"{self.model!r}")
-        if self.bits is not None:
-            from ..tasks import SUPERVISED
-
-            if self.task not in SUPERVISED or self.model not in ("mlp", "cnn"):
-                raise ValueError(f"bits={self.bits} applies to the supervised tasks' models mlp and cnn (Linear and "
-                                 f"Conv1d layers); got task {self.task!r} with model {self.model!r}")
-        if self.strategy == BACKPROP:
-            self._validate_backprop()
-        if not math.isfinite(self.reward_shift) or not 0 <= self.observation_clip < math.inf:
-            raise ValueError(f"reward_shift must be finite and observation_clip a finite number >= 0 (0: none); "
-                             f"got {self.reward_shift} and {self.observation_clip}")
-        from ..tasks import SUPERVISED
-
-        rl_only = {"reward_shift": (0.0,), "start_states": ("shared",), "policy_output": ("auto", "tanh")}
-        if self.task in SUPERVISED:
-            for name, allowed in rl_only.items():
-                if getattr(self, name) not in allowed:
-                    raise ValueError(f"option {name!r} (= {getattr(self, name)!r}) applies to RL tasks; task "
-                                     f"{self.task!r} is supervised")
-        if self.compile == "on" and self.task not in _torch_env_tasks():
-            raise ValueError(f"compile='on' applies to the built-in torch environments {_torch_env_tasks()}; task "
-                             f"{self.task!r} runs eagerly (use --compile auto or off)")
-        if self.chunk_size is not None and self.chunk_size != "auto" and not (
-                isinstance(self.chunk_size, int) and 1 <= self.chunk_size <= self.directions):
-            raise ValueError(f"chunk_size must be 'auto' or a number of directions in [1, {self.directions}]; "
-                             f"got {self.chunk_size!r}")
-
-    def _validate_backprop(self) -> None:
-        from ..tasks import SUPERVISED
-
-        if self.task not in SUPERVISED:
-            raise ValueError(f"strategy 'backprop' trains supervised tasks {sorted(SUPERVISED)}; task {self.task!r} "
-                             f"has no differentiable loss (use an ES strategy)")
-        from .backprop import optimizer_class
-
-        optimizer_class(self.optimizer)  # names the optimizers when unknown
+        validate(self)
 
     @property
     def directions(self) -> int:
@@ -400,7 +167,7 @@ class TrainConfig:
         values = dict(values)
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         for name, value in values.items():
-            _check_type(name, value, types[name], source)
+            check_type(name, value, types[name], source)
         if values.get("preset") is not None:  # the options given here keep their values, even a default's
             for name, value in preset_values(values["preset"], values.get("task", "digits")).items():
                 values.setdefault(name, value)
@@ -449,3 +216,36 @@ class TrainConfig:
 
         values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
         return yaml.safe_dump(values, sort_keys=False)
+
+
+def labelled(cfg: TrainConfig, task) -> TrainConfig:
+    """``cfg`` for a run of the user's own ``task`` object: labelled ``custom:<its name>`` (unless it is
+    already) and with the task's ``defaults`` mapping, if it has one, in the options left unset (None)."""
+    name = getattr(task, "name", None) or type(task).__name__
+    label = cfg.task if cfg.task.startswith(CUSTOM) else f"{CUSTOM}{name}"
+    defaults = getattr(task, "defaults", None) or {}
+    if not isinstance(defaults, dict):
+        raise TypeError(f"a task's defaults must be a dict of TrainConfig options; got {type(defaults).__name__}")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(defaults) - fields)
+    if unknown:
+        raise ValueError(f"task {name!r}: defaults {unknown} are not TrainConfig options")
+    strategy = cfg.strategy or defaults.get("strategy")  # the other side's defaults do not apply to it
+    skip = ES_ONLY if strategy == BACKPROP else BACKPROP_ONLY
+    unset = {k: v for k, v in defaults.items() if getattr(cfg, k) is None and k not in skip}
+    return dataclasses.replace(cfg, task=label, **unset)
+
+
+def resolve_for(cfg: TrainConfig, task=None) -> TrainConfig:
+    """``cfg`` resolved for a run of ``task``: a built-in one by its name (None), or the user's own object
+    (see :func:`labelled`)."""
+    if task is None:
+        if cfg.task.startswith(CUSTOM):
+            raise ValueError(f"task {cfg.task!r} is a task of your own: pass the object (train(cfg, task=...), "
+                             f"load_run(directory, task=...)); the config cannot rebuild it")
+        return cfg.resolved()
+    return labelled(cfg, task).resolved()
+
+
+__all__ = ["BACKPROP", "CUSTOM", "STRATEGY_CHOICES", "TASK_DEFAULTS", "TrainConfig", "compiles", "is_supervised",
+           "labelled", "presets", "resolve_for", "torch_env_tasks"]

@@ -142,9 +142,9 @@ def gym_episodes(task, model, episodes: int, seed: int, writer: _VideoWriter | N
     import torch
 
     from ..noise import derive_seed
-    from ..tasks.rl import _EVAL_STREAM
+    from ..tasks.rl import EVAL_STREAM
 
-    base = derive_seed(seed, _EVAL_STREAM)
+    base = derive_seed(seed, EVAL_STREAM)
     builtin = not task.name.startswith("gym:")
     if env is None:
         env = _make_gym(_twin_id(task.name), writer is not None)
@@ -189,6 +189,38 @@ def gym_episodes(task, model, episodes: int, seed: int, writer: _VideoWriter | N
     return returns, lengths
 
 
+def _batched_episodes(task, model, episodes: int, seed: int) -> tuple[list[float], list[int]]:
+    """The episodes at once in the run's own environment, from the start states evaluate() uses."""
+    import torch
+
+    from ..noise import derive_seed
+    from ..tasks.rl import EVAL_STREAM, rollout
+
+    groups = torch.arange(episodes, device=task.device)
+    totals, steps, _ = rollout(task.make_env(episodes, task.device), model, groups, derive_seed(seed, EVAL_STREAM),
+                               task.max_steps)
+    return totals.tolist(), steps.tolist()
+
+
+def _recorded_episodes(task, model, episodes: int, seed: int, path: Path):
+    """The episodes one at a time in a rendering gymnasium environment, every frame written to ``path``:
+    (returns, lengths, where they ran, the writer)."""
+    env_id = _twin_id(task.name)
+    env = _make_gym(env_id, render=True)
+    try:
+        writer = _VideoWriter(path, float(env.metadata.get("render_fps") or 30))
+        try:
+            returns, lengths = gym_episodes(task, model, episodes, seed, writer, env=env)
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+    finally:
+        env.close()
+    where = f"{env_id} (gymnasium{' twin' if not task.name.startswith('gym:') else ''})"
+    return returns, lengths, where, writer
+
+
 def play_run(directory: str | Path, episodes: int = 5, video: str | Path | None = None, device: str = "auto",
              seed: int = 0) -> dict:
     """Run the trained plain policy of an RL run directory for ``episodes`` episodes and summarise them.
@@ -207,8 +239,8 @@ def play_run(directory: str | Path, episodes: int = 5, video: str | Path | None 
     import torch
 
     from ..tasks import SUPERVISED
-    from ..tasks.rl import _EVAL_STREAM, RLTask, rollout
-    from .trainer import load_run
+    from ..tasks.rl import RLTask
+    from .runs import load_run
 
     episodes = _check_episodes(episodes)
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -223,31 +255,11 @@ def play_run(directory: str | Path, episodes: int = 5, video: str | Path | None 
     if not isinstance(task, RLTask):
         raise _not_rl(directory, run.config.task)
     model.eval()
-    writer = None
     with torch.no_grad():
         if path is None:
-            from ..noise import derive_seed
-
-            groups = torch.arange(episodes, device=task.device)
-            totals, steps, _ = rollout(task.make_env(episodes, task.device), model, groups,
-                                       derive_seed(seed, _EVAL_STREAM), task.max_steps)
-            returns, lengths = totals.tolist(), steps.tolist()
-            where = task.name
+            returns, lengths, where, writer = *_batched_episodes(task, model, episodes, seed), task.name, None
         else:
-            env_id = _twin_id(task.name)
-            env = _make_gym(env_id, render=True)
-            try:
-                fps = float(env.metadata.get("render_fps") or 30)
-                writer = _VideoWriter(path, fps)
-                try:
-                    returns, lengths = gym_episodes(task, model, episodes, seed, writer, env=env)
-                    writer.close()
-                except BaseException:
-                    writer.abort()
-                    raise
-            finally:
-                env.close()
-            where = f"{env_id} (gymnasium{' twin' if not task.name.startswith('gym:') else ''})"
+            returns, lengths, where, writer = _recorded_episodes(task, model, episodes, seed, path)
     mean = sum(returns) / episodes
     summary = {
         "run": str(directory), "task": task.name, "env": where, "episodes": episodes, "seed": seed,

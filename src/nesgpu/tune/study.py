@@ -14,6 +14,7 @@ marks the running trial failed and stops the tune; running the same command agai
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
@@ -27,7 +28,7 @@ import torch
 from optuna.trial import TrialState
 
 from ..tasks import ClassificationTask, RLTask, SequenceTask
-from ..train.config import TrainConfig
+from ..train.config import TrainConfig, labelled
 from ..train.trainer import Interrupted, train
 from .outputs import write_outputs
 from .space import SearchSpace, make_space
@@ -49,7 +50,7 @@ def _log_to_stderr(*args, **kwargs) -> None:
 def tune(base: TrainConfig, space: SearchSpace | dict | str | Path | None = None, trials: int | None = None,
          out: str | Path = "tune", *, sampler: str = "tpe", pruner: str | optuna.pruners.BasePruner = "median",
          timeout: float | None = None, study_name: str | None = None, heartbeat: int = 10, plots: bool = True,
-         log=_log_to_stderr) -> optuna.Study:
+         log=_log_to_stderr, model: torch.nn.Module | None = None, task=None) -> optuna.Study:
     """Search the options of ``space`` for the best final metric of ``nesgpu train`` runs of ``base``.
 
     Running it again with the same ``out`` continues the study (the cap ``trials`` counts the trials of
@@ -71,6 +72,8 @@ def tune(base: TrainConfig, space: SearchSpace | dict | str | Path | None = None
             marked failed (its process was killed).
         plots: write the PNG plots at the end.
         log: where the per-trial lines go (standard error by default).
+        model, task: your own model and task (as :func:`nesgpu.train.train` takes them): every trial trains a
+            fresh copy of ``model``; ``task`` is shared by the trials.
 
     Returns:
         The Optuna study (``study.best_trial``, ``study.trials``, ...).
@@ -80,30 +83,51 @@ def tune(base: TrainConfig, space: SearchSpace | dict | str | Path | None = None
         KeyboardInterrupt, nesgpu.train.Interrupted: Ctrl-C; the running trial is marked failed.
     """
     _check_arguments(trials, timeout, sampler, heartbeat)
+    if task is not None:
+        base = labelled(base, task)
+    subject = Subject(model, task)
     base = _base_config(base)
     space = make_space(base, space)
     _check_sampler(sampler, space)
     study_pruner = make_pruner(pruner, base.resolved(), space)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     attrs = {"base_config": as_json(identity(base)), "space": as_json(space.to_dict()), "sampler": sampler,
              "pruner": pruner if isinstance(pruner, str) else type(pruner).__name__}
-    def on_stale(study, trial):
-        log(f"trial {trial.number} had no heartbeat for {3 * heartbeat} s (its process was killed): marked failed")
-
-    with locked(out):
-        storage = open_storage(out, heartbeat, on_stale)
-        study = load_study(storage, out, study_name, attrs, make_sampler(sampler, base.seed, 0, trials),
-                           study_pruner)
+    storage, study = _open_study(out, attrs, study_name, heartbeat, make_sampler(sampler, base.seed, 0, trials),
+                                 study_pruner, log)
     with warnings.catch_warnings():  # fail_stale_trials and the matplotlib plots are "experimental" in Optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:
-            optimize(study, storage, base, space, out, trials, timeout, sampler, log)
+            optimize(study, storage, base, space, out, trials, timeout, sampler, log, subject)
         except (KeyboardInterrupt, Interrupted):
             write_outputs(study, base, space, out, plots=False, log=log)  # trials.csv shows the stopped trial
             raise
         write_outputs(study, base, space, out, plots=plots, log=log)
     return study
+
+
+@dataclasses.dataclass(frozen=True)
+class Subject:
+    """What every trial trains when it is not the config's built-in task and model: the user's own."""
+
+    model: torch.nn.Module | None = None
+    task: object = None
+
+    def fresh_model(self) -> torch.nn.Module | None:
+        """A copy of the model as given (a trial converts and trains its own)."""
+        return None if self.model is None else copy.deepcopy(self.model)
+
+
+def _open_study(out: Path, attrs: dict, study_name: str | None, heartbeat: int, sampler, pruner, log):
+    """(storage, study) of the tune directory ``out``: a new study, or the one there if it matches ``attrs``."""
+    out.mkdir(parents=True, exist_ok=True)
+
+    def on_stale(study, trial):
+        log(f"trial {trial.number} had no heartbeat for {3 * heartbeat} s (its process was killed): marked failed")
+
+    with locked(out):
+        storage = open_storage(out, heartbeat, on_stale)
+        return storage, load_study(storage, out, study_name, attrs, sampler, pruner)
 
 
 def _whole(value) -> bool:
@@ -196,7 +220,7 @@ def counts(study: optuna.Study) -> tuple[int, int]:
 
 
 def optimize(study: optuna.Study, storage, base: TrainConfig, space: SearchSpace, out: Path, trials: int | None,
-             timeout: float | None, sampler: str, log) -> None:
+             timeout: float | None, sampler: str, log, subject: Subject | None = None) -> None:
     """Run trials until the study has ``trials`` finished ones or ``timeout`` seconds have passed."""
     start, waiting = time.monotonic(), False
     while timeout is None or time.monotonic() - start < timeout:
@@ -220,19 +244,19 @@ def optimize(study: optuna.Study, storage, base: TrainConfig, space: SearchSpace
             continue
         waiting = False
         with heartbeat(storage, beat_id):
-            run_trial(study, trial, base, space, out, log)
+            run_trial(study, trial, base, space, out, log, subject)
         write_outputs(study, base, space, out, plots=False, log=log)
 
 
 def run_trial(study: optuna.Study, trial: optuna.Trial, base: TrainConfig, space: SearchSpace, out: Path,
-              log) -> None:
+              log, subject: Subject | None = None) -> None:
     """Run one trial and tell the study how it ended: complete, pruned or failed (with its message)."""
     run_dir = out / "trials" / f"{trial.number:04d}"
     trial.set_user_attr("run_dir", str(run_dir))
     run_log = RunLog()
     start, summary = time.monotonic(), None
     try:
-        summary = objective(trial, base, space, run_dir, run_log)
+        summary = objective(trial, base, space, run_dir, run_log, subject)
     except optuna.TrialPruned as e:
         result = _finish(study, trial, f"pruned ({e})", state=TrialState.PRUNED)
     except TRIAL_ERRORS as e:
@@ -275,13 +299,16 @@ def _short(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def objective(trial: optuna.Trial, base: TrainConfig, space: SearchSpace, run_dir: Path, log=None) -> dict:
+def objective(trial: optuna.Trial, base: TrainConfig, space: SearchSpace, run_dir: Path, log=None,
+              subject: Subject | None = None) -> dict:
     """Train the trial's config in ``run_dir``; returns the run's summary (its final metric: ``value``, named
     ``metric``). Raises TrialPruned when pruned, ValueError when the metric is not finite."""
     cfg = space.apply(base, space.suggest(trial))
     cfg.out = str(run_dir)
     callback = PruningCallback(trial, last_step=cfg.resolved().steps)
-    summary = train(cfg, log=log or (lambda *a, **k: None), callback=callback)
+    subject = subject or Subject()
+    summary = train(cfg, log=log or (lambda *a, **k: None), callback=callback, model=subject.fresh_model(),
+                    task=subject.task)
     if summary["value"] is None or not math.isfinite(summary["value"]):
         raise ValueError(f"the run's {summary['metric']} is not a finite number: {summary['value']}")
     return summary

@@ -10,6 +10,17 @@ from __future__ import annotations
 
 import torch
 
+# the precisions of a population forward (or a backprop step) and the autocast dtype of each
+PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of ``precision`` ("fp32": None, no autocast); a ValueError names the choices."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}; got {precision!r}")
+    return None if PRECISIONS[precision] is None else getattr(torch, PRECISIONS[precision])
+
+
 # CPU feature flags (torch.cpu.get_capabilities) that give native GEMMs in each dtype
 _CPU_FEATURES = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
 # the first CUDA compute capability with tensor cores for each dtype (fp16: Volta; bf16: Ampere)

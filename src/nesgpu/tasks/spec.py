@@ -1,0 +1,54 @@
+"""What the registry knows of a built-in task: how :func:`nesgpu.tasks.make_task` builds it, which models
+it has, and the options it was tuned with. Each task module declares its own; the training config reads
+them, so adding a task is one module plus one line in ``nesgpu.tasks.TASKS``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """The options ``make_task`` passes to a task's maker (each task reads those it has)."""
+
+    device: torch.device | str = "cpu"
+    seed: int = 0
+    batch_size: int = 64
+    episodes: int = 1
+    eval_episodes: int = 10
+    vector_mode: str = "sync"
+    normalize_observations: bool = True
+    compile: bool = False
+    reward_shift: float = 0.0
+    start_states: str = "shared"
+    policy_output: str = "tanh"
+    observation_clip: float | None = 5.0
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A built-in task.
+
+    Attributes:
+        make: ``make(name, options) -> task``.
+        defaults: the options a run of this task starts from (population, sigma, lr, steps, hidden, ...; the
+            strategy too, when it is not OpenAI-ES), tuned for it.
+        models: the architectures its ``make_model`` builds; the first is the default.
+        model_defaults: what a non-default model changes over ``defaults``.
+        supervised: whether it has a differentiable loss (a backprop run can train it) and no environment.
+        env_steps: for the built-in torch environments, the steps of one episode (which ``compile="auto"``
+            counts); None for every other task.
+    """
+
+    make: Callable[[str, TaskOptions], object]
+    defaults: Mapping[str, object]
+    models: tuple[str, ...] = ("mlp",)
+    model_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    supervised: bool = False
+    env_steps: int | None = None
+
+
+__all__ = ["TaskOptions", "TaskSpec"]

@@ -1,0 +1,167 @@
+"""From a resolved config (and, optionally, the user's own model and task) to what the loop runs: the task,
+the plain model, the perturbed model and the step object (ES or backprop)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from ..conversion import convert
+from ..distributed import Ranks
+from ..layers import PerturbedModule
+from ..model import PerturbedModel
+from ..population import Population
+from ..strategies import STRATEGIES, Schedule, Strategy
+from ..tasks import make_task
+from ..tasks.protocol import ModelMaker, check_differentiable, check_task
+from .activations import checkpoint_blocks
+from .backprop import Backprop, BackpropStep, shard_model
+from .config import BACKPROP, TrainConfig, compiles
+from .evolution import EvolutionStep, Stepper
+from .initialization import init_weights
+
+
+class Built(NamedTuple):
+    """What a run trains: its task, the plain model (evaluated and saved), the perturbed model (None for
+    backprop) and the step object the loop drives."""
+
+    task: object
+    model: nn.Module
+    pm: PerturbedModel | None
+    step: Stepper
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {name!r}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested, but CUDA is not available")
+    return device
+
+
+def strategy_options(cfg: TrainConfig) -> dict:
+    """The config's values of the options its strategy takes, by the strategy's argument names."""
+    return {arg: getattr(cfg, name) for name, arg in STRATEGIES[cfg.strategy].config_options.items()}
+
+
+def schedule(cfg: TrainConfig, name: str) -> Schedule | None:
+    """The config's sigma or lr schedule (``name``), None when constant."""
+    kind = getattr(cfg, f"{name}_schedule")
+    return None if kind == "constant" else Schedule(kind, getattr(cfg, f"{name}_final"), cfg.steps)
+
+
+def make_strategy(cfg: TrainConfig, pm: PerturbedModel) -> Strategy:
+    """The config's strategy from the registry, with the options it takes (``Strategy.config_options``) and
+    what it reads of the population (``Strategy.population_options``)."""
+    cls = STRATEGIES[cfg.strategy]
+    of_population = {name: getattr(pm, name) for name in cls.population_options}
+    return cls(pm.directions, pm.antithetic, sigma_schedule=schedule(cfg, "sigma"), **of_population,
+               **strategy_options(cfg))
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def make_backprop(cfg: TrainConfig, task, model: nn.Module, ranks: Ranks | None = None) -> Backprop:
+    """The optimizer side of a backprop run: activation checkpointing when asked, DistributedDataParallel
+    under torchrun, the config's optimizer and lr schedule."""
+    distributed = ranks is not None and ranks.distributed
+    if cfg.shard and not distributed:
+        warnings.warn("--shard applies to torchrun jobs of several processes; this one process trains the whole "
+                      "model", stacklevel=2)
+    sharded = cfg.shard and distributed
+    plain = copy.deepcopy(model) if sharded else None  # unsharded: what rank 0 evaluates and saves
+    if cfg.activation_checkpointing:
+        checkpoint_blocks(model)
+    module = model
+    if sharded:
+        module = shard_model(model)
+    elif distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        module = DistributedDataParallel(model, device_ids=[model_device(model)] if task.device.type == "cuda"
+                                         else None)
+    return Backprop(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, lr_schedule=schedule(cfg, "lr"),
+                    module=module, plain=plain)
+
+
+def config_task(cfg: TrainConfig, device: torch.device):
+    """The built-in task a config names, with the config's task options."""
+    backprop = cfg.strategy == BACKPROP
+    normalize = backprop or STRATEGIES[cfg.strategy].uses_observation_statistics(**strategy_options(cfg))
+    return make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size, episodes=cfg.episodes,
+                     eval_episodes=cfg.eval_episodes, vector_mode=cfg.vector_mode, normalize_observations=normalize,
+                     compile=compiles(cfg), reward_shift=cfg.reward_shift, start_states=cfg.start_states,
+                     policy_output="tanh" if cfg.policy_output == "auto" else cfg.policy_output,
+                     observation_clip=cfg.observation_clip or None)
+
+
+def initial_model(cfg: TrainConfig, task, model: nn.Module | None = None) -> nn.Module:
+    """The run's model before training: the user's own (re-initialised only when ``cfg.init`` asks), or
+    the task's, seeded, so that a run is a function of its config."""
+    if model is not None and cfg.init == "default":
+        return model
+    if model is None and not isinstance(task, ModelMaker):
+        raise TypeError(f"task {type(task).__name__} has no make_model: pass your model, train(cfg, model=..., "
+                        f"task=...)")
+    with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the caller's RNG alone
+        torch.manual_seed(cfg.seed)
+        return init_weights(task.make_model(cfg.hidden, model=cfg.model) if model is None else model, cfg.init)
+
+
+def perturbed(cfg: TrainConfig, model: nn.Module) -> nn.Module:
+    """``model`` converted with the config's layer options; a model the user converted already is kept as
+    it is (its kinds are its own)."""
+    kinds = {m.kind.name for m in model.modules() if isinstance(m, PerturbedModule) and m.perturbs}
+    if kinds:
+        if kinds != {cfg.layer} or cfg.layer_options or cfg.bits is not None:
+            warnings.warn(f"the model is converted already (kinds {sorted(kinds)}): the config's layer {cfg.layer!r}"
+                          f"{', its layer options' if cfg.layer_options else ''}"
+                          f"{' and bits' if cfg.bits is not None else ''} do not apply to it", stacklevel=3)
+        return model
+    return convert(model, cfg.layer, bits=cfg.bits, noise_on=cfg.noise_on, act_bits=cfg.act_bits, **cfg.layer_options)
+
+
+def check_own(cfg: TrainConfig, model: nn.Module | None, task) -> None:
+    """A model and task of the user's own can train under ``cfg`` (a TypeError names what is missing):
+    checked before a run touches its directory."""
+    if model is not None and not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
+    if task is not None and cfg.strategy == BACKPROP:
+        check_differentiable(task)
+    elif task is not None:
+        check_task(task)
+
+
+def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None, model: nn.Module | None = None,
+          task=None, log=print) -> Built:
+    """Task, model, perturbed model and step object of a resolved config.
+
+    ``task`` (any :class:`~nesgpu.tasks.protocol.Task`) and ``model`` (any nn.Module) replace the config's
+    built-in ones. An ES run's model is converted to the perturbed kind; a backprop run's stays plain, and
+    under torchrun (``ranks``) is called through DistributedDataParallel (or FSDP with ``cfg.shard``)."""
+    ranks = ranks or Ranks()
+    check_own(cfg, model, task)
+    task = config_task(cfg, device) if task is None else check_task(task)
+    model = initial_model(cfg, task, model)
+    if cfg.strategy == BACKPROP:
+        bp = make_backprop(cfg, check_differentiable(task), model.to(device), ranks)
+        return Built(task, bp.plain, None, BackpropStep(task, bp, ranks, cfg.precision, cfg.accumulate))
+    model = perturbed(cfg, model).to(device)
+    pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
+    population = Population(pm, ranks, cfg.chunk_size, cfg.precision, log)
+    step = EvolutionStep(task, population, make_strategy(cfg, pm), cfg.sigma, lr=cfg.lr,
+                         lr_schedule=schedule(cfg, "lr"))
+    return Built(task, model, pm, step)
+
+
+__all__ = ["Built", "build", "check_own", "make_strategy", "resolve_device"]

@@ -1,0 +1,78 @@
+"""Where a run's unset options come from: global defaults < the task's own (declared by each task module in
+the registry, ``nesgpu.tasks.TASKS``) < its model's; a strategy other than the task's starts from its own
+step size. Nothing here is per task: adding a task touches nothing in train/."""
+
+from __future__ import annotations
+
+from ..strategies import STRATEGIES
+from ..tasks import TASKS, DifferentiableTask, task_spec
+
+# the gradient baseline: not an ES strategy (no population, no noise) but a strategy name of the config, so a
+# run differs from an ES run by one option; its defaults are AdamW's own
+BACKPROP = "backprop"
+BACKPROP_DEFAULTS = dict(lr=1e-3, weight_decay=0.01)
+STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
+# the options of ES runs only, and of backprop runs only (each an error, when set, under the other)
+ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "shaping",
+           "sigma_schedule", "sigma_final", "chunk_size", "compile")
+BACKPROP_ONLY = ("optimizer", "accumulate", "activation_checkpointing", "shard")
+# what neither the task nor its model sets
+GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0,
+                       weight_decay=0.0)
+# a task of the user's own (``train(cfg, task=...)``) is labelled "custom:<name>"; it starts from these where
+# neither the config nor the task's own ``defaults`` mapping sets an option
+CUSTOM = "custom:"
+CUSTOM_DEFAULTS = dict(population=64, sigma=0.05, lr=0.01, steps=100, hidden=(32,), model="default")
+# each built-in task's tuned options, as the registry declares them (a read-only view)
+TASK_DEFAULTS: dict[str, dict] = {name: dict(spec.defaults) for name, spec in TASKS.items()}
+# the built-in RL runs compile their rollouts when they make at least this many environment steps: compiling
+# takes ~3 s (cached) to ~12 s (cold) on a 2-core CPU, and the compiled loop is ~2.8x faster (BENCHMARKS.md)
+COMPILE_MIN_ENV_STEPS = 20_000_000
+
+
+def presets(task: str, model: str | None = None, strategy: str | None = None) -> dict:
+    """The defaults a run of ``task`` (with ``model`` and ``strategy``, None: the task's own) starts from:
+    global defaults < the task's < its model's. The task's tuned step size holds for its own strategy;
+    another strategy starts from that strategy's ``default_lr`` (its optimizer has another scale). A custom
+    task starts from ``CUSTOM_DEFAULTS`` (its own defaults are set in the config first: ``labelled``)."""
+    if task.startswith(CUSTOM):
+        values = {**GLOBAL_DEFAULTS, **CUSTOM_DEFAULTS}
+        values["model"] = model or values["model"]
+    else:
+        spec = task_spec(task)
+        model = model or spec.models[0]
+        values = {**GLOBAL_DEFAULTS, **spec.defaults, **spec.model_defaults.get(model, {}), "model": model}
+    if strategy is not None and strategy != values["strategy"]:
+        if strategy == BACKPROP:
+            values.update(strategy=strategy, **BACKPROP_DEFAULTS)
+        elif strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; expected one of {list(STRATEGY_CHOICES)}")
+        else:
+            values.update(strategy=strategy, lr=STRATEGIES[strategy].default_lr)
+    own = STRATEGIES.get(values["strategy"])  # the gradient baseline clips as OpenAI-ES does
+    values["observation_clip"] = own.observation_clip if own is not None else 5.0
+    return values
+
+
+def is_supervised(task: str, obj=None) -> bool:
+    """Whether a task (by name; a custom one by its object) has a differentiable loss and no environment."""
+    if task.startswith(CUSTOM):
+        return isinstance(obj, DifferentiableTask)
+    return task in TASKS and TASKS[task].supervised
+
+
+def torch_env_tasks() -> list[str]:
+    """The built-in torch environments' tasks, whose rollouts can compile."""
+    return sorted(name for name, spec in TASKS.items() if spec.env_steps is not None)
+
+
+def compiles(cfg) -> bool:
+    """Whether a resolved config's rollouts run compiled (``compile``: on, off, or auto by the run's size)."""
+    if cfg.compile != "auto":
+        return cfg.compile == "on"
+    if cfg.task not in torch_env_tasks():
+        return False
+    return cfg.steps * cfg.population * cfg.episodes * TASKS[cfg.task].env_steps >= COMPILE_MIN_ENV_STEPS
+
+
+__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "compiles", "is_supervised", "presets", "torch_env_tasks"]

@@ -1,0 +1,173 @@
+"""The steps of a run, nanoGPT-style: run a step, then evaluate, call back, record, checkpoint and stop,
+each when due. The step itself (ES: ask, evaluate, tell, update, optimizer step; backprop: forward,
+backward, optimizer step) is the step object's (:mod:`nesgpu.train.evolution`, :mod:`nesgpu.train.backprop`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .checkpoint import save_checkpoint
+from .config import TrainConfig
+from .evolution import Stepper
+
+
+class Interrupted(Exception):
+    """The run was stopped (Ctrl-C, SIGTERM) at a step boundary, after writing a checkpoint."""
+
+    def __init__(self, out: Path, step: int):
+        super().__init__(f"interrupted: checkpoint at step {step} in {out}; continue with --resume {out}")
+        self.out, self.step = out, step
+
+
+@dataclass
+class Progress:
+    """What a run has done so far (and a checkpoint restores)."""
+
+    elapsed: float = 0.0
+    env_steps: int = 0
+    last_checkpoint: int | None = None
+    last_eval: float = 0.0
+
+
+@dataclass
+class Loop:
+    """One run's steps and what follows each; rank 0 (``main``) evaluates, records and writes."""
+
+    cfg: TrainConfig
+    out: Path
+    task: object
+    stepper: Stepper
+    main: bool
+    distributed: bool
+    metrics: object = None  # MetricsLog on rank 0
+    log: object = print
+    callback: object = None
+    stop_requested: object = lambda: False
+    progress: Progress = field(default_factory=Progress)
+    target: float | None = None
+
+    def __post_init__(self):
+        cfg = self.cfg
+        self.eval_every = cfg.eval_every or max(1, cfg.steps // 10)
+        self.checkpoint_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
+        self.target = cfg.target if cfg.target is not None else self.task.default_target
+        if self.target is not None and self.distributed:  # only rank 0 evaluates: the ranks could not stop together
+            self.log(f"the target {self.target} is not used under torchrun: the run goes to --steps {cfg.steps}")
+            self.target = None
+        if cfg.time_budget is not None and self.distributed:
+            raise ValueError("time_budget cannot stop a torchrun job (the ranks would not stop together); use --steps")
+        if cfg.eval_seconds and self.stepper.needs_sync:
+            raise ValueError("eval_seconds cannot time the evaluations of a sharded job (every rank gathers the "
+                             "weights at the same step); use --eval-every")
+
+    def run(self) -> None:
+        """Steps until ``cfg.steps``, a target, the time budget, the callback or a stop request."""
+        bar = _progress_bar(self.cfg.steps, self.stepper.step) if self.main else None
+        start, last_line = time.perf_counter() - self.progress.elapsed, time.perf_counter()
+        try:
+            while self.stepper.step < self.cfg.steps:
+                stats = self.stepper.run()  # the step's one read from the device
+                step = self.stepper.step
+                self.progress.env_steps += int(stats.pop("env_steps", 0))
+                self.progress.elapsed = time.perf_counter() - start
+                if self.stepper.needs_sync and (self._eval_due(step) or self._checkpoint_due(step)):
+                    self.stepper.sync()  # every rank: rank 0's plain model and optimizer state, for what follows
+                if not self.main:
+                    continue
+                row = {"step": step, "seconds": self.progress.elapsed, "env_steps": self.progress.env_steps, **stats}
+                stop = self._after_step(step, row)
+                last_line = self._show(bar, row, last_line)
+                if self._checkpoint_due(step) or stop:
+                    self.checkpoint(step)
+                if stop:
+                    self.log(stop)
+                    break
+                if self.stop_requested() and step < self.cfg.steps:
+                    if self.progress.last_checkpoint != step:
+                        self.checkpoint(step)
+                    raise Interrupted(self.out, step)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _out_of_time(self) -> bool:
+        return self.cfg.time_budget is not None and self.progress.elapsed >= self.cfg.time_budget
+
+    def _eval_due(self, step: int) -> bool:
+        seconds = self.cfg.eval_seconds and self.progress.elapsed - self.progress.last_eval >= self.cfg.eval_seconds
+        return step % self.eval_every == 0 or step == self.cfg.steps or self._out_of_time() or bool(seconds)
+
+    def _checkpoint_due(self, step: int) -> bool:
+        return step % self.checkpoint_every == 0 or step == self.cfg.steps
+
+    def _after_step(self, step: int, row: dict) -> str | None:
+        """Evaluate when due, call the callback, write the row; why the run ends at this step, if it does."""
+        stop = None
+        if self._eval_due(step):
+            metric = self.task.metric
+            row[metric] = self.task.evaluate(self.stepper.model)
+            self.progress.last_eval = self.progress.elapsed
+            if self.target is not None and row[metric] >= self.target:
+                stop = f"{metric} {row[metric]:.4g} reached the target {self.target:.4g} at step {step}"
+        if self.callback is not None and bool(self.callback(step, dict(row))):
+            if self.distributed:
+                raise ValueError("a callback cannot stop a torchrun job: the ranks would not stop together")
+            stop = stop or f"the callback stopped the run at step {step}"
+        if self._out_of_time() and step < self.cfg.steps:
+            stop = stop or f"the time budget of {self.cfg.time_budget:g} s ran out at step {step}"
+        self.metrics.write(row)
+        return stop
+
+    def _show(self, bar, row: dict, last_line: float) -> float:
+        """The progress bar on a terminal; else a plain line every ``progress_every`` seconds."""
+        shown = (self.stepper.progress_key, self.task.metric)
+        if bar is not None and not bar.disable:
+            bar.update(1)
+            bar.set_postfix({k: f"{row[k]:.4g}" for k in shown if k in row})
+        elif self.cfg.progress_every and time.perf_counter() - last_line >= self.cfg.progress_every:
+            self.log(f"step {row['step']}/{self.cfg.steps}  {self.progress.elapsed:.0f} s  "
+                     + "  ".join(f"{k} {row[k]:.4g}" for k in shown if k in row))
+            return time.perf_counter()
+        return last_line
+
+    def checkpoint(self, step: int) -> None:
+        """Everything a resume needs, written atomically, once the weights are known to be finite."""
+        check_finite(self.stepper, step, self.progress.last_checkpoint)
+        save_checkpoint(self.out / "checkpoint", self.stepper.model, {
+            "strategy": self.stepper.state_dict(), "seconds": self.progress.elapsed,
+            "env_steps": self.progress.env_steps, "config": dataclasses.asdict(self.cfg)})
+        self.progress.last_checkpoint = step
+
+
+def check_finite(stepper: Stepper, step: int, last_good: int | None) -> None:
+    """Refuse to save non-finite weights or optimizer state (one host read per checkpoint)."""
+    model = stepper.model
+    tensors = [(n, p) for n, p in model.named_parameters()]
+    tensors += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]  # observation statistics
+    tensors += [(f"optimizer state {k}", v) for st in stepper.state_dict()["optimizer"]["state"].values()
+                for k, v in st.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    finite = torch.stack([torch.isfinite(t).all().to(tensors[0][1].device) for _, t in tensors])
+    if bool(finite.all()):  # one host read; the names only when something is wrong
+        return
+    bad = [n for (n, _), ok in zip(tensors, finite.tolist()) if not ok]
+    kept = f"the checkpoint of step {last_good} is kept" if last_good else "no checkpoint was written"
+    raise ValueError(f"step {step} made non-finite values in {bad[:4]}{' ...' if len(bad) > 4 else ''}; the run "
+                     f"stops and {kept}; resume with a smaller --lr or --sigma")
+
+
+def _progress_bar(total: int, initial: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm comes with the train extra
+        return None
+    return tqdm(total=total, initial=initial, disable=not sys.stderr.isatty(), unit="step", dynamic_ncols=True)
+
+
+__all__ = ["Interrupted", "Loop", "Progress", "check_finite"]

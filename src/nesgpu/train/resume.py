@@ -1,0 +1,70 @@
+"""Resuming a run: the checkpoint must be this run's (the options that define it unchanged), then the
+step object's state is restored and the options a resume may change take effect from the next step."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from ..strategies import Schedule
+from . import rundir
+from .checkpoint import load_checkpoint
+from .config import TrainConfig
+from .evolution import Stepper
+from .loop import Progress
+
+
+def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log) -> Progress:
+    """Load ``out``'s last checkpoint into ``stepper`` and its model; returns the run's progress so far.
+    ``supervised`` says which defaults an older nesgpu's run had (:func:`rundir.legacy`)."""
+    new = dataclasses.asdict(cfg)
+
+    def check(state):
+        old = state.get("config", {}) if isinstance(state, dict) else {}
+        old = {**rundir.legacy(supervised), **old}  # what an older nesgpu's run did
+        if old.get("task") != cfg.task:
+            raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
+        changed = rundir.differences(old, new, rundir.DEFINING)
+        if changed:
+            raise ValueError(f"cannot resume {out}: options that define the run differ from its checkpoint "
+                             f"({'; '.join(changed)}); start a new run to change them")
+        at = int(state.get("strategy", {}).get("step", 0))
+        if cfg.steps < at:
+            raise ValueError(f"--steps {cfg.steps} is below the checkpoint's step {at}; expected >= {at}")
+
+    state = load_checkpoint(out / "checkpoint", stepper.model, validate=check)
+    try:
+        stepper.load_state_dict(state["strategy"])
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise ValueError(f"checkpoint in {out} does not match this configuration: {e}") from e
+    old = state["config"]
+    stepper.apply_changes(old, cfg)
+    # a new schedule (or a new --steps, which stretches one) applies from the next step: say where it jumps
+    jumps = [f"{name} {before:.4g} -> {after:.4g}" for name, before, after in scheduled_values(old, cfg, stepper.step)
+             if not math.isclose(before, after, rel_tol=1e-9)]
+    changed = rundir.differences(old, new, [n for n in new if n not in rundir.DEFINING and n != "out"])
+    log(f"resuming {out} at step {stepper.step} of {cfg.steps}"
+        + (f"; from step {stepper.step + 1}: {'; '.join(changed)}" if changed else "")
+        + (f" (at that step {', '.join(jumps)})" if jumps else ""))
+    elapsed = float(state["seconds"])
+    return Progress(elapsed=elapsed, env_steps=int(state["env_steps"]), last_checkpoint=stepper.step,
+                    last_eval=elapsed)
+
+
+def scheduled_values(old: dict, cfg: TrainConfig, step: int) -> list[tuple[str, float, float]]:
+    """(name, value under the checkpoint's schedule, value under the new one) of sigma's and lr's factor at
+    ``step``, for schedules that are not constant in either run."""
+    values = []
+    for name in ("lr", "sigma"):
+        kinds = (old.get(f"{name}_schedule") or "constant", getattr(cfg, f"{name}_schedule"))
+        if kinds == ("constant", "constant"):
+            continue
+        final = old.get(f"{name}_final")
+        before = Schedule(kinds[0], 1.0 if final is None else final, max(1, int(old.get("steps") or 1)))(step)
+        after = Schedule(kinds[1], getattr(cfg, f"{name}_final"), cfg.steps)(step)
+        values.append((f"{name} factor", before, after))
+    return values
+
+
+__all__ = ["resume", "scheduled_values"]

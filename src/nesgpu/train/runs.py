@@ -1,0 +1,84 @@
+"""A finished (or interrupted) run, loaded back: its trained plain model, its task and its config."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from . import rundir
+from .build import build, resolve_device
+from .checkpoint import find_checkpoint, load_checkpoint, load_weights
+from .config import CUSTOM, TrainConfig, is_supervised, resolve_for
+
+
+class Run(NamedTuple):
+    """A finished run, loaded: the trained plain model, its task and its resolved configuration."""
+
+    model: torch.nn.Module
+    task: object
+    config: TrainConfig
+
+
+def read_config(directory: Path, task=None) -> TrainConfig:
+    """A run directory's resolved config (``config.json``)."""
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{directory} is not a run directory (no config.json)")
+    try:
+        values = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path} is not valid JSON ({e})") from e
+    if not isinstance(values, dict):
+        raise ValueError(f"{config_path}: expected a mapping of options; got {type(values).__name__}")
+    supervised = is_supervised(str(values.get("task")), task)
+    cfg = TrainConfig.from_dict({**rundir.legacy(supervised), **values}, source=str(config_path))
+    if cfg.task.startswith(CUSTOM) and task is None:
+        raise ValueError(f"{directory} trained a task of your own ({cfg.task}); pass it (and its model unless the "
+                         f"task makes it): load_run({str(directory)!r}, task=..., model=...)")
+    return resolve_for(cfg, task)
+
+
+def load_run(directory: str | Path, device: str = "auto", model: nn.Module | None = None, task=None) -> Run:
+    """The trained model of a run directory (``config.json`` + ``model.safetensors``; for a run that has not
+    finished, its last checkpoint, with a warning), with its task and config, in one call. Weights that are
+    not finite are refused. A run of your own model or task needs them again (``model=``, ``task=``): the
+    config cannot rebuild them; the weights are loaded into ``model``.
+
+    Example:
+        >>> model, task, config = nesgpu.load_run("runs/digits")
+        >>> task.evaluate(model)
+    """
+    directory = Path(directory)
+    cfg = read_config(directory, task)
+    cfg.device = device
+    built = build(cfg, resolve_device(device), model=model, task=task, log=lambda *a, **k: None)
+    model = built.model
+    if (directory / "model.safetensors").is_file():
+        load_weights(model, directory / "model.safetensors")
+    elif find_checkpoint(directory / "checkpoint") is not None:  # an interrupted or crashed run
+        step = int(load_checkpoint(directory / "checkpoint", model).get("strategy", {}).get("step", 0))
+        warnings.warn(f"{directory} has not finished (no model.safetensors): using its last checkpoint, step {step}; "
+                      f"continue it with nesgpu train --resume {directory}", stacklevel=2)
+    else:
+        raise ValueError(f"{directory} holds no weights yet (no model.safetensors, no checkpoint): the run stopped "
+                         f"before its first checkpoint")
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"{directory / 'model.safetensors'} holds non-finite values in {bad[:4]}; the run diverged")
+    model.eval()
+    return Run(model, built.task, cfg)
+
+
+def evaluate_run(directory: str | Path, device: str = "auto", model: nn.Module | None = None, task=None) -> dict:
+    """Rebuild a run's model from ``config.json`` and ``model.safetensors`` and evaluate it."""
+    run = load_run(directory, device, model=model, task=task)
+    return {"task": run.config.task, "metric": run.task.metric, "value": run.task.evaluate(run.model),
+            "run": str(directory)}
+
+
+__all__ = ["Run", "evaluate_run", "load_run", "read_config"]

@@ -1,0 +1,175 @@
+"""Checks of a training configuration's values: each ValueError names the option, the value and what was
+expected. Every rule is stated here once (a strategy's or a kind's own rule is read from it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..kinds import make_kind
+from ..layers import KINDS
+from ..layers.lowbit import check_low_bit_options
+from ..strategies import STRATEGIES
+from ..tasks import SUPERVISED, model_choices
+from .backprop import optimizer_class
+from .defaults import BACKPROP, BACKPROP_ONLY, CUSTOM, ES_ONLY, GLOBAL_DEFAULTS, is_supervised, torch_env_tasks
+
+
+def validate(cfg) -> None:
+    """Check every value of a resolved config (a :class:`~nesgpu.train.config.TrainConfig`)."""
+    for f in dataclasses.fields(cfg):
+        check_type(f.name, getattr(cfg, f.name), f.type, "config")
+        choices = f.metadata.get("choices")
+        if choices and getattr(cfg, f.name) is not None and getattr(cfg, f.name) not in choices:
+            raise ValueError(f"{f.name} must be one of {list(choices)}; got {getattr(cfg, f.name)!r}")
+    custom = cfg.task.startswith(CUSTOM)
+    choices = model_choices("gym" if cfg.task.startswith("gym:") else cfg.task)
+    if not custom and cfg.model not in choices:
+        raise ValueError(f"unknown model {cfg.model!r} for task {cfg.task!r}; expected one of {list(choices)}")
+    _check_ranges(cfg)
+    _check_es(cfg)
+    _check_low_bit(cfg, custom)
+    if cfg.strategy == BACKPROP and not custom and not is_supervised(cfg.task):
+        raise ValueError(f"strategy 'backprop' trains supervised tasks {sorted(SUPERVISED)}; task "
+                         f"{cfg.task!r} has no differentiable loss (use an ES strategy)")
+    if cfg.strategy == BACKPROP:
+        optimizer_class(cfg.optimizer)  # names the optimizers when unknown
+    if not custom:
+        _check_task_options(cfg)
+    if cfg.chunk_size is not None and cfg.chunk_size != "auto" and not (
+            isinstance(cfg.chunk_size, int) and 1 <= cfg.chunk_size <= cfg.directions):
+        raise ValueError(f"chunk_size must be 'auto' or a number of directions in [1, {cfg.directions}]; "
+                         f"got {cfg.chunk_size!r}")
+
+
+def _check_ranges(cfg) -> None:
+    for name, low in (("population", 2), ("accumulate", 1), ("steps", 1), ("batch_size", 1), ("episodes", 1),
+                      ("eval_episodes", 1), ("seed", 0), ("eval_every", 0), ("checkpoint_every", 0)):
+        if getattr(cfg, name) < low:
+            raise ValueError(f"{name} must be >= {low}; got {getattr(cfg, name)}")
+    for name in ("sigma", "lr", "dist_timeout"):
+        if not 0 < getattr(cfg, name) < math.inf:
+            raise ValueError(f"{name} must be a positive finite number; got {getattr(cfg, name)}")
+    if cfg.time_budget is not None and not 0 < cfg.time_budget < math.inf:
+        raise ValueError(f"time_budget must be a positive finite number of seconds; got {cfg.time_budget}")
+    for name in ("sigma_final", "lr_final", "weight_decay", "progress_every", "eval_seconds"):
+        if not 0 <= getattr(cfg, name) < math.inf:
+            raise ValueError(f"{name} must be a finite number >= 0; got {getattr(cfg, name)}")
+    if cfg.target is not None and not math.isfinite(cfg.target):
+        raise ValueError(f"target must be a finite number; got {cfg.target}")
+    if max(cfg.population, cfg.steps, cfg.batch_size, cfg.episodes, cfg.eval_episodes) > 1 << 40:
+        raise ValueError(f"population, steps, batch_size and episodes must be below 2^40; got {cfg.population}, "
+                         f"{cfg.steps}, {cfg.batch_size}, {cfg.episodes}")
+    if any(h < 1 for h in cfg.hidden):
+        raise ValueError(f"hidden sizes must be >= 1; got {cfg.hidden}")
+    if not math.isfinite(cfg.reward_shift) or not 0 <= cfg.observation_clip < math.inf:
+        raise ValueError(f"reward_shift must be finite and observation_clip a finite number >= 0 (0: none); "
+                         f"got {cfg.reward_shift} and {cfg.observation_clip}")
+
+
+def _check_es(cfg) -> None:
+    """The population, the kind and the strategy's own rules."""
+    if cfg.antithetic and cfg.population % 2:
+        raise ValueError(f"population must be even with antithetic sampling (pairs of +/- members); "
+                         f"got {cfg.population}")
+    if cfg.top_b is not None and not 1 <= cfg.top_b <= cfg.directions:
+        raise ValueError(f"top_b must be in [1, {cfg.directions}] (the directions); got {cfg.top_b}")
+    check_layer_options(cfg.layer, cfg.layer_options)
+    if KINDS[cfg.layer].needs_antithetic and not cfg.antithetic:
+        raise ValueError(f"layer kind {cfg.layer!r} is biased without antithetic sampling (its directions of "
+                         f"one step share their noise); drop --no-antithetic or choose another kind")
+    strategy = STRATEGIES.get(cfg.strategy)
+    if strategy is not None and strategy.needs_antithetic and not cfg.antithetic:
+        raise ValueError(f"strategy {cfg.strategy!r} needs antithetic sampling")
+    if strategy is not None and strategy.adapts_sigma and cfg.sigma_schedule != "constant":
+        raise ValueError(f"strategy {cfg.strategy!r} adapts sigma itself; a sigma_schedule does not apply to it")
+
+
+def _check_low_bit(cfg, custom: bool) -> None:
+    """The low-bit options: the one place their rules are stated."""
+    check_low_bit_options(cfg.bits, cfg.noise_on, cfg.act_bits, hint="add --bits 1 or --bits 8")
+    if custom:  # the user's model: convert() refuses what it cannot quantise
+        return
+    if cfg.act_bits is not None and cfg.model != "mlp":
+        raise ValueError(f"act_bits={cfg.act_bits} applies to the Linear layers of model mlp; got model "
+                         f"{cfg.model!r}")
+    if cfg.bits is not None and (not is_supervised(cfg.task) or cfg.model not in ("mlp", "cnn")):
+        raise ValueError(f"bits={cfg.bits} applies to the supervised tasks' models mlp and cnn (Linear and "
+                         f"Conv1d layers); got task {cfg.task!r} with model {cfg.model!r}")
+
+
+def _check_task_options(cfg) -> None:
+    """RL-only options under a supervised task, and compile outside the torch environments."""
+    rl_only = {"reward_shift": (0.0,), "start_states": ("shared",), "policy_output": ("auto", "tanh")}
+    if is_supervised(cfg.task):
+        for name, allowed in rl_only.items():
+            if getattr(cfg, name) not in allowed:
+                raise ValueError(f"option {name!r} (= {getattr(cfg, name)!r}) applies to RL tasks; task "
+                                 f"{cfg.task!r} is supervised")
+    if cfg.compile == "on" and cfg.task not in torch_env_tasks():
+        raise ValueError(f"compile='on' applies to the built-in torch environments {torch_env_tasks()}; task "
+                         f"{cfg.task!r} runs eagerly (use --compile auto or off)")
+
+
+def check_strategy_options(values: dict, strategy: str, defaults: dict, preset: dict) -> None:
+    """An option of another strategy (``top_b`` under openai_es) set away from its default is an error, not
+    silently ignored. ``defaults`` are the fields' defaults, ``preset`` the run's :func:`presets`."""
+    if strategy == BACKPROP or any(values.get(name) != defaults[name] for name in BACKPROP_ONLY):
+        _check_backprop_options(values, strategy, defaults, preset)
+    own = {"weight_decay": "weight_decay"} if strategy == BACKPROP else STRATEGIES[strategy].config_options
+    for other, cls in STRATEGIES.items():
+        for name in cls.config_options:
+            if name not in own and values.get(name) not in (defaults[name], preset.get(name, defaults[name]),
+                                                            GLOBAL_DEFAULTS.get(name, defaults[name])):
+                raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy {other!r}, not "
+                                 f"{strategy!r}; drop it or choose --strategy {other}")
+
+
+def _check_backprop_options(values: dict, strategy: str, defaults: dict, preset: dict) -> None:
+    """ES options set under backprop, or backprop options set under an ES strategy, are errors."""
+    def is_set(name):
+        value = values.get(name)
+        if isinstance(value, (list, tuple)):
+            value = tuple(value)
+        return value is not None and value not in (defaults[name], preset.get(name, defaults[name]))
+
+    if strategy == BACKPROP:
+        for name in ES_ONLY:
+            if is_set(name):
+                raise ValueError(f"option {name!r} (= {values[name]!r}) applies to the ES strategies, not to "
+                                 f"strategy 'backprop'; drop it or choose an ES strategy")
+        return
+    for name in BACKPROP_ONLY:
+        if is_set(name):
+            raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy 'backprop', not {strategy!r}; "
+                             f"drop it or choose --strategy backprop")
+
+
+def check_layer_options(layer: str, options: dict) -> None:
+    """The options must be the layer kind's own, with valid values."""
+    names = [f.name for f in dataclasses.fields(KINDS[layer])]
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise ValueError(f"layer option(s) {unknown} do not apply to layer {layer!r}; its options: {names or 'none'}")
+    make_kind(layer, **options)  # the kind checks its values
+
+
+def check_type(name: str, value, annotation: str, source: str) -> None:
+    """``value`` fits the field's annotation (a string: the config module uses postponed annotations). YAML
+    and JSON give bools, ints, floats, strings, lists and mappings; "no" is a string, not False, and 3.7 is
+    not an int."""
+    allowed = [a.strip() for a in annotation.split("|")]
+    if value is None and "None" in allowed:
+        return
+    checks = {
+        "str": lambda v: isinstance(v, str),
+        "bool": lambda v: isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "dict": lambda v: isinstance(v, dict),
+        "tuple[int, ...]": lambda v: isinstance(v, (list, tuple)) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in v),
+    }
+    if not any(checks[a](value) for a in allowed if a in checks):
+        raise ValueError(f"{source}: option {name!r} must be {' or '.join(allowed)}; got {value!r} "
+                         f"({type(value).__name__})")

@@ -1,0 +1,106 @@
+"""The shape of the code: the house's parts import only downward, no import cycles between modules, no
+private names of another module, no function over 60 lines, no file over 400 lines, and strategies know
+nothing of the model or the population."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "nesgpu"
+# the house, bottom to top (docs/architecture.md): a module may import its own part and the parts below
+PARTS = {"version": 0, "noise": 1, "quantize": 1, "kinds": 2, "layers": 3, "conversion": 4, "model": 4,
+         "distributed": 5, "precision": 5, "population": 6, "strategies": 6, "tasks": 7, "train": 8, "tune": 9,
+         "bench": 9, "cli": 10, "__main__": 11, "__init__": 11}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module imported, names taken from it, line) of every import in the file, relative ones resolved."""
+    here = module_name(path).split(".")
+    package = here if is_package(path) else here[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            found.append((target, [alias.name for alias in node.names], node.lineno))
+    return [(t, names, line) for t, names, line in found if t == "nesgpu" or t.startswith("nesgpu.")]
+
+
+FILES = sorted(SRC.rglob("*.py"))
+
+
+def part(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    return PARTS[top]
+
+
+def test_every_module_has_a_part():
+    assert {module_name(f).split(".")[1] for f in FILES if "." in module_name(f)} <= set(PARTS)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_go_downward_and_take_no_private_names(path):
+    me = module_name(path)
+    for target, names, line in imports(path):
+        assert part(target) <= part(me), f"{me}:{line} imports {target}, a part above it"
+        if target.split(".")[:2] != me.split(".")[:2]:  # another part of the house: public names only
+            private = [n for n in names if n.startswith("_") and not n.endswith("__")]  # dunders are public
+            assert not private, f"{me}:{line} takes private names {private} of {target}"
+
+
+def test_strategies_know_nothing_of_the_model_or_the_population():
+    for path in (SRC / "strategies").glob("*.py"):
+        for target, _, line in imports(path):
+            assert target.startswith("nesgpu.strategies"), f"{path.name}:{line} imports {target}"
+
+
+def test_no_import_cycles_between_modules():
+    modules = {module_name(f): f for f in FILES}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for target, names, _ in imports(path):
+            for candidate in [f"{target}.{n}" for n in names] + [target]:
+                if candidate in modules and candidate != name:
+                    edges.add(candidate)
+                    break
+        # a package's own __init__ re-exporting its submodules is not a cycle of theirs
+        graph[name] = {e for e in edges if not (name.startswith(e + ".") and is_package(modules[e]))}
+    seen, stack, cycles = set(), [], []
+
+    def visit(node):
+        if node in stack:
+            cycles.append(stack[stack.index(node):] + [node])
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            visit(nxt)
+        stack.pop()
+
+    for name in sorted(graph):
+        visit(name)
+    assert not cycles, f"import cycles: {cycles[:3]}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_functions_and_files_stay_small(path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= 400, f"{path.relative_to(SRC)} has {len(text.splitlines())} lines"
+    long = [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(text))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60]
+    assert not long, f"{path.relative_to(SRC)}: functions over 60 lines {long}"
