@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -18,6 +18,16 @@ from .distributed import Ranks
 from .model import PerturbedModel, direction_blocks
 from .noise import BLOCK
 from .precision import autocast_dtype, slow_precision_note
+
+
+@runtime_checkable
+class ShapesFitness(Protocol):
+    """A task that shapes the whole population's fitness (R, D) once it is gathered from every block and
+    process, before the strategy sees it: e.g. per-prompt normalisation of a generation task's rewards."""
+
+    def shape(self, fitness: torch.Tensor) -> torch.Tensor:
+        """The shaped fitness, of the same shape."""
+        ...
 
 
 class Evaluation(NamedTuple):
@@ -175,6 +185,8 @@ class Population:
         norms = info.pop("__sq_norms__", None)
         info = {k: v if k in task.summed_info else v / self.pm.directions for k, v in info.items()}
         task.finish_step(self.pm, info)
+        if isinstance(task, ShapesFitness):  # over the whole population, the same in every process
+            fitness = task.shape(fitness)
         return Evaluation(fitness, norms, info)
 
     def update(self, weights: torch.Tensor, sigma: float) -> None:
@@ -250,4 +262,4 @@ class _BlockTotals:
         return dict(self.totals)
 
 
-__all__ = ["Evaluation", "Population", "free_memory", "out_of_memory"]
+__all__ = ["Evaluation", "Population", "ShapesFitness", "free_memory", "out_of_memory"]

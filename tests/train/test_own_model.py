@@ -108,9 +108,12 @@ class Target:
 
 
 def test_a_protocol_task_with_its_own_defaults_and_model(tmp_path):
-    summary = train(TrainConfig(out=str(tmp_path / "t"), log="none"), task=Target(), log=quiet)
+    summary = train(TrainConfig(out=str(tmp_path / "t"), log="none", eval_every=2), task=Target(), log=quiet)
     assert summary["task"] == "custom:Target" and summary["population"] == 8 and summary["steps"] == 4
     assert summary["sigma"] == 0.2
+    rows = MetricsLog.read(tmp_path / "t" / "metrics.csv")  # the task's own metric has its column
+    assert [r["step"] for r in rows if "minus_error" in r] == [2, 4] and rows[-1]["minus_error"] == pytest.approx(
+        summary["value"], rel=1e-5)
 
 
 def test_what_is_not_a_task_or_a_model_is_refused(tmp_path):

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..model import PerturbedModel
+from ..population import ShapesFitness  # noqa: F401 (part of the protocol a task may meet)
 
 
 @runtime_checkable
@@ -45,6 +46,15 @@ class Task(Protocol):
 
     def evaluate(self, model: nn.Module) -> float:
         """The metric of the plain (unperturbed) model."""
+        ...
+
+
+@runtime_checkable
+class SavesModel(Protocol):
+    """A task that writes the trained model in a form of its own too (a language model: save_pretrained)."""
+
+    def save(self, model: nn.Module, directory) -> None:
+        """Write ``model`` into ``directory``."""
         ...
 
 
@@ -101,4 +111,4 @@ def check_differentiable(task: object) -> DifferentiableTask:
     return task
 
 
-__all__ = ["DIFFERENTIABLE_MEMBERS", "DifferentiableTask", "ModelMaker", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]
+__all__ = ["DIFFERENTIABLE_MEMBERS", "DifferentiableTask", "ModelMaker", "ShapesFitness", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]

@@ -26,6 +26,7 @@ class TaskOptions:
     start_states: str = "shared"
     policy_output: str = "tanh"
     observation_clip: float | None = 5.0
+    model: str | None = None  # the config's model option (the language-model tasks: hf:DIR)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class TaskSpec:
         supervised: whether it has a differentiable loss (a backprop run can train it) and no environment.
         env_steps: for the built-in torch environments, the steps of one episode (which ``compile="auto"``
             counts); None for every other task.
+        model_prefix: for tasks whose model option names a location (``hf:DIR``), its prefix; ``models``
+            then holds the placeholder.
     """
 
     make: Callable[[str, TaskOptions], object]
@@ -49,6 +52,7 @@ class TaskSpec:
     model_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     supervised: bool = False
     env_steps: int | None = None
+    model_prefix: str | None = None
 
 
 __all__ = ["TaskOptions", "TaskSpec"]

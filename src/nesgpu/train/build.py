@@ -102,7 +102,7 @@ def config_task(cfg: TrainConfig, device: torch.device):
                      eval_episodes=cfg.eval_episodes, vector_mode=cfg.vector_mode, normalize_observations=normalize,
                      compile=compiles(cfg), reward_shift=cfg.reward_shift, start_states=cfg.start_states,
                      policy_output="tanh" if cfg.policy_output == "auto" else cfg.policy_output,
-                     observation_clip=cfg.observation_clip or None)
+                     observation_clip=cfg.observation_clip or None, model=cfg.model)
 
 
 def initial_model(cfg: TrainConfig, task, model: nn.Module | None = None) -> nn.Module:

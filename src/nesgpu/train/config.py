@@ -41,12 +41,12 @@ class TrainConfig:
     names. ``None`` means "the task's default" (see :func:`presets` and TASK_DEFAULTS)."""
 
     task: str = opt("digits", "digits | mnist1d | reverse | sort | cartpole | pendulum | acrobot | mountaincar | "
-                    "gym:<id>")
+                    "gym:<id> | arithmetic | countdown (a language model on a reward: --model hf:DIR)")
     strategy: str | None = opt(help="the ES algorithm, or backprop: the gradient baseline (supervised tasks)",
                                choices=STRATEGY_CHOICES, per_task=True)
     layer: str = opt("lowrank", "perturbation kind of the model's matrices", choices=tuple(sorted(KINDS)))
-    model: str | None = opt(help="architecture: mlp; mnist1d also cnn (Conv1d); reverse, sort: transformer",
-                            per_task=True)
+    model: str | None = opt(help="architecture: mlp; mnist1d also cnn (Conv1d); reverse, sort: transformer; "
+                            "arithmetic, countdown: hf:DIR (a local Hugging Face model directory)", per_task=True)
     population: int | None = opt(help="members per step, both signs counted", per_task=True)
     sigma: float | None = opt(help="noise scale", per_task=True)
     lr: float | None = opt(help="step size (another strategy than the task's: that strategy's own default)",

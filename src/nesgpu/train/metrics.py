@@ -18,20 +18,21 @@ class MetricsLog:
     """Appends one row per step to ``metrics.csv`` and forwards it to experiment trackers.
 
     ``loggers``: the trackers (see :func:`nesgpu.train.loggers.make_loggers`); None: TensorBoard when
-    installed. ``config`` (the run's configuration as a dict) goes to each tracker's ``start``. A tracker that
+    installed. ``extra_columns``: columns beyond the usual ones (a custom task's metric). ``config`` (the run's configuration as a dict) goes to each tracker's ``start``. A tracker that
     raises is dropped with one warning; the run and metrics.csv go on. On resume, rows after the
     checkpoint's step are dropped, so the file reads as one uninterrupted run.
     """
 
     def __init__(self, out: Path, resume_step: int = 0, loggers: Sequence[Logger] | None = None,
-                 config: dict | None = None):
+                 config: dict | None = None, extra_columns: Sequence[str] = ()):
         self.path = Path(out) / "metrics.csv"
         rows = self.read(self.path) if resume_step and self.path.exists() else []
         self.rows = [r for r in rows if int(r["step"]) <= resume_step]
+        self.columns = COLUMNS + [c for c in dict.fromkeys(extra_columns) if c not in COLUMNS]
         with open(self.path, "w", newline="") as f:
-            writer = csv.DictWriter(f, COLUMNS)
+            writer = csv.DictWriter(f, self.columns, extrasaction="ignore")
             writer.writeheader()
-            writer.writerows({k: _fmt(r.get(k)) for k in COLUMNS} for r in self.rows)
+            writer.writerows({k: _fmt(r.get(k)) for k in self.columns} for r in self.rows)
         self.loggers = list(make_loggers(None, Path(out)) if loggers is None else loggers)
         self.closed = False
         for logger in list(self.loggers):
@@ -43,9 +44,10 @@ class MetricsLog:
             return [{k: _parse(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
 
     def write(self, row: dict) -> None:
+        """Append ``row``'s values of the file's columns (every value goes to the trackers)."""
         self.rows.append(row)
         with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, COLUMNS).writerow({k: _fmt(row.get(k)) for k in COLUMNS})
+            csv.DictWriter(f, self.columns).writerow({k: _fmt(row.get(k)) for k in self.columns})
         step = int(row["step"])
         for logger in list(self.loggers):
             self._call(logger, "log", step, dict(row))

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..distributed import Ranks, init_from_environment, shutdown
+from ..tasks.protocol import SavesModel
 from ..version import __version__
 from . import rundir
 from .build import Built, build, check_own, resolve_device
@@ -136,7 +137,7 @@ def _train(job: _Job) -> dict:
     if main:
         write_json(out / "config.json", json.loads(cfg.to_json()))
     metrics = MetricsLog(out, resume_step=built.step.step if job.resume else 0, loggers=loggers,
-                         config=dataclasses.asdict(cfg)) if main else None
+                         config=dataclasses.asdict(cfg), extra_columns=[built.task.metric]) if main else None
     try:
         loop = Loop(cfg, out, built.task, built.step, main, job.ranks.distributed, metrics, job.log, job.callback,
                     job.stop_requested, progress)
@@ -173,6 +174,8 @@ def _write_results(cfg: TrainConfig, out: Path, built: Built, summary: dict, met
     check_finite(built.step, cfg.steps, progress.last_checkpoint)
     save_weights(built.model, out / "model.safetensors", metadata={"nesgpu_config": cfg.to_json(),
                                                                     "nesgpu_version": __version__})
+    if isinstance(built.task, SavesModel):  # e.g. a language model, for from_pretrained
+        built.task.save(built.model, out / "hf")
     plot_curve(metrics.rows, built.task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
     write_json(out / "summary.json", summary)
     log(f"{cfg.task}: {built.task.metric} = {summary['value']:.4f} after {built.step.step} steps in "

@@ -10,7 +10,7 @@ from ..kinds import make_kind
 from ..layers import KINDS
 from ..layers.lowbit import check_low_bit_options
 from ..strategies import STRATEGIES
-from ..tasks import SUPERVISED, model_choices
+from ..tasks import SUPERVISED, task_spec
 from .backprop import optimizer_class
 from .defaults import BACKPROP, BACKPROP_ONLY, CUSTOM, ES_ONLY, GLOBAL_DEFAULTS, is_supervised, torch_env_tasks
 
@@ -23,9 +23,8 @@ def validate(cfg) -> None:
         if choices and getattr(cfg, f.name) is not None and getattr(cfg, f.name) not in choices:
             raise ValueError(f"{f.name} must be one of {list(choices)}; got {getattr(cfg, f.name)!r}")
     custom = cfg.task.startswith(CUSTOM)
-    choices = model_choices("gym" if cfg.task.startswith("gym:") else cfg.task)
-    if not custom and cfg.model not in choices:
-        raise ValueError(f"unknown model {cfg.model!r} for task {cfg.task!r}; expected one of {list(choices)}")
+    if not custom:
+        _check_model(cfg)
     _check_ranges(cfg)
     _check_es(cfg)
     _check_low_bit(cfg, custom)
@@ -40,6 +39,17 @@ def validate(cfg) -> None:
             isinstance(cfg.chunk_size, int) and 1 <= cfg.chunk_size <= cfg.directions):
         raise ValueError(f"chunk_size must be 'auto' or a number of directions in [1, {cfg.directions}]; "
                          f"got {cfg.chunk_size!r}")
+
+
+def _check_model(cfg) -> None:
+    spec = task_spec(cfg.task)
+    if spec.model_prefix is not None:  # a location: hf:DIR
+        if not cfg.model.startswith(spec.model_prefix) or cfg.model in spec.models:
+            raise ValueError(f"task {cfg.task!r} needs --model {spec.models[0]}, a local Hugging Face model "
+                             f"directory; got {cfg.model!r}")
+        return
+    if cfg.model not in spec.models:
+        raise ValueError(f"unknown model {cfg.model!r} for task {cfg.task!r}; expected one of {list(spec.models)}")
 
 
 def _check_ranges(cfg) -> None:

@@ -242,13 +242,15 @@ def default_space(base: TrainConfig) -> SearchSpace:
     """The default search space of the base config's strategy (:data:`DEFAULT_SPACES`), checked like a given
     one."""
     cfg = base.resolved()
-    if cfg.strategy not in DEFAULT_SPACES:
+    # an ES strategy without an entry of its own (a new one) is searched over the shared ES options
+    spaces = DEFAULT_SPACES.get(cfg.strategy, _ES if cfg.strategy in STRATEGIES else None)
+    if spaces is None:
         raise ValueError(f"no default search space for strategy {cfg.strategy!r} (defaults exist for "
                          f"{sorted(DEFAULT_SPACES)}); give one with --space")
     layer_options = [f.name for f in dataclasses.fields(KINDS[cfg.layer])]
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     mapping = {}
-    for name, make in DEFAULT_SPACES[cfg.strategy].items():
+    for name, make in spaces.items():
         if name not in fields and name not in layer_options:
             continue
         spec = make(cfg, name)

@@ -1,0 +1,183 @@
+"""A language model's population scored on a reward: every member generates for the step's prompts in one
+batched ``generate()``, and a reward function scores the completions.
+
+Rows are laid out (sign, prompt, direction) (:meth:`~nesgpu.PerturbedModel.member_rows`), so a block of
+directions generates ``signs x prompts x block`` rows at once; chunking and torchrun split the directions.
+The fitness has one repeat per (sign, prompt): shape (signs * prompts, D). Per-prompt shaping normalises each
+prompt's rewards across every member (both signs, all directions, after the exchange between processes), as
+"Evolution Strategies at Scale" and GRPO do, so prompts of different difficulty weigh alike.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..model import PerturbedModel
+from ..noise import derive_seed
+
+SHAPINGS = ("per_prompt", "none")
+
+
+def _check_prompts(prompts, what: str) -> list[str]:
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError(f"{what} must be a non-empty list of strings; got {prompts!r:.80}")
+    bad = [p for p in prompts if not isinstance(p, str) or not p]
+    if bad:
+        raise ValueError(f"{what} must be non-empty strings; got {bad[0]!r:.80}")
+    return list(prompts)
+
+
+class GenerationTask:
+    """Fine-tune a causal LM on a reward.
+
+    Args:
+        prompts: the training prompts; each step sees ``prompts_per_step`` of them, drawn by (seed, step).
+        tokenizer: the model's tokenizer (a ``transformers`` tokenizer with a pad token).
+        reward: ``reward(prompts, completions) -> tensor`` of one float per completion (higher is better);
+            your own function, or a built-in verifier (:func:`nesgpu.tasks.verifiers.rewards_of`).
+        eval_prompts: held-out prompts for :meth:`evaluate` (default: the training prompts).
+        max_new_tokens: tokens each completion may have; the completion is cut at the first of ``stop``.
+        temperature: 0 (default) decodes greedily; > 0 samples, seeded by (seed, step, block).
+        prompts_per_step: prompts per ES step (every member answers all of them).
+        shaping: "per_prompt" (each prompt's rewards standardised over the members) or "none".
+        correct_at: a reward counted as a correct answer (accuracy) from this value on; None: the metric is
+            the mean reward.
+        name: the run's label (``custom:<name>``).
+    """
+
+    default_target = None
+    summed_info = frozenset()
+
+    def __init__(self, prompts: Sequence[str], tokenizer, reward: Callable, eval_prompts: Sequence[str] | None = None,
+                 max_new_tokens: int = 16, temperature: float = 0.0, stop: Sequence[str] = ("\n",),
+                 prompts_per_step: int = 8, shaping: str = "per_prompt", correct_at: float | None = 1.0,
+                 seed: int = 0, eval_batch: int = 64, name: str = "generation"):
+        self.prompts = _check_prompts(prompts, "prompts")
+        self.eval_prompts = _check_prompts(self.prompts if eval_prompts is None else eval_prompts, "eval_prompts")
+        if getattr(tokenizer, "pad_token_id", None) is None:
+            raise ValueError("the tokenizer has no pad token; set one (e.g. tokenizer.pad_token = "
+                             "tokenizer.eos_token) so that prompts of different lengths batch")
+        if not callable(reward):
+            raise TypeError(f"reward must be a function reward(prompts, completions) -> tensor; got {reward!r:.80}")
+        if shaping not in SHAPINGS:
+            raise ValueError(f"shaping must be one of {list(SHAPINGS)}; got {shaping!r}")
+        for label, value in (("max_new_tokens", max_new_tokens), ("prompts_per_step", prompts_per_step),
+                             ("eval_batch", eval_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} must be an int >= 1; got {value!r}")
+        if not 0 <= temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
+        self.tokenizer, self.reward, self.stop = tokenizer, reward, tuple(stop)
+        self.max_new_tokens, self.temperature, self.shaping = max_new_tokens, float(temperature), shaping
+        self.prompts_per_step = min(prompts_per_step, len(self.prompts))
+        self.correct_at, self.seed, self.eval_batch, self.name = correct_at, seed, eval_batch, name
+        self.metric = "accuracy" if correct_at is not None else "mean_reward"
+        self.samples: list[dict] = []  # the last evaluation's prompts, completions and rewards
+
+    # ----- the population ----------------------------------------------------------------------------
+    def step_prompts(self, step: int) -> list[str]:
+        """The prompts of ``step``: a function of the seed and the step only."""
+        rng = random.Random(derive_seed(self.seed, step))
+        return rng.sample(self.prompts, self.prompts_per_step)
+
+    def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
+        """Raw rewards (signs * prompts, D_local) of the drawn directions, and their mean."""
+        prompts = self.step_prompts(step)
+        ids, mask = self._encode(prompts, pm.model)
+        seed = derive_seed(self.seed, step, pm.noise_range.start)
+        with pm.perturbing():
+            new = self._generate(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed)
+        signs, d = (2 if pm.antithetic else 1), pm.local_directions
+        row_prompts = [prompts[(n // d) % len(prompts)] for n in range(new.shape[0])]
+        rewards = self._score(row_prompts, self._decode(new))
+        fitness = pm.by_member(rewards.to(ids.device)).reshape(signs * len(prompts), d)
+        return fitness, {"reward_mean": rewards.mean().to(ids.device)}
+
+    def shape(self, fitness: torch.Tensor) -> torch.Tensor:
+        """Per-prompt shaping of the whole population's fitness (after the exchange between processes): each
+        prompt's rewards standardised over both signs and every direction (a prompt all members answer
+        alike contributes nothing)."""
+        if self.shaping == "none":
+            return fitness
+        signs = fitness.shape[0] // self.prompts_per_step
+        by_prompt = fitness.view(signs, self.prompts_per_step, -1).transpose(0, 1).reshape(self.prompts_per_step, -1)
+        mean, std = by_prompt.mean(1, keepdim=True), by_prompt.std(1, unbiased=False, keepdim=True)
+        shaped = torch.where(std > 0, (by_prompt - mean) / std.clamp_min(1e-12), torch.zeros_like(by_prompt))
+        return shaped.view(self.prompts_per_step, signs, -1).transpose(0, 1).reshape(fitness.shape)
+
+    def finish_step(self, pm: PerturbedModel, info: dict) -> None:
+        """Nothing carries over between steps."""
+
+    # ----- the plain model ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> float:
+        """Accuracy (or mean reward) of the plain model, greedy, on the held-out prompts; the completions are
+        kept in :attr:`samples`."""
+        rewards, self.samples = [], []
+        for start in range(0, len(self.eval_prompts), self.eval_batch):
+            prompts = self.eval_prompts[start:start + self.eval_batch]
+            ids, mask = self._encode(prompts, model)
+            completions = self._decode(self._generate(model, ids, mask, seed=None))
+            scores = self._score(prompts, completions)
+            rewards.append(scores)
+            self.samples += [{"prompt": p, "completion": c, "reward": float(r)}
+                             for p, c, r in zip(prompts, completions, scores.tolist())]
+        rewards = torch.cat(rewards)
+        if self.correct_at is None:
+            return float(rewards.mean())
+        return float((rewards >= self.correct_at).float().mean())
+
+    # ----- pieces ------------------------------------------------------------------------------------
+    def _encode(self, prompts: list[str], model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if context is not None and enc.input_ids.shape[1] + self.max_new_tokens > context:
+            raise ValueError(f"prompts of {enc.input_ids.shape[1]} tokens and max_new_tokens {self.max_new_tokens} "
+                             f"exceed the model's context of {context} tokens; shorten them")
+        device = next(model.parameters()).device
+        return enc.input_ids.to(device), enc.attention_mask.to(device)
+
+    def _generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, seed: int | None) -> torch.Tensor:
+        """The new tokens of every row (rows, max_new_tokens), greedy or sampled under ``seed``."""
+        options = dict(max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
+                       do_sample=self.temperature > 0 and seed is not None)
+        if options["do_sample"]:
+            options.update(temperature=self.temperature, top_k=0)
+        else:
+            options.update(temperature=None, top_p=None, top_k=None)
+        with torch.random.fork_rng(devices=[ids.device] if ids.device.type == "cuda" else []):
+            torch.manual_seed(seed or 0)
+            out = model.generate(input_ids=ids, attention_mask=mask, **options)
+        return out[:, ids.shape[1]:]
+
+    def _decode(self, tokens: torch.Tensor) -> list[str]:
+        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        for stop in self.stop:
+            texts = [t.split(stop, 1)[0] for t in texts]
+        return texts
+
+    def _score(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
+        """The reward function's values, checked: a tensor of one finite float per completion."""
+        try:
+            rewards = self.reward(prompts, completions)
+        except Exception as e:  # the user's function: its error, named as its own
+            raise ValueError(f"the reward function raised {type(e).__name__}: {e}") from e
+        if not isinstance(rewards, torch.Tensor):
+            raise TypeError(f"the reward function must return a torch.Tensor of {len(completions)} floats; got "
+                            f"{type(rewards).__name__}")
+        if rewards.shape != (len(completions),):
+            raise ValueError(f"the reward function must return shape ({len(completions)},), one reward per "
+                             f"completion; got {tuple(rewards.shape)}")
+        rewards = rewards.detach().float().cpu()
+        if not bool(torch.isfinite(rewards).all()):
+            raise ValueError(f"the reward function returned a non-finite reward for completion "
+                             f"{completions[int((~torch.isfinite(rewards)).nonzero()[0])]!r:.80}")
+        return rewards
+
+
+__all__ = ["GenerationTask", "SHAPINGS"]

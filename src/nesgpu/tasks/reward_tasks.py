@@ -1,0 +1,87 @@
+"""The built-in reward tasks for language models, ``arithmetic`` and ``countdown``: problems generated offline
+(:mod:`nesgpu.tasks.verifiers`), the model and tokenizer from a local Hugging Face directory
+(``--model hf:DIR``; the hub is never contacted), the fine-tuned model saved back with ``save_pretrained``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from .generation import GenerationTask
+from .spec import TaskOptions, TaskSpec
+from .verifiers import (arithmetic_problems, arithmetic_reward, countdown_problems, countdown_reward,
+                        rewards_of)
+
+HF = "hf:"
+TRAIN_PROBLEMS, HELD_OUT = 4000, 200  # the train split and the held-out split, each from its own seed
+
+
+def hf_directory(model: str | None) -> Path:
+    """The directory of ``hf:DIR``: a local ``from_pretrained`` directory (its config.json is checked)."""
+    if not model or not model.startswith(HF) or len(model) == len(HF):
+        raise ValueError(f"the language-model tasks need --model hf:DIR, a local Hugging Face model directory; got "
+                         f"{model!r}")
+    directory = Path(model[len(HF):]).expanduser()
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{directory} is not a Hugging Face model directory (no config.json); expected what "
+                         f"save_pretrained writes")
+    return directory
+
+
+def load_tokenizer(directory: Path):
+    """The directory's tokenizer, with a pad token (its eos token when it has none)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{directory} has no tokenizer that transformers can load ({e})") from e
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+class PretrainedGenerationTask(GenerationTask):
+    """A :class:`GenerationTask` whose model is a local Hugging Face directory: :meth:`make_model` loads it
+    and :meth:`save` writes the trained one beside the run's weights, loadable by ``from_pretrained``."""
+
+    def __init__(self, directory: Path, **options):
+        self.directory = directory
+        super().__init__(tokenizer=load_tokenizer(directory), **options)
+
+    def make_model(self, hidden, model: str) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            return AutoModelForCausalLM.from_pretrained(self.directory, local_files_only=True).eval()
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{self.directory} holds no causal language model transformers can load ({e})") from e
+
+    def save(self, model: nn.Module, directory: Path) -> None:
+        """``model`` and the tokenizer in ``directory`` (save_pretrained), for ``from_pretrained``."""
+        model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+
+def _maker(problems, verifier, max_new_tokens: int):
+    def make(name: str, options: TaskOptions) -> PretrainedGenerationTask:
+        train = [p for p, _ in problems(TRAIN_PROBLEMS, seed=0)]
+        seen = set(train)
+        held_out = [p for p, _ in problems(4 * HELD_OUT, seed=1) if p not in seen][:HELD_OUT]
+        return PretrainedGenerationTask(hf_directory(options.model), prompts=train, eval_prompts=held_out,
+                                        reward=rewards_of(verifier), max_new_tokens=max_new_tokens,
+                                        prompts_per_step=options.batch_size, seed=options.seed, name=name)
+    return make
+
+
+# a small model's starting point (OpenAI-ES + Adam on low-rank noise); batch_size = prompts per step
+_DEFAULTS = dict(population=32, sigma=0.02, lr=0.002, steps=100, hidden=(), batch_size=8)
+TASKS = {
+    "arithmetic": TaskSpec(_maker(arithmetic_problems, arithmetic_reward, 6), _DEFAULTS, models=("hf:DIR",),
+                           model_prefix=HF),
+    "countdown": TaskSpec(_maker(countdown_problems, countdown_reward, 16), _DEFAULTS, models=("hf:DIR",),
+                          model_prefix=HF),
+}
+
+__all__ = ["HF", "PretrainedGenerationTask", "TASKS", "hf_directory", "load_tokenizer"]

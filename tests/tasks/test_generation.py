@@ -1,0 +1,175 @@
+"""GenerationTask: a causal LM's population scored on a reward, with a tiny Llama (random init from a
+config) and a character tokenizer built locally with `tokenizers` (no hub)."""
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import nesgpu
+from nesgpu.population import Population
+from nesgpu.tasks.generation import GenerationTask
+from nesgpu.tasks.verifiers import arithmetic_problems, arithmetic_reward, rewards_of
+from nesgpu.train import TrainConfig, train
+
+tf = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+CHARS = list("0123456789+-*/()=>: \n")
+
+
+def char_tokenizer(pad=True):
+    vocab = {"[PAD]": 0, "[EOS]": 1, "[UNK]": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    tok.decoder = tokenizers.decoders.Fuse()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="[EOS]", unk_token="[UNK]",
+                                      **({"pad_token": "[PAD]"} if pad else {}))
+
+
+def tiny_llama(seed=0, context=64):
+    torch.manual_seed(seed)
+    config = tf.LlamaConfig(vocab_size=len(CHARS) + 3, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                            pad_token_id=0, bos_token_id=1, eos_token_id=1)
+    return tf.LlamaForCausalLM(config).eval()
+
+
+def digit_count(prompts, completions):
+    """A hand-checkable reward: how many digits the completion has."""
+    return torch.tensor([float(sum(ch.isdigit() for ch in c)) for c in completions])
+
+
+PROMPTS = [p for p, _ in arithmetic_problems(12, seed=0)]
+
+
+def task(**kw):
+    options = dict(prompts=PROMPTS, tokenizer=char_tokenizer(), reward=digit_count, max_new_tokens=5,
+                   prompts_per_step=3, shaping="none", correct_at=None, name="digits-count")
+    options.update(kw)
+    return GenerationTask(**options)
+
+
+def population(chunk=None, directions=4):
+    net = nesgpu.convert(tiny_llama(), "lowrank")
+    pm = nesgpu.PerturbedModel(net, directions, sigma=0.5, antithetic=True, seed=1)
+    return Population(pm, chunk=chunk, log=lambda *a: None)
+
+
+def test_fitness_is_each_rows_reward_in_the_member_layout():
+    t, pop = task(), population()
+    result = pop.evaluate(t, 1, 0.5)
+    assert result.fitness.shape == (2 * 3, 4)  # (signs * prompts, directions)
+    pm, prompts = pop.pm, t.step_prompts(1)
+    pm.set_noise(step=1)
+    ids, mask = t._encode(prompts, pm.model)
+    with pm.perturbing():
+        out = pm.model.generate(input_ids=pm.member_rows(ids), attention_mask=pm.member_rows(mask), max_new_tokens=5,
+                                do_sample=False, pad_token_id=0)
+    texts = [s.split("\n")[0] for s in t.tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)]
+    for n, text in enumerate(texts):  # row n: sign n // 12, prompt (n // 4) % 3, direction n % 4
+        sign, prompt, d = n // 12, (n // 4) % 3, n % 4
+        assert result.fitness[sign * 3 + prompt, d] == sum(ch.isdigit() for ch in text)
+    assert len(set(texts)) > 1  # the members answer differently
+
+
+def test_chunked_equals_unchunked():
+    a = population(None).evaluate(task(), 2, 0.5)
+    b = population(1).evaluate(task(), 2, 0.5)
+    assert torch.equal(a.fitness, b.fitness)
+
+
+def test_per_prompt_shaping_standardises_each_prompt_over_all_members():
+    t = task(shaping="per_prompt")
+    raw = torch.tensor([[1.0, 2.0], [5.0, 5.0], [0.0, 4.0],  # + sign: prompts 0, 1, 2
+                        [3.0, 2.0], [5.0, 5.0], [4.0, 0.0]])  # - sign
+    shaped = t.shape(raw).view(2, 3, 2)
+    for prompt in (0, 2):
+        values = shaped[:, prompt].reshape(-1)
+        assert abs(float(values.mean())) < 1e-6 and abs(float(values.std(unbiased=False)) - 1) < 1e-6
+    assert torch.equal(shaped[:, 1], torch.zeros(2, 2))  # every member alike: no signal
+    expected = (torch.tensor([1.0, 2.0, 3.0, 2.0]) - 2.0) / torch.tensor([1.0, 2.0, 3.0, 2.0]).std(unbiased=False)
+    torch.testing.assert_close(shaped[:, 0].reshape(-1), expected)
+
+
+def test_evaluate_is_greedy_on_the_held_out_prompts_and_keeps_samples():
+    t = task(reward=rewards_of(arithmetic_reward), correct_at=1.0, eval_prompts=PROMPTS[:5])
+    model = tiny_llama()
+    value = t.evaluate(model)
+    assert t.metric == "accuracy" and 0.0 <= value <= 1.0 and len(t.samples) == 5
+    assert value == sum(s["reward"] >= 1.0 for s in t.samples) / 5
+    assert t.evaluate(model) == value  # greedy: the same answers again
+
+
+def test_train_and_resume_a_language_model_on_a_reward(tmp_path):
+    cfg = TrainConfig(steps=4, population=8, sigma=0.5, lr=0.01, eval_every=2, checkpoint_every=2, log="none",
+                      out=str(tmp_path / "straight"))
+    summary = train(cfg, model=tiny_llama(), task=task(), log=lambda *a, **k: None)
+    assert summary["task"] == "custom:digits-count" and summary["metric"] == "mean_reward"
+    train(dataclasses.replace(cfg, steps=2, out=str(tmp_path / "split")), model=tiny_llama(), task=task(),
+          log=lambda *a, **k: None)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "split")), model=tiny_llama(seed=9), task=task(), resume=True,
+          log=lambda *a, **k: None)
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("straight", "split"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("reward, error, match", [
+    (lambda p, c: 1 / 0, ValueError, "the reward function raised ZeroDivisionError"),
+    (lambda p, c: torch.full((len(c),), float("nan")), ValueError, "non-finite reward"),
+    (lambda p, c: torch.zeros(len(c) + 1), ValueError, r"must return shape \(24,\)"),
+    (lambda p, c: [0.0] * len(c), TypeError, "must return a torch.Tensor of 24 floats; got list"),
+])
+def test_a_bad_reward_function_is_named(reward, error, match):
+    with pytest.raises(error, match=match):
+        population().evaluate(task(reward=reward), 1, 0.5)
+
+
+def test_bad_inputs_are_refused_with_what_was_expected():
+    with pytest.raises(ValueError, match="prompts must be a non-empty list of strings"):
+        task(prompts=[])
+    with pytest.raises(ValueError, match="prompts must be a non-empty list of strings"):
+        task(prompts="12+3=")
+    with pytest.raises(ValueError, match="the tokenizer has no pad token"):
+        task(tokenizer=char_tokenizer(pad=False))
+    with pytest.raises(TypeError, match="reward must be a function"):
+        task(reward=1.0)
+    with pytest.raises(ValueError, match="shaping must be one of"):
+        task(shaping="ranks")
+    long = task(prompts=["1" * 62], max_new_tokens=5)
+    with pytest.raises(ValueError, match="exceed the model's context of 64 tokens"):
+        long.evaluate(tiny_llama())
+
+
+def saved_model(directory):
+    model, tokenizer = tiny_llama(), char_tokenizer()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_countdown_from_a_local_directory_saves_a_model_transformers_loads(tmp_path):
+    hf = saved_model(tmp_path / "tiny")
+    out = tmp_path / "run"
+    summary = train(TrainConfig(task="countdown", model=f"hf:{hf}", steps=2, population=4, batch_size=2,
+                                eval_every=2, log="none", out=str(out)), log=lambda *a, **k: None)
+    assert summary["task"] == "countdown" and summary["metric"] == "accuracy"
+    back = tf.AutoModelForCausalLM.from_pretrained(out / "hf", local_files_only=True)
+    trained = load_file(out / "model.safetensors")
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in trained.items())
+    assert not all(torch.equal(tiny_llama().state_dict()[k], v) for k, v in trained.items())  # it trained
+    model, task, cfg = nesgpu.load_run(out)
+    assert task.evaluate(model) == summary["value"]
+
+
+def test_a_missing_or_foreign_directory_is_one_line(tmp_path):
+    from nesgpu.cli import main
+
+    (tmp_path / "empty").mkdir()
+    for model, match in ((f"hf:{tmp_path / 'nope'}", "is not a Hugging Face model directory"),
+                         (f"hf:{tmp_path / 'empty'}", "is not a Hugging Face model directory"),
+                         ("mlp", "needs --model hf:DIR")):
+        with pytest.raises(SystemExit) as e:
+            main(["train", "--task", "countdown", "--model", model, "--steps", "1", "--out", str(tmp_path / "r")])
+        assert e.value.code != 0
