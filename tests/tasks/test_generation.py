@@ -113,6 +113,12 @@ def test_train_and_resume_a_language_model_on_a_reward(tmp_path):
           log=lambda *a, **k: None)
     a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("straight", "split"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    import json  # what the model said at each evaluation (steps 2 and 4; 12 held-out prompts each)
+
+    samples = [[json.loads(line) for line in (tmp_path / d / "samples.jsonl").read_text().splitlines()]
+               for d in ("straight", "split")]
+    assert samples[0] == samples[1] and [s["step"] for s in samples[0]] == [2] * 12 + [4] * 12
+    assert set(samples[0][0]) == {"step", "prompt", "completion", "reward"}
 
 
 @pytest.mark.parametrize("reward, error, match", [

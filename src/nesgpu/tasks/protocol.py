@@ -59,6 +59,14 @@ class SavesModel(Protocol):
 
 
 @runtime_checkable
+class KeepsSamples(Protocol):
+    """A task whose :meth:`Task.evaluate` keeps what the model produced (a language model's completions):
+    the trainer appends them to the run's ``samples.jsonl`` at every evaluation."""
+
+    samples: list[dict]
+
+
+@runtime_checkable
 class ModelMaker(Protocol):
     """A task that builds its own model (every built-in task does): ``train`` needs no ``model=`` then."""
 

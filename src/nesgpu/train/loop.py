@@ -6,6 +6,7 @@ backward, optimizer step) is the step object's (:mod:`nesgpu.train.evolution`, :
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..tasks.protocol import KeepsSamples
 from .checkpoint import save_checkpoint
 from .config import TrainConfig
 from .evolution import Stepper
@@ -63,6 +65,11 @@ class Loop:
             self.target = None
         if cfg.time_budget is not None and self.distributed:
             raise ValueError("time_budget cannot stop a torchrun job (the ranks would not stop together); use --steps")
+        samples = self.out / "samples.jsonl"
+        if self.main and samples.is_file():  # a resumed run: the samples after its checkpoint go, as metrics rows do
+            kept = [line for line in samples.read_text().splitlines(keepends=True)
+                    if json.loads(line)["step"] <= self.stepper.step]
+            samples.write_text("".join(kept))
         if cfg.eval_seconds and self.stepper.needs_sync:
             raise ValueError("eval_seconds cannot time the evaluations of a sharded job (every rank gathers the "
                              "weights at the same step); use --eval-every")
@@ -114,6 +121,7 @@ class Loop:
             metric = self.task.metric
             row[metric] = self.task.evaluate(self.stepper.model)
             self.progress.last_eval = self.progress.elapsed
+            self._write_samples(step)
             if self.target is not None and row[metric] >= self.target:
                 stop = f"{metric} {row[metric]:.4g} reached the target {self.target:.4g} at step {step}"
         if self.callback is not None and bool(self.callback(step, dict(row))):
@@ -124,6 +132,15 @@ class Loop:
             stop = stop or f"the time budget of {self.cfg.time_budget:g} s ran out at step {step}"
         self.metrics.write(row)
         return stop
+
+    def _write_samples(self, step: int) -> None:
+        """A task's kept samples of this evaluation (a language model's prompts, completions and rewards),
+        one JSON line each with the step, appended to ``samples.jsonl``."""
+        if not isinstance(self.task, KeepsSamples):
+            return
+        with open(self.out / "samples.jsonl", "a") as f:
+            for sample in self.task.samples:
+                f.write(json.dumps({"step": step, **sample}) + "\n")
 
     def _show(self, bar, row: dict, last_line: float) -> float:
         """The progress bar on a terminal; else a plain line every ``progress_every`` seconds."""

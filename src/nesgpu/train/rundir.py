@@ -33,8 +33,9 @@ def legacy(supervised: bool) -> dict:
 
 
 # files a run writes (what --overwrite removes)
-RUN_FILES = ("config.json", "summary.json", "metrics.csv", "model.safetensors", "curve.png", "trackers.json")
-RUN_DIRS = ("checkpoint", "checkpoint.prev", "tensorboard", "wandb", "mlruns")
+RUN_FILES = ("config.json", "summary.json", "metrics.csv", "model.safetensors", "curve.png", "trackers.json",
+             "samples.jsonl")
+RUN_DIRS = ("checkpoint", "checkpoint.prev", "tensorboard", "wandb", "mlruns", "hf")
 LOCK = ".lock"
 
 
