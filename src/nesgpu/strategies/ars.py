@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import Strategy, StrategyState, antithetic_halves
+from .base import Strategy, antithetic_halves
 from .schedules import Schedule
 from .shaping import top_directions
 
@@ -51,13 +51,11 @@ class ARS(Strategy):
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
         return torch.optim.SGD(parameters, lr=self.default_lr if lr is None else lr)
 
-    def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, StrategyState]:
-        fitness = self.check(fitness, state)
+    def weights(self, fitness: torch.Tensor, sigma: float) -> torch.Tensor:
         plus, minus = antithetic_halves(fitness)
         mask = top_directions(plus, minus, self.top_b)
         reward_std = torch.cat([plus[mask], minus[mask]]).std(unbiased=False)
         reward_std = torch.where(reward_std > 0, reward_std, torch.ones_like(reward_std))
         # the update scales by 1/(D sigma); the paper's step has 1/(b sigma_R) and unit-scale z
-        scale = self.directions * self.ask(state) / (self.top_b * reward_std)
-        return -(plus - minus) * mask * scale, self.advance(state)
+        scale = self.directions * sigma / (self.top_b * reward_std)
+        return -(plus - minus) * mask * scale

@@ -150,6 +150,8 @@ class Strategy:
 
     # ----- what a strategy builds on -----------------------------------------------------------------
     def weights(self, fitness: torch.Tensor, sigma: float) -> torch.Tensor:
+        """The update's weights of a checked fitness at the step's ``sigma``: what a strategy whose state
+        holds nothing more than step and sigma defines (one with more overrides :meth:`tell`)."""
         raise NotImplementedError
 
     def check(self, fitness: torch.Tensor, state: StrategyState) -> torch.Tensor:

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import Strategy, StrategyState
+from .base import Strategy
 from .schedules import Schedule
 from .shaping import get_shaping
 
@@ -39,10 +39,8 @@ class OpenAIES(Strategy):
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
         return torch.optim.Adam(parameters, lr=self.default_lr if lr is None else lr)
 
-    def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, StrategyState]:
-        fitness = self.check(fitness, state)
-        return -self.shaping(fitness), self.advance(state)
+    def weights(self, fitness: torch.Tensor, sigma: float) -> torch.Tensor:
+        return -self.shaping(fitness)
 
     def regularize(self, parameters) -> None:
         if self.weight_decay:

@@ -144,15 +144,15 @@ class GenerationTask:
 
     def _generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, seed: int | None) -> torch.Tensor:
         """The new tokens of every row (rows, max_new_tokens), greedy or sampled under ``seed``."""
-        options = dict(max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
-                       do_sample=self.temperature > 0 and seed is not None)
-        if options["do_sample"]:
-            options.update(temperature=self.temperature, top_k=0)
-        else:
-            options.update(temperature=None, top_p=None, top_k=None)
+        options = dict(max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
+        if not (self.temperature > 0 and seed is not None):
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, temperature=None, top_p=None,
+                                 top_k=None, **options)
+            return out[:, ids.shape[1]:]
         with torch.random.fork_rng(devices=[ids.device] if ids.device.type == "cuda" else []):
-            torch.manual_seed(seed or 0)
-            out = model.generate(input_ids=ids, attention_mask=mask, **options)
+            torch.manual_seed(seed)  # the caller's RNG stays as it was
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=self.temperature,
+                                 top_k=0, **options)
         return out[:, ids.shape[1]:]
 
     def _decode(self, tokens: torch.Tensor) -> list[str]:

@@ -30,7 +30,7 @@ class MetricsLog:
         self.rows = [r for r in rows if int(r["step"]) <= resume_step]
         self.columns = COLUMNS + [c for c in dict.fromkeys(extra_columns) if c not in COLUMNS]
         with open(self.path, "w", newline="") as f:
-            writer = csv.DictWriter(f, self.columns, extrasaction="ignore")
+            writer = csv.DictWriter(f, self.columns)
             writer.writeheader()
             writer.writerows({k: _fmt(r.get(k)) for k in self.columns} for r in self.rows)
         self.loggers = list(make_loggers(None, Path(out)) if loggers is None else loggers)
