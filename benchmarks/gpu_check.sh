@@ -65,3 +65,10 @@ $PY benchmarks/lowbit.py layers --device cuda --rounds 7 --json "$OUT/lowbit_lay
 $PY -m pytest -q tests/layers/test_hf.py tests/layers/test_hf_generate.py tests/test_master_weights.py -x
 $PY benchmarks/hf_population.py --device cuda --bf16 --hidden 512 1024 --layers 4 --directions 64 \
   --json "$OUT/hf_population_cuda.json" | sed -n '/^| hidden/,/members\/s/p'
+# language models on a reward (issue 21): the ES step's generation against plain generate() and against one
+# member at a time, bf16 on CUDA; then a short bf16 ES run of the arithmetic task on the demo's small model
+$PY benchmarks/lm_reward_speed.py --device cuda --bf16 --sizes 512x4 1024x8 --population 64 --repeats 5 \
+  --json "$OUT/lm_reward_speed_cuda.json" | sed -n '/^| model/,$p'
+$PY examples/lm_reward_demo.py --out "$OUT/lm-demo" --pretrain-steps 300 --es-seconds 0
+$PY -m nesgpu train --task arithmetic --model "hf:$OUT/lm-demo/model" --device cuda --precision bf16 --steps 50 \
+  --population 256 --out "$OUT/lm-demo/es-bf16" --overwrite --log none | tail -1

@@ -104,9 +104,11 @@ class PerturbedModel:
             layer.layer_key = zlib.crc32(name.encode())  # stable across processes and runs
             layer.layer_name = name
         self._masters = _master_weights(self.layers)
-        if self._masters:  # plain calls of the model see the optimizer's latest step too
+        self._half = next(iter(self._masters.values())).param.dtype if self._masters else None
+        if self._masters:  # plain calls of the model see the optimizer's latest step, on inputs of its dtype
             this = weakref.ref(self)  # the hook must not keep this object (and its fp32 copy) alive
-            handle = model.register_forward_pre_hook(lambda *_: this() is not None and this().sync_weights())
+            handle = model.register_forward_pre_hook(
+                lambda _, args, kwargs: None if this() is None else this()._before_call(args, kwargs), with_kwargs=True)
             weakref.finalize(self, handle.remove)
 
     @property
@@ -129,12 +131,40 @@ class PerturbedModel:
         return [self._masters[id(p)].value if id(p) in self._masters else p for layer in self.layers.values()
                 for p in layer.perturbed_parameters().values()]
 
+    def _before_call(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A half-precision model's call: its weights from the masters, floating-point inputs in its dtype (a
+        task's float32 features meet bfloat16 weights; token ids and masks of other dtypes stay)."""
+        self.sync_weights()
+        return tuple(self._in_dtype(a) for a in args), {k: self._in_dtype(v) for k, v in kwargs.items()}
+
+    def _in_dtype(self, value):
+        if self._half is not None and isinstance(value, torch.Tensor) and value.dtype == torch.float32:
+            return value.to(self._half)
+        return value
+
     def sync_weights(self) -> None:
         """Copy master weights that changed since the last copy into the model (nothing without masters)."""
         for master in self._masters.values():
             if master.version != master.value._version:
                 with torch.no_grad():
                     master.param.copy_(master.value)
+                master.version = master.value._version
+
+    def master_state(self) -> dict[str, torch.Tensor]:
+        """The float32 master weights by parameter name (empty without masters): what a checkpoint keeps, so
+        that a resumed run goes on from the exact weights rather than from their half-precision rounding."""
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        return {names[key]: master.value.detach().clone() for key, master in self._masters.items()}
+
+    def load_master_state(self, state: dict[str, torch.Tensor] | None) -> None:
+        """Set the master weights from :meth:`master_state` (``None``, or a name it lacks: from the model's
+        own weights, e.g. just loaded from a file) and the model's weights from them."""
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        with torch.no_grad():
+            for key, master in self._masters.items():
+                value = (state or {}).get(names[key])
+                master.value.copy_(master.param if value is None else value)
+                master.param.copy_(master.value)
                 master.version = master.value._version
 
     # ----- noise -------------------------------------------------------------------------------------
@@ -229,7 +259,7 @@ class PerturbedModel:
         signs = 2 if self.antithetic else 1
         if self.noise_range is None:
             raise ValueError("no noise: call set_noise() before a population call")
-        entry = self._shared_entry()
+        entry, x = self._shared_entry(), self._in_dtype(x)
         with self.perturbing():
             if entry is not None:
                 prefix, first, rest = entry

@@ -30,6 +30,16 @@ class ShapesFitness(Protocol):
         ...
 
 
+@runtime_checkable
+class CountsActivations(Protocol):
+    """A task that states the memory its forward needs per direction beyond the noise (a generation task:
+    the KV cache of that direction's rows), which chunk "auto" counts when it sizes the blocks."""
+
+    def activation_bytes(self, pm: PerturbedModel) -> int:
+        """Bytes the rows of one direction (both signs) take during the task's forward."""
+        ...
+
+
 class Evaluation(NamedTuple):
     """What one step's population gives back, gathered over every process."""
 
@@ -102,7 +112,9 @@ class Population:
         self.update_chunk = chunk if isinstance(chunk, int) else (len(self.share) if self.ranks.distributed
                                                                    else None)
         self.step = 0  # the step last evaluated, whose noise the update uses
-        device = next(pm.model.parameters()).device
+        self.device = device = next(pm.model.parameters()).device
+        self.noise_sizes = (0, 0)  # (bytes all directions share, bytes per direction), once measured
+        self._sized = not self.auto  # whether "auto" has counted the task's activations
         self._check_memory(device)
         dtype = autocast_dtype(precision)
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
@@ -143,6 +155,8 @@ class Population:
         """Fitness (R, D) of the whole population at ``step`` with noise scale ``sigma`` (every process's),
         ||z_d||^2 when ``sq_norms``, and the step's statistics. With chunk "auto", an out-of-memory error
         halves the chunk and evaluates the step again."""
+        if not self._sized:
+            self._size_for(task)
         while True:
             try:
                 return self._evaluate(task, step, sigma, sq_norms)
@@ -212,6 +226,7 @@ class Population:
             raise ValueError(f"the noise of one block of {BLOCK} directions does not fit in {device}'s memory "
                              f"({_gib(free)} free); the model is too large for this device (or use a kind with "
                              f"less noise, e.g. --layer lowrank)") from None
+        self.noise_sizes = (shared, per_direction)
         if not per_direction:
             return
         # a block is drawn whole (BLOCK directions) before it is sliced: the peak is one block more
@@ -228,6 +243,24 @@ class Population:
                 self.chunk = fits
                 self.log(f"chunk size {fits}: the noise of {fits} directions ({_gib(fits * per_direction)}) fits in "
                          f"half of the {_gib(free)} free on {device}")
+
+    def _size_for(self, task) -> None:
+        """Chunk "auto" with a task that counts its activations (:class:`CountsActivations`): the largest block
+        whose noise and activations fit in half the free memory, if smaller than the noise alone allowed."""
+        self._sized = True
+        free = free_memory(self.device) if isinstance(task, CountsActivations) else None
+        if free is None:
+            return
+        shared, noise = self.noise_sizes
+        activations = int(task.activation_bytes(self.pm))
+        if noise + activations <= 0:
+            return
+        fits = max(1, int((free // 2 - shared - BLOCK * noise) // (noise + activations)))
+        if fits < self.chunk:
+            self.chunk = fits
+            self.log(f"chunk size {fits}: the noise and activations of {fits} directions "
+                     f"({_gib(fits * (noise + activations))}, {_gib(fits * activations)} of it the task's, e.g. the "
+                     f"KV cache) fit in half of the {_gib(free)} free on {self.device}")
 
     def noise_bytes_per_direction(self) -> tuple[int, int]:
         """(bytes of the noise every direction shares, bytes one more direction costs), measured by drawing
@@ -262,4 +295,4 @@ class _BlockTotals:
         return dict(self.totals)
 
 
-__all__ = ["Evaluation", "Population", "ShapesFitness", "free_memory", "out_of_memory"]
+__all__ = ["CountsActivations", "Evaluation", "Population", "ShapesFitness", "free_memory", "out_of_memory"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+# the dtypes a model's weights may be held in (below float32, ES keeps float32 master weights)
+DTYPES = ("float32", "bfloat16", "float16")
 # the precisions of a population forward (or a backprop step) and the autocast dtype of each
 PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 

@@ -2,12 +2,16 @@
 config) and a character tokenizer built locally with `tokenizers` (no hub)."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import nesgpu
+from nesgpu.noise import BLOCK
 from nesgpu.population import Population
 from nesgpu.tasks.generation import GenerationTask
 from nesgpu.tasks.verifiers import arithmetic_problems, arithmetic_reward, rewards_of
@@ -78,6 +82,34 @@ def test_chunked_equals_unchunked():
     a = population(None).evaluate(task(), 2, 0.5)
     b = population(1).evaluate(task(), 2, 0.5)
     assert torch.equal(a.fitness, b.fitness)
+
+
+def test_activation_bytes_count_the_kv_cache_of_every_row_of_a_direction():
+    t, pop = task(), population(directions=4)
+    config = pop.pm.model.config
+    longest = max(len(char_tokenizer()(p).input_ids) for p in PROMPTS)
+    tokens = longest + t.max_new_tokens
+    cache = 2 * config.num_hidden_layers * config.num_key_value_heads * (32 // 4) * tokens * 4
+    layer = tokens * (4 * 32 + 2 * 48) * 4
+    assert t.activation_bytes(pop.pm) == 2 * t.prompts_per_step * (cache + layer + 2 * config.vocab_size * 4)
+
+
+def test_auto_chunk_counts_the_tasks_activations_and_matches_unchunked(monkeypatch):
+    """With chunk "auto", a memory where the noise of every direction fits but their KV caches do not gives
+    blocks that fit both; the fitness is the unchunked one."""
+    t, whole = task(), population(directions=8)
+    expected = whole.evaluate(t, step=1, sigma=0.5).fitness
+    shared, noise = population(directions=8).noise_bytes_per_direction()
+    per = noise + t.activation_bytes(whole.pm)
+    free = 2 * (shared + BLOCK * noise + 3 * per)  # half of it: blocks of 3 directions (and a drawn block)
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", str(free))
+    logs = []
+    pm = nesgpu.PerturbedModel(nesgpu.convert(tiny_llama(), "lowrank"), 8, sigma=0.5, antithetic=True, seed=1)
+    auto = Population(pm, chunk="auto", log=logs.append)
+    assert auto.chunk == 8  # the noise alone fits whole
+    fitness = auto.evaluate(t, step=1, sigma=0.5).fitness
+    assert auto.chunk == 3 and "KV cache" in logs[-1]
+    torch.testing.assert_close(fitness, expected)
 
 
 def test_per_prompt_shaping_standardises_each_prompt_over_all_members():
@@ -169,6 +201,18 @@ def test_countdown_from_a_local_directory_saves_a_model_transformers_loads(tmp_p
     assert task.evaluate(model) == summary["value"]
 
 
+def test_a_model_loaded_in_bfloat16_trains_with_float32_masters_and_saves_in_bfloat16(tmp_path):
+    hf = saved_model(tmp_path / "tiny")
+    out = tmp_path / "run"
+    train(TrainConfig(task="arithmetic", model=f"hf:{hf}", dtype="bfloat16", steps=2, population=4, batch_size=2,
+                      eval_every=2, log="none", out=str(out)), log=lambda *a, **k: None)
+    back = tf.AutoModelForCausalLM.from_pretrained(out / "hf", local_files_only=True)
+    assert back.dtype == torch.bfloat16
+    trained = load_file(out / "model.safetensors")
+    assert all(v.dtype == torch.bfloat16 for v in trained.values())
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in trained.items())
+
+
 def test_a_missing_or_foreign_directory_is_one_line(tmp_path):
     from nesgpu.cli import main
 
@@ -179,3 +223,20 @@ def test_a_missing_or_foreign_directory_is_one_line(tmp_path):
         with pytest.raises(SystemExit) as e:
             main(["train", "--task", "countdown", "--model", model, "--steps", "1", "--out", str(tmp_path / "r")])
         assert e.value.code != 0
+
+
+def test_torchrun_two_processes_bit_identical_to_one(tmp_path):
+    """A generation task under torchrun: the ranks split the members, per-prompt shaping runs on the
+    gathered rewards, and the weights and samples are one process's with the same blocks."""
+    hf = saved_model(tmp_path / "tiny")
+    args = ["train", "--task", "arithmetic", "--model", f"hf:{hf}", "--population", "8", "--steps", "2",
+            "--batch-size", "2", "--eval-every", "2", "--device", "cpu"]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                          "nesgpu", *args, "--out", str(tmp_path / "two")], capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = subprocess.run([sys.executable, "-m", "nesgpu", *args, "--chunk-size", "2", "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "two" / "samples.jsonl").read_text() == (tmp_path / "one" / "samples.jsonl").read_text()

@@ -44,15 +44,15 @@ def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batc
               episodes: int = 1, eval_episodes: int = 10, vector_mode: str = "sync",
               normalize_observations: bool = True, compile: bool = False, reward_shift: float = 0.0,
               start_states: str = "shared", policy_output: str = "tanh", observation_clip: float | None = 5.0,
-              model: str | None = None):
+              model: str | None = None, dtype: str | None = None):
     """A task by name: "digits", "mnist1d", "reverse", "sort", "cartpole", "pendulum", "acrobot", "mountaincar"
     or "gym:<id>". ``vector_mode`` ("sync" or "async", see :class:`GymVectorEnv`) is for gym:<id> tasks only;
     the others refuse anything but "sync". RL tasks take ``episodes``, ``eval_episodes`` and
     ``normalize_observations`` (running observation statistics in the policy) and ``compile`` (built-in torch
     environments: each environment step and the population forward as one compiled program), and
     ``reward_shift``, ``start_states``, ``policy_output``, ``observation_clip`` (see :class:`RLTask`);
-    supervised ones ``batch_size``; the language-model tasks (arithmetic, countdown) ``model`` = "hf:DIR" and
-    ``batch_size`` prompts per step."""
+    supervised ones ``batch_size``; the language-model tasks (arithmetic, countdown) ``model`` = "hf:DIR",
+    ``dtype`` (float32, bfloat16 or float16: what the model is loaded in) and ``batch_size`` prompts per step."""
     check_vector_mode(vector_mode)
     spec = task_spec(name)
     if vector_mode != "sync" and not name.startswith("gym:"):
@@ -62,7 +62,7 @@ def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batc
                           eval_episodes=eval_episodes, vector_mode=vector_mode,
                           normalize_observations=normalize_observations, compile=compile, reward_shift=reward_shift,
                           start_states=start_states, policy_output=policy_output, observation_clip=observation_clip,
-                          model=model)
+                          model=model, dtype=dtype)
     return spec.make(name, options)
 
 

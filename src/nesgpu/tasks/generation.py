@@ -78,6 +78,7 @@ class GenerationTask:
         self.correct_at, self.seed, self.eval_batch, self.name = correct_at, seed, eval_batch, name
         self.metric = "accuracy" if correct_at is not None else "mean_reward"
         self.samples: list[dict] = []  # the last evaluation's prompts, completions and rewards
+        self._longest = None  # tokens of the longest training prompt, once counted
 
     # ----- the population ----------------------------------------------------------------------------
     def step_prompts(self, step: int) -> list[str]:
@@ -109,6 +110,26 @@ class GenerationTask:
         mean, std = by_prompt.mean(1, keepdim=True), by_prompt.std(1, unbiased=False, keepdim=True)
         shaped = torch.where(std > 0, (by_prompt - mean) / std.clamp_min(1e-12), torch.zeros_like(by_prompt))
         return shaped.view(self.prompts_per_step, signs, -1).transpose(0, 1).reshape(fitness.shape)
+
+    def activation_bytes(self, pm: PerturbedModel) -> int:
+        """Bytes the rows of one direction take in ``generate()``, which ``chunk="auto"`` counts: for each of
+        its signs x prompts rows, the KV cache of the longest prompt and the new tokens, one layer's
+        activations over those tokens, and one token's logits in float32 (0 for a model without a
+        ``transformers`` config)."""
+        config = getattr(pm.model, "config", None)
+        if config is None or not hasattr(config, "num_hidden_layers"):
+            return 0
+        heads, hidden = config.num_attention_heads, config.hidden_size
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        size = next(pm.model.parameters()).element_size()
+        if self._longest is None:
+            self._longest = max(len(ids) for ids in self.tokenizer(self.prompts).input_ids)
+        tokens = self._longest + self.max_new_tokens
+        cache = 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * size
+        layer = tokens * (4 * hidden + 2 * (getattr(config, "intermediate_size", None) or 4 * hidden)) * size
+        rows = (2 if pm.antithetic else 1) * self.prompts_per_step
+        return rows * (cache + layer + 2 * config.vocab_size * 4)
 
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
         """Nothing carries over between steps."""

@@ -46,15 +46,16 @@ class PretrainedGenerationTask(GenerationTask):
     """A :class:`GenerationTask` whose model is a local Hugging Face directory: :meth:`make_model` loads it
     and :meth:`save` writes the trained one beside the run's weights, loadable by ``from_pretrained``."""
 
-    def __init__(self, directory: Path, **options):
-        self.directory = directory
+    def __init__(self, directory: Path, dtype: str | None = None, **options):
+        self.directory, self.dtype = directory, dtype
         super().__init__(tokenizer=load_tokenizer(directory), **options)
 
     def make_model(self, hidden, model: str) -> nn.Module:
         from transformers import AutoModelForCausalLM
 
         try:
-            return AutoModelForCausalLM.from_pretrained(self.directory, local_files_only=True).eval()
+            return AutoModelForCausalLM.from_pretrained(self.directory, local_files_only=True,
+                                                        dtype=self.dtype or "auto").eval()
         except (OSError, ValueError) as e:
             raise ValueError(f"{self.directory} holds no causal language model transformers can load ({e})") from e
 
@@ -64,19 +65,27 @@ class PretrainedGenerationTask(GenerationTask):
         self.tokenizer.save_pretrained(directory)
 
 
+def splits(problems) -> tuple[list[str], list[str]]:
+    """(train prompts, held-out prompts) of a problem generator: ``TRAIN_PROBLEMS`` drawn with seed 0, and
+    ``HELD_OUT`` drawn with seed 1 that are not among them."""
+    train = [p for p, _ in problems(TRAIN_PROBLEMS, seed=0)]
+    seen = set(train)
+    return train, [p for p, _ in problems(4 * HELD_OUT, seed=1) if p not in seen][:HELD_OUT]
+
+
 def _maker(problems, verifier, max_new_tokens: int):
     def make(name: str, options: TaskOptions) -> PretrainedGenerationTask:
-        train = [p for p, _ in problems(TRAIN_PROBLEMS, seed=0)]
-        seen = set(train)
-        held_out = [p for p, _ in problems(4 * HELD_OUT, seed=1) if p not in seen][:HELD_OUT]
-        return PretrainedGenerationTask(hf_directory(options.model), prompts=train, eval_prompts=held_out,
-                                        reward=rewards_of(verifier), max_new_tokens=max_new_tokens,
-                                        prompts_per_step=options.batch_size, seed=options.seed, name=name)
+        train, held_out = splits(problems)
+        return PretrainedGenerationTask(hf_directory(options.model), options.dtype, prompts=train,
+                                        eval_prompts=held_out, reward=rewards_of(verifier),
+                                        max_new_tokens=max_new_tokens, prompts_per_step=options.batch_size,
+                                        seed=options.seed, name=name)
     return make
 
 
-# a small model's starting point (OpenAI-ES + Adam on low-rank noise); batch_size = prompts per step
-_DEFAULTS = dict(population=32, sigma=0.02, lr=0.002, steps=100, hidden=(), batch_size=8)
+# fine-tuning a pretrained small model (OpenAI-ES + Adam on low-rank noise; measured on the demo's model, where
+# sigma 0.02 and lr 0.002 unlearn it); batch_size = prompts per step
+_DEFAULTS = dict(population=32, sigma=0.003, lr=1e-4, steps=1000, hidden=(), batch_size=8)
 TASKS = {
     "arithmetic": TaskSpec(_maker(arithmetic_problems, arithmetic_reward, 6), _DEFAULTS, models=("hf:DIR",),
                            model_prefix=HF),
@@ -84,4 +93,4 @@ TASKS = {
                           model_prefix=HF),
 }
 
-__all__ = ["HF", "PretrainedGenerationTask", "TASKS", "hf_directory", "load_tokenizer"]
+__all__ = ["HF", "PretrainedGenerationTask", "TASKS", "hf_directory", "load_tokenizer", "splits"]

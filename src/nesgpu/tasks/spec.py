@@ -27,6 +27,7 @@ class TaskOptions:
     policy_output: str = "tanh"
     observation_clip: float | None = 5.0
     model: str | None = None  # the config's model option (the language-model tasks: hf:DIR)
+    dtype: str | None = None  # the dtype a Hugging Face model is loaded in (None: its checkpoint's)
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def config_task(cfg: TrainConfig, device: torch.device):
                      eval_episodes=cfg.eval_episodes, vector_mode=cfg.vector_mode, normalize_observations=normalize,
                      compile=compiles(cfg), reward_shift=cfg.reward_shift, start_states=cfg.start_states,
                      policy_output="tanh" if cfg.policy_output == "auto" else cfg.policy_output,
-                     observation_clip=cfg.observation_clip or None, model=cfg.model)
+                     observation_clip=cfg.observation_clip or None, model=cfg.model, dtype=cfg.dtype)
 
 
 def initial_model(cfg: TrainConfig, task, model: nn.Module | None = None) -> nn.Module:
@@ -131,6 +131,12 @@ def perturbed(cfg: TrainConfig, model: nn.Module) -> nn.Module:
     return convert(model, cfg.layer, bits=cfg.bits, noise_on=cfg.noise_on, act_bits=cfg.act_bits, **cfg.layer_options)
 
 
+def held_in(model: nn.Module, dtype: str | None) -> nn.Module:
+    """``model`` with its weights in ``dtype`` (None: as they are); below float32 the perturbed model keeps
+    float32 masters and casts floating-point inputs to it."""
+    return model if dtype is None else model.to(getattr(torch, dtype))
+
+
 def check_own(cfg: TrainConfig, model: nn.Module | None, task) -> None:
     """A model and task of the user's own can train under ``cfg`` (a TypeError names what is missing):
     checked before a run touches its directory."""
@@ -156,7 +162,7 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None, mo
     if cfg.strategy == BACKPROP:
         bp = make_backprop(cfg, check_differentiable(task), model.to(device), ranks)
         return Built(task, bp.plain, None, BackpropStep(task, bp, ranks, cfg.precision, cfg.accumulate))
-    model = perturbed(cfg, model).to(device)
+    model = held_in(perturbed(cfg, model).to(device), cfg.dtype)
     pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
     population = Population(pm, ranks, cfg.chunk_size, cfg.precision, log)
     step = EvolutionStep(task, population, make_strategy(cfg, pm), cfg.sigma, lr=cfg.lr,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..layers import KINDS
 from ..layers.lowbit import NOISE_ON
-from ..precision import PRECISIONS
+from ..precision import DTYPES, PRECISIONS
 from ..quantize import BITS
 from ..strategies import STRATEGIES
 from ..strategies.schedules import KINDS as SCHEDULES
@@ -97,6 +97,9 @@ class TrainConfig:
                                        "largest that fits; default: all at once)", metavar="N|auto",
                                        parse="chunk")
     precision: str = opt("fp32", "population forward under autocast", choices=tuple(PRECISIONS))
+    dtype: str | None = opt(help="ES: the dtype the model's weights are held in (default: the model's own; a "
+                            "Hugging Face model is loaded in it); below float32 the population runs in it and "
+                            "float32 master weights take the updates", choices=DTYPES)
     reward_shift: float = opt(0.0, "RL: subtracted from every training step's reward (ARS's survival-bonus shift: "
                               "1 for Hopper, Walker2d, Ant); evaluations are unshifted")
     start_states: str = opt("shared", "RL: shared (every direction and sign starts from the step's episodes' "

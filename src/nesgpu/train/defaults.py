@@ -14,7 +14,7 @@ BACKPROP_DEFAULTS = dict(lr=1e-3, weight_decay=0.01)
 STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
 # the options of ES runs only, and of backprop runs only (each an error, when set, under the other)
 ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "shaping",
-           "sigma_schedule", "sigma_final", "chunk_size", "compile")
+           "sigma_schedule", "sigma_final", "chunk_size", "compile", "dtype")
 BACKPROP_ONLY = ("optimizer", "accumulate", "activation_checkpointing", "shard")
 # what neither the task nor its model sets
 GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0,

@@ -93,6 +93,7 @@ class EvolutionStep:
         self.population.update(weights, sigma)
         strategy.regularize(self.population.parameters())
         self.optimizer.step()
+        self.population.pm.sync_weights()  # a half-precision model: its weights from the stepped masters
         self.lrs.apply(self.state.step)
         fitness = {k: stats.pop(k) for k in ("fitness_mean", "fitness_max", "fitness_min")}
         return {**fitness, "sigma": self.state.sigma, "lr": self.optimizer.param_groups[0]["lr"], **stats}
@@ -103,13 +104,16 @@ class EvolutionStep:
     def state_dict(self) -> dict:
         """The strategy's state, each group's base step size and the optimizer's state (the lr schedule is
         not stored: the one this step was built with applies from the loaded step on)."""
-        return {**self.state.as_dict(), "lr": list(self.lrs.bases), "optimizer": self.optimizer.state_dict()}
+        masters = self.population.pm.master_state()  # a half-precision model's float32 weights
+        return {**self.state.as_dict(), "lr": list(self.lrs.bases), "optimizer": self.optimizer.state_dict(),
+                **({"masters": masters} if masters else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a :meth:`state_dict`; the saved base step sizes are set under this step's own schedule."""
         if not isinstance(state, dict) or "optimizer" not in state:
             raise ValueError("not an ES checkpoint's strategy state (no optimizer state)")
         self.state = StrategyState.from_dict(state)
+        self.population.pm.load_master_state(state.get("masters"))
         self.optimizer.load_state_dict(state["optimizer"])
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
         self.lrs.load(state["lr"] if "lr" in state else legacy, self.state.step)

@@ -1,0 +1,97 @@
+"""TRL's GRPO on the same work as nesgpu's ES: the same local model and tokenizer, the same train prompts
+(drawn the same way), the same reward and the same held-out greedy evaluation (nesgpu's task), for a
+wall-clock budget. Writes the held-out accuracy curve (seconds, generated tokens, accuracy) as JSON.
+
+A benchmark-only peer: it runs in its own environment with ``trl`` installed (``pip install torch==2.13.0 trl``)
+and nesgpu's source on the path:
+
+    PYTHONPATH=src TRLENV/bin/python benchmarks/lm_grpo.py --model DIR --seconds 600 --seed 0 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from nesgpu.tasks import make_task
+
+
+class Budget(TrainerCallback):
+    """Evaluates the plain model (nesgpu's task: greedy, held-out) every ``eval_seconds`` and stops the run
+    once ``seconds`` of wall time have passed; the tokens count the completions generated."""
+
+    def __init__(self, task, seconds: float, eval_seconds: float, tokens_per_step: int):
+        self.task, self.seconds, self.eval_seconds, self.tokens_per_step = task, seconds, eval_seconds, tokens_per_step
+        self.curve, self.start, self.last_eval = [], None, -float("inf")
+
+    def record(self, model, step: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        was_training = model.training
+        model.eval()
+        self.curve.append({"seconds": elapsed, "tokens": step * self.tokens_per_step, "iteration": step,
+                           "accuracy": self.task.evaluate(model)})
+        model.train(was_training)
+        print(json.dumps(self.curve[-1]), flush=True)
+        self.last_eval = elapsed
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.start = time.perf_counter()
+        self.record(model, 0)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        elapsed = time.perf_counter() - self.start
+        if elapsed >= self.seconds:
+            self.record(model, state.global_step)
+            control.should_training_stop = True
+        elif elapsed - self.last_eval >= self.eval_seconds:
+            self.record(model, state.global_step)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a local Hugging Face model directory")
+    parser.add_argument("--task", default="arithmetic", choices=["arithmetic", "countdown"])
+    parser.add_argument("--seconds", type=float, default=600)
+    parser.add_argument("--eval-seconds", type=float, default=60)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    parser.add_argument("--generations", type=int, default=8, help="completions per prompt (GRPO's group)")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+    task = make_task(args.task, seed=args.seed, batch_size=args.prompts, model=f"hf:{args.model}")
+    model = task.make_model((), f"hf:{args.model}")
+    # the same stream of prompts as the ES run: step s sees task.step_prompts(s)
+    steps = 100_000
+    dataset = Dataset.from_dict({"prompt": [p for s in range(steps // 100) for p in task.step_prompts(s)]})
+
+    def reward(prompts, completions, **kwargs):
+        return task.reward(prompts, [c.split("\n", 1)[0] for c in completions]).tolist()
+
+    budget = Budget(task, args.seconds, args.eval_seconds, args.prompts * args.generations * task.max_new_tokens)
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(output_dir=out, use_cpu=True, seed=args.seed, learning_rate=args.lr,
+                            per_device_train_batch_size=args.prompts * args.generations,
+                            num_generations=args.generations, max_completion_length=task.max_new_tokens,
+                            temperature=args.temperature, beta=0.0, max_steps=steps, shuffle_dataset=False,
+                            logging_steps=10**9, save_strategy="no", report_to=[], disable_tqdm=True)
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
+                              processing_class=task.tokenizer, callbacks=[budget])
+        trainer.train()
+    result = {"method": "grpo", "seed": args.seed, "curve": budget.curve,
+              "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "options": {k: v for k, v in vars(args).items() if k != "json"}}
+    Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The ES step of a language model on a reward: its generation against plain ``generate()`` of the same rows,
+and members per second against the one-member-at-a-time way of "Evolution Strategies at Scale".
+
+For each model size (a Llama from a config, the demo's character tokenizer, the arithmetic prompts), timed
+in one run, interleaved round by round (median of repeats):
+
+- ``plain``: the plain model's batched ``generate()`` of the step's rows (members x prompts), greedy;
+- ``population``: the same rows through the perturbed population's ``generate()`` (low-rank noise);
+- ``fitness``: the whole ES evaluation, ``GenerationTask.fitness`` (tokenize, generate, decode, reward);
+- ``one_at_a_time``: ES at Scale's loop for the same members: perturb every weight in place with Gaussian
+  noise from the member's seed, generate for the prompts, decode, reward, restore.
+
+Every row generates exactly ``--new-tokens`` tokens (no early stop), so tokens per second are rows x tokens.
+
+    python benchmarks/lm_reward_speed.py [--sizes 64x2 256x4] [--population 64] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import nesgpu
+from nesgpu.tasks.generation import GenerationTask
+from nesgpu.tasks.verifiers import arithmetic_problems, arithmetic_reward, rewards_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from lm_reward_demo import llama_config, train_tokenizer  # noqa: E402
+
+
+def timed(fns: dict, repeats: int, sync) -> dict[str, list[float]]:
+    """Seconds of each callable per round, the callables interleaved round by round (a noisy machine)."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def one_at_a_time(model, task: GenerationTask, prompts: list[str], members: int, sigma: float, seed: int) -> list:
+    """ES at Scale's evaluation: member after member, theta += sigma * z (z from the member's seed), generate
+    for the prompts, score, theta -= sigma * z."""
+    from transformers import GenerationConfig
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    enc = task.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    ids, mask = enc.input_ids.to(params[0].device), enc.attention_mask.to(params[0].device)
+    config = GenerationConfig(max_new_tokens=task.max_new_tokens, do_sample=False, eos_token_id=None,
+                              pad_token_id=task.tokenizer.pad_token_id)
+    rewards = []
+    for member in range(members):
+        gen = torch.Generator(device=ids.device).manual_seed(seed * 100_003 + member)
+        noise = [torch.randn(p.shape, generator=gen, device=p.device, dtype=p.dtype) for p in params]
+        for p, z in zip(params, noise):
+            p.add_(z, alpha=sigma)
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        texts = [t.split("\n", 1)[0] for t in task.tokenizer.batch_decode(out[:, ids.shape[1]:],
+                                                                           skip_special_tokens=True)]
+        rewards.append(task.reward(prompts, texts))
+        for p, z in zip(params, noise):
+            p.sub_(z, alpha=sigma)
+    return rewards
+
+
+def measure(size: str, args, tokenizer, device, sync) -> dict:
+    hidden, layers = (int(v) for v in size.split("x"))
+    prompts = [p for p, _ in arithmetic_problems(4000, seed=0)]
+    task = GenerationTask(prompts, tokenizer, rewards_of(arithmetic_reward), max_new_tokens=args.new_tokens,
+                          prompts_per_step=args.prompts)
+
+    def model():
+        torch.manual_seed(0)
+        from transformers import LlamaForCausalLM
+        m = LlamaForCausalLM(llama_config(tokenizer, hidden, layers)).to(device, args.dtype).eval()
+        m.generation_config.eos_token_id = None  # every row generates --new-tokens tokens
+        return m
+
+    plain, net = model(), nesgpu.convert(model(), "lowrank", evolve=args.evolve)
+    pm = nesgpu.PerturbedModel(net, args.population // 2, sigma=1e-3, antithetic=True)
+    pm.set_noise(step=0)
+    step_prompts = task.step_prompts(0)
+    enc = tokenizer(step_prompts, return_tensors="pt", padding=True, padding_side="left")
+    rows, mask = pm.member_rows(enc.input_ids.to(device)), pm.member_rows(enc.attention_mask.to(device))
+    options = dict(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+
+    def population():
+        with pm.perturbing():
+            net.generate(input_ids=rows, attention_mask=mask, **options)
+
+    fns = {"plain": lambda: plain.generate(input_ids=rows, attention_mask=mask, **options),
+           "population": population, "fitness": lambda: task.fitness(pm, 0),
+           "one_at_a_time": lambda: one_at_a_time(plain, task, step_prompts, args.population, 1e-3, 0)}
+    with torch.no_grad():
+        times = timed(fns, args.repeats, sync)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    tokens = rows.shape[0] * args.new_tokens
+    return {"size": size, "params": sum(p.numel() for p in plain.parameters()), "rows": rows.shape[0],
+            "tokens_per_s": {k: tokens / med[k] for k in ("plain", "population", "fitness")},
+            "population_vs_plain": med["plain"] / med["population"], "fitness_vs_plain": med["plain"] / med["fitness"],
+            "members_per_s": {"batched": args.population / med["fitness"],
+                              "one_at_a_time": args.population / med["one_at_a_time"]},
+            "batched_vs_one_at_a_time": med["one_at_a_time"] / med["fitness"], "seconds": times}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["64x2", "256x4"], help="HIDDENxLAYERS of each Llama")
+    parser.add_argument("--population", type=int, default=64, help="members (directions x 2 signs)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step (every member answers all)")
+    parser.add_argument("--new-tokens", type=int, default=6)
+    parser.add_argument("--evolve", default="all", choices=["all", "matrices"])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="hold the models in bfloat16 (for a GPU)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    args.dtype = torch.bfloat16 if args.bf16 else torch.float32
+    device = torch.device(args.device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    tokenizer = train_tokenizer([f"{p}{a}\n" for p, a in arithmetic_problems(4000, seed=0)])
+    results = [measure(size, args, tokenizer, device, sync) for size in args.sizes]
+    print("| model | params | rows | population gen / plain gen (tokens/s) | whole fitness / plain gen | "
+          "members/s batched | one at a time | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        m = r["members_per_s"]
+        print(f"| {r['size']} | {r['params']:,} | {r['rows']} | {r['population_vs_plain']:.2f} | "
+              f"{r['fitness_vs_plain']:.2f} | {m['batched']:.0f} | {m['one_at_a_time']:.1f} | "
+              f"{r['batched_vs_one_at_a_time']:.1f}x |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "args": {k: str(v) for k, v in vars(args).items()}},
+                                              indent=1))
+
+
+if __name__ == "__main__":
+    main()
