@@ -146,4 +146,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ValueError as e:  # a bad --pretrained directory, say: one line, not a traceback
+        sys.exit(f"lm_reward_demo: error: {e}")

@@ -160,7 +160,8 @@ def _summary(cfg: TrainConfig, built: Built, job: _Job, progress: Progress) -> d
     summary = {"task": cfg.task, "metric": built.task.metric, "value": None, "steps": built.step.step,
                "seconds": round(progress.elapsed, 3), "env_steps": progress.env_steps, "strategy": cfg.strategy,
                **built.step.summary(cfg), "lr": cfg.lr, "seed": cfg.seed, "device": str(job.device),
-               "processes": job.ranks.world, "chunk_size": built.step.chunk, "precision": cfg.precision}
+               "processes": job.ranks.world, "chunk_size": built.step.chunk, "precision": cfg.precision,
+               "dtype": str(next(built.model.parameters()).dtype).removeprefix("torch.")}
     if cfg.bits is not None:
         summary.update(bits=cfg.bits, noise_on=cfg.noise_on, act_bits=cfg.act_bits)
     return summary
