@@ -160,11 +160,24 @@ def test_a_failing_trial_is_recorded_with_its_message_and_the_study_goes_on(tmp_
     monkeypatch.setattr(study_module, "train", diverge_once)
     lines = []
     study = tune(TrainConfig(**FAST), LR, trials=2, out=tmp_path, log=lines.append, plots=False)
-    assert states(study) == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert states(study) == [TrialState.FAIL, TrialState.COMPLETE]  # the failed trial counts toward the cap
     assert study.trials[0].user_attrs["error"] == "step 3 made non-finite values in ['0.weight']"
     assert lines[0].startswith("trial 0 failed: step 3 made non-finite values")
     rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
     assert rows[0]["state"] == "FAIL" and "non-finite" in rows[0]["user_attrs_error"]
+
+
+def test_a_study_whose_trials_all_fail_stops_at_the_cap_with_one_line(tmp_path, capsys):
+    """lr 1e30 diverges every trial: the failures count toward --trials and the tune ends with an error
+    (it used to start trial after trial without end)."""
+    argv = ["tune", *FAST_FLAGS, "--lr", "1e30", "--trials", "2", "--pruner", "none", "--out", str(tmp_path / "t")]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("nesgpu tune: error: every trial failed (2); the last: ") and "Fix the base config" in err[-1]
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path / 't' / 'study.db'}")
+    assert states(study) == [TrialState.FAIL, TrialState.FAIL]
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt(), Interrupted(Path("x"), 3)])

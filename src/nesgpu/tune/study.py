@@ -2,14 +2,16 @@
 metric (higher is better), pruned from its intermediate evaluations.
 
 The loop (:func:`optimize`) is Optuna's ask-and-tell. Each round, under the directory's lock: mark the trials
-of killed processes failed, count the finished trials (complete + pruned) and the running ones, and start a
+of killed processes failed, count the finished trials (complete, pruned, or failed on their own) and the
+running ones, and start a
 new trial only while finished + running stays below the cap. So the cap holds exactly across any number of
 processes; a process whose only missing trials are running elsewhere waits for them (they may fail and free
 their place) and stops at the cap or at its timeout.
 
 A trial whose config the trainer refuses, or whose run diverges (a ValueError), or that runs out of GPU
-memory, is recorded as failed with its message (user attribute ``error``) and the study goes on. Ctrl-C
-marks the running trial failed and stops the tune; running the same command again continues the study.
+memory, is recorded as failed with its message (user attribute ``error``), counts toward the cap, and the
+study goes on; a study whose trials all failed so is an error. Ctrl-C marks the running trial failed and
+stops the tune; running the same command again continues the study (and redoes that trial).
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ def tune(base: TrainConfig, space: SearchSpace | dict | str | Path | None = None
             Its ``out`` is not used: trial N runs in ``out/trials/NNNN``.
         space: the searched options: a mapping or YAML file as in :mod:`nesgpu.tune.space`, or None for the
             default space of the base config's strategy.
-        trials: the number of finished trials (complete + pruned) the study stops at; None: no cap (then
-            give a ``timeout``).
+        trials: the number of finished trials (complete, pruned, or failed on their own: diverged, refused,
+            out of memory) the study stops at; None: no cap (then give a ``timeout``).
         out: the tune directory: ``study.db``, ``trials/``, ``trials.csv``, ``best.yaml``, plots.
         sampler: "tpe" (default), "gp" or "cmaes"; seeded by ``base.seed`` and the trial number.
         pruner: "median" (default), "hyperband", "none", or an Optuna pruner.
@@ -103,6 +105,7 @@ def tune(base: TrainConfig, space: SearchSpace | dict | str | Path | None = None
             write_outputs(study, base, space, out, plots=False, log=log)  # trials.csv shows the stopped trial
             raise
         write_outputs(study, base, space, out, plots=plots, log=log)
+    check_any_complete(study)
     return study
 
 
@@ -212,11 +215,27 @@ def make_pruner(pruner: str | optuna.pruners.BasePruner, cfg: TrainConfig,
 
 
 # ----- the loop -----------------------------------------------------------------------------------------
+def counted_failure(trial: optuna.trial.FrozenTrial) -> bool:
+    """A trial that failed on its own (diverged, refused, out of memory): it counts toward the cap. One a
+    killed process left (no heartbeat) or Ctrl-C stopped does not: running the tune again redoes it."""
+    error = trial.user_attrs.get("error")
+    return trial.state == TrialState.FAIL and error is not None and not error.startswith("interrupted")
+
+
 def counts(study: optuna.Study) -> tuple[int, int]:
-    """(finished: complete + pruned, running) trials of the study."""
-    states = [t.state for t in study.get_trials(deepcopy=False)]
-    finished = sum(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
-    return finished, states.count(TrialState.RUNNING)
+    """(finished: complete + pruned + failed on their own, running) trials of the study."""
+    trials = study.get_trials(deepcopy=False)
+    finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or counted_failure(t) for t in trials)
+    return finished, sum(t.state == TrialState.RUNNING for t in trials)
+
+
+def check_any_complete(study: optuna.Study) -> None:
+    """A study whose trials all failed on their own has nothing to report: a ValueError with the last error."""
+    trials = study.get_trials(deepcopy=False)
+    failed = [t for t in trials if counted_failure(t)]
+    if failed and not any(t.state == TrialState.COMPLETE for t in trials):
+        raise ValueError(f"every trial failed ({len(failed)}); the last: {failed[-1].user_attrs['error']}. Fix the "
+                         f"base config or narrow the search space")
 
 
 def optimize(study: optuna.Study, storage, base: TrainConfig, space: SearchSpace, out: Path, trials: int | None,
