@@ -106,3 +106,46 @@ def test_a_tied_table_owns_its_noise_whichever_module_comes_first():
     pm.set_noise()
     drawn = net.embed.kind.dense(net.embed.noise_record("weight"))  # the noise as drawn, before any masking
     assert torch.equal(drawn[:, 0], torch.zeros(4, 4))  # the padding row: no noise, for the head too
+
+
+class Zoo(nn.Module):
+    """One of each family convert rebuilds: Linear, Conv2d, Embedding, LSTM, MultiheadAttention, norms."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.conv = nn.Embedding(10, 6), nn.Conv2d(2, 3, 3)
+        self.lstm, self.attn = nn.LSTM(6, 4, batch_first=True), nn.MultiheadAttention(6, 2, batch_first=True)
+        self.norm, self.batch_norm, self.head = nn.LayerNorm(6), nn.BatchNorm1d(6), nn.Linear(6, 2)
+
+
+def test_convert_keeps_the_models_parameter_objects():
+    model = Zoo()
+    before = dict(model.named_parameters())
+    converted = nesgpu.convert(model, "lowrank")
+    after = dict(converted.named_parameters())
+    assert after.keys() == before.keys()
+    assert all(after[name] is before[name] for name in before)
+
+
+def test_an_optimizer_built_before_convert_trains_the_converted_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # before convert
+    net = nesgpu.convert(model, "lowrank")
+    pm = nesgpu.PerturbedModel(net, 8, sigma=0.1, antithetic=True)
+    pm.set_noise(step=1)
+    x = torch.randn(5, 3)
+    fitness = -pm.shared_input(x).view(2, 5, 8, 1).pow(2).mean((1, 3)).reshape(2, 8)
+    start = [p.detach().clone() for p in net.parameters()]
+    pm.update(-fitness)
+    optimizer.step()
+    assert all(not torch.equal(a, p) for a, p in zip(start, net.parameters()))
+
+
+def test_converting_a_converted_model_to_another_kind_is_an_error_and_to_the_same_is_a_no_op():
+    net = nesgpu.convert(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1)), "lowrank")
+    assert nesgpu.convert(net, "lowrank") is net
+    with pytest.raises(ValueError, match=r"converted already with kind LowRank\(rank=1\).* to Gaussian\(\)"):
+        nesgpu.convert(net, "gaussian")
+    with pytest.raises(ValueError, match=r"to LowRank\(rank=2\)"):  # other options: another kind
+        nesgpu.convert(net, "lowrank", rank=2)

@@ -271,3 +271,26 @@ def test_a_shared_input_through_another_model_runs_on_the_rows():
         x = torch.randn(3, 4, dtype=torch.double)
         rows = x.unsqueeze(0).unsqueeze(2).expand(2, 3, 8, 4).reshape(-1, 4)
         torch.testing.assert_close(pm.shared_input(x), pm(rows), rtol=1e-12, atol=1e-12)
+
+
+def test_a_parameter_frozen_after_convert_is_an_error_at_the_next_draw():
+    net = nesgpu.convert(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1)), "lowrank")
+    pm = nesgpu.PerturbedModel(net, 4, antithetic=True)
+    pm.set_noise()
+    net[1].weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"\['1.weight'\] were frozen .* convert\(model, ..., freeze"):
+        pm.set_noise()
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(sigma=float("inf")), "sigma must be a positive finite number"),
+    (dict(sigma=float("nan")), "sigma must be a positive finite number"),
+    (dict(seed=1.7), r"seed must be an int in \[0, 2\*\*63\)"),
+    (dict(seed=-1), "seed must be an int"),
+    (dict(seed=2**64), "seed must be an int"),
+    (dict(seed="abc"), "seed must be an int"),
+])
+def test_bad_sigma_and_seed_are_refused(options, match):
+    net = nesgpu.convert(nn.Sequential(nn.Linear(3, 4)), "lowrank")
+    with pytest.raises(ValueError, match=match):
+        nesgpu.PerturbedModel(net, 4, **options)

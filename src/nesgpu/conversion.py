@@ -73,7 +73,8 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         **options: the kind's options, e.g. ``rank=2`` or ``in_sparsity=0.1``.
 
     Returns:
-        the converted model. Its parameters are new objects: build the optimizer after converting.
+        the converted model. It holds the same Parameter objects as ``model`` (an optimizer built before
+        converting still trains it).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
@@ -99,6 +100,7 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
 def _swap(module: nn.Module, name: str, opts: _Options) -> nn.Module:
     """``module`` with every trainable parameter in a perturbed module (see the module docstring)."""
     if isinstance(module, PerturbedModule):
+        _check_converted(module, name, opts)
         return module
     if isinstance(module, nn.TransformerEncoder):  # nested tensors cannot carry population rows
         module.enable_nested_tensor = module.use_nested_tensor = False
@@ -119,6 +121,16 @@ def _swap(module: nn.Module, name: str, opts: _Options) -> nn.Module:
     for child_name, child in module.named_children():
         setattr(module, child_name, _swap(child, f"{name}.{child_name}" if name else child_name, opts))
     return module
+
+
+def _check_converted(module: PerturbedModule, name: str, opts: _Options) -> None:
+    """A module converted already keeps its kind: asking for another one is an error, not a no-op."""
+    wanted = opts.kind if opts.kind.supports(module.product) else Gaussian()
+    kinds = {slot.kind for slot in module.slots if slot.geometry is not None}
+    if kinds and kinds != {wanted}:
+        raise ValueError(f"{name or 'model'} ({type(module).__name__}) is converted already with kind "
+                         f"{', '.join(sorted(map(repr, kinds)))}; convert() does not change a converted module's kind "
+                         f"to {opts.kind!r}: convert the original (plain) model")
 
 
 def _swap_path(module: nn.Module, label: str) -> None:
@@ -194,6 +206,7 @@ def _rebuild(cls, module, args, directions):
     layer = cls(**args, device="meta", dtype=dtype, directions=directions)
     layer = layer.to_empty(device=device)
     layer.load_state_dict(module.state_dict())
+    _keep_parameters(layer, module)
     trainable = {n: p.requires_grad for n, p in module.named_parameters()}
     for n, p in layer.named_parameters():
         p.requires_grad_(trainable.get(n, True))
@@ -202,6 +215,16 @@ def _rebuild(cls, module, args, directions):
             m.declare_parameters()  # frozen parameters (requires_grad=False) get no noise
     layer.train(module.training)
     return layer
+
+
+def _keep_parameters(layer: nn.Module, module: nn.Module) -> None:
+    """Give ``layer`` the Parameter objects of ``module`` it took the values of: an optimizer built on the
+    model before convert() still holds the parameters that train."""
+    own = dict(layer.named_parameters())
+    for name, param in module.named_parameters():
+        if name in own and own[name].shape == param.shape and own[name].dtype == param.dtype:
+            owner, _, leaf = name.rpartition(".")
+            layer.get_submodule(owner).register_parameter(leaf, param)
 
 
 # ----- tied parameters -------------------------------------------------------------------------------

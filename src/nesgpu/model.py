@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import weakref
 import zlib
 from collections.abc import Iterator
@@ -74,6 +76,8 @@ class PerturbedModel:
         self.directions = directions
         self.sigma = sigma
         self.antithetic = bool(antithetic)
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}")
         self.seed = int(seed)
         self.step = 0
         self.layers: dict[str, PerturbedModule] = {
@@ -117,8 +121,8 @@ class PerturbedModel:
 
     @sigma.setter
     def sigma(self, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"sigma must be a positive number; got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"sigma must be a positive finite number; got {value!r}")
         self._sigma = float(value)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -130,6 +134,16 @@ class PerturbedModel:
         kept. The population forward runs in the model's dtype."""
         return [self._masters[id(p)].value if id(p) in self._masters else p for layer in self.layers.values()
                 for p in layer.perturbed_parameters().values()]
+
+    def _check_frozen(self) -> None:
+        """A parameter frozen (``requires_grad_(False)``) after convert() would still be perturbed and updated:
+        an error naming it, not a silent no-op of the freeze."""
+        frozen = [f"{name}.{attr}" if name else attr for name, layer in self.layers.items()
+                  for attr, p in layer.perturbed_parameters().items() if not p.requires_grad]
+        if frozen:
+            raise ValueError(f"parameters {frozen[:5]}{' ...' if len(frozen) > 5 else ''} were frozen "
+                             f"(requires_grad=False) after convert(), which still perturbs them; freeze them when "
+                             f"converting: convert(model, ..., freeze=[...])")
 
     def _before_call(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """A half-precision model's call: its weights from the masters, floating-point inputs in its dtype (a
@@ -175,6 +189,7 @@ class PerturbedModel:
         distributed evaluation pass the same ``step`` with disjoint ``directions`` ranges.
         """
         step = self.step + 1 if step is None else int(step)
+        self._check_frozen()
         self.sync_weights()
         if directions is None:
             directions = range(self.directions)

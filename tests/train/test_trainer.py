@@ -160,6 +160,8 @@ def test_corrupt_and_mismatched_checkpoints_are_reported(tmp_path):
     ({"lr": 0.0}, "lr must be a positive finite number"),
     ({"task": "gym:NoSuchEnv-v0"}, "unknown task 'gym:NoSuchEnv-v0'"),
     ({"layer": "permuted", "antithetic": False}, "'permuted' is biased without antithetic sampling"),
+    ({"seed": 2**70}, r"seed must be below 2\*\*63"),
+    ({"sigma": float("inf")}, "sigma must be a positive finite number"),
 ])
 def test_bad_configuration_is_a_clear_error(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):

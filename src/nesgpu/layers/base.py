@@ -155,6 +155,11 @@ class PerturbedModule(SharedParameters):
         return tuple(self._slots)
 
     @property
+    def product(self) -> str:
+        """The product its matrices take ("linear", "conv", "embedding", ...): what a kind must support."""
+        return self._product_name
+
+    @property
     def perturbs(self) -> bool:
         """Whether this module perturbs any parameter (a module with all of them frozen does not)."""
         return bool(self._slots)

@@ -57,6 +57,8 @@ def _check_ranges(cfg) -> None:
                       ("eval_episodes", 1), ("seed", 0), ("eval_every", 0), ("checkpoint_every", 0)):
         if getattr(cfg, name) < low:
             raise ValueError(f"{name} must be >= {low}; got {getattr(cfg, name)}")
+    if cfg.seed >= 2**63:
+        raise ValueError(f"seed must be below 2**63; got {cfg.seed}")
     for name in ("sigma", "lr", "dist_timeout"):
         if not 0 < getattr(cfg, name) < math.inf:
             raise ValueError(f"{name} must be a positive finite number; got {getattr(cfg, name)}")
