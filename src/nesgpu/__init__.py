@@ -1,11 +1,16 @@
 """nesgpu: evolution strategies for PyTorch, with the whole population in one batched forward pass."""
 
-from . import kinds
-from .layers import *  # noqa: F403
-from .layers import __all__ as _layers
-from .conversion import convert, summary
-from .model import PerturbedModel
-from .version import __version__  # noqa: F401 (nesgpu.__version__)
+import warnings
+
+# torch runs without numpy (nesgpu's core needs only torch) but warns at import that it could not load it
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+from . import kinds  # noqa: E402
+from .layers import *  # noqa: F403, E402
+from .layers import __all__ as _layers  # noqa: E402
+from .conversion import convert, summary  # noqa: E402
+from .model import PerturbedModel  # noqa: E402
+from .version import __version__  # noqa: F401, E402 (nesgpu.__version__)
 
 
 

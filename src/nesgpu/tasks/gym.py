@@ -23,11 +23,14 @@ import re
 import sys
 import warnings
 import weakref
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from ..noise import derive_seed
+
+if TYPE_CHECKING:  # numpy comes with gymnasium (the [rl] extra): imported where an environment runs
+    import numpy as np
 
 VECTOR_MODES = ("sync", "async")
 _WARNINGS_KEY = "nesgpu_warnings"  # info key that carries a worker's warnings to the main process
@@ -302,6 +305,7 @@ class GymVectorEnv:
     def spec(env_id: str):
         """Spaces of ``env_id`` in the form RLTask expects."""
         import gymnasium as gym
+        import numpy as np
         _import_mujoco_for(env_id)
         with _ShowOnce():
             env = gym.make(env_id)
@@ -320,6 +324,7 @@ class GymVectorEnv:
             reward_threshold=env.spec.reward_threshold))
 
     def reset(self, seed: int, groups: torch.Tensor, count: int) -> torch.Tensor:
+        import numpy as np
         seeds = [derive_seed(seed, g) % 2**31 for g in groups.tolist()]
         with _ShowOnce():
             obs, info = self.env.reset(seed=seeds)
@@ -329,6 +334,7 @@ class GymVectorEnv:
         return torch.as_tensor(obs, dtype=torch.float32, device=self.device)
 
     def step(self, action: torch.Tensor):
+        import numpy as np
         a = action.detach().cpu().numpy()
         if self.discrete:
             a = a.astype(np.int64)
@@ -349,6 +355,7 @@ class GymVectorEnv:
         """Sync mode: step only the rows whose episode is still running (a rollout ignores a row after its
         episode ends, so a fallen Hopper costs no simulation); ended rows repeat their last observation with
         reward 0 and done."""
+        import numpy as np
         reward = np.zeros(self.n)
         for i in np.flatnonzero(~self._ended):
             obs, reward[i], terminated, truncated, _ = self.env.envs[i].step(a[i])

@@ -7,6 +7,7 @@ where :func:`load_checkpoint` finds it).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -38,6 +39,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def require_safetensors() -> None:
+    """The trainer writes and reads weights with safetensors (the ``[train]`` extra): a ValueError that says
+    what to install where it is missing."""
+    if importlib.util.find_spec("safetensors") is None:
+        raise ValueError("the trainer saves the weights with safetensors, which is not installed: "
+                         "pip install 'nesgpu[train]'")
 
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:

@@ -12,7 +12,7 @@ from torch import nn
 
 from . import rundir
 from .build import build, resolve_device
-from .checkpoint import find_checkpoint, load_checkpoint, load_weights
+from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
 from .config import CUSTOM, TrainConfig, is_supervised, resolve_for
 
 
@@ -53,6 +53,7 @@ def load_run(directory: str | Path, device: str = "auto", model: nn.Module | Non
         >>> model, task, config = nesgpu.load_run("runs/digits")
         >>> task.evaluate(model)
     """
+    require_safetensors()
     directory = Path(directory)
     cfg = read_config(directory, task)
     cfg.device = device

@@ -25,7 +25,7 @@ from ..tasks.protocol import SavesModel
 from ..version import __version__
 from . import rundir
 from .build import Built, build, check_own, resolve_device
-from .checkpoint import save_weights, write_json
+from .checkpoint import require_safetensors, save_weights, write_json
 from .config import TrainConfig, is_supervised, resolve_for
 from .loggers import make_loggers
 from .loop import Interrupted, Loop, Progress, check_finite
@@ -101,6 +101,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
     """
     cfg = resolve_for(cfg, task)
     check_own(cfg, model, task)
+    require_safetensors()
     if cfg.out is None:  # the default: a new directory per run, never an old run's
         cfg.out = str(rundir.fresh_directory(Path("runs"), cfg.task.replace(":", "-").replace("/", "-")))
     out = Path(cfg.out)
