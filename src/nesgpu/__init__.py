@@ -9,6 +9,7 @@ from . import kinds  # noqa: E402
 from .layers import *  # noqa: F403, E402
 from .layers import __all__ as _layers  # noqa: E402
 from .conversion import convert, summary  # noqa: E402
+from .export import export  # noqa: E402
 from .model import PerturbedModel  # noqa: E402
 from .version import __version__  # noqa: F401, E402 (nesgpu.__version__)
 
@@ -22,4 +23,4 @@ def load_run(directory, device: str = "auto", model=None, task=None):
     return _load_run(directory, device, model=model, task=task)
 
 
-__all__ = ["PerturbedModel", "convert", "kinds", "load_run", "summary", *_layers]
+__all__ = ["PerturbedModel", "convert", "export", "kinds", "load_run", "summary", *_layers]

@@ -111,7 +111,8 @@ class PerturbedModule(SharedParameters):
         self.kind = kind
         self.directions = directions
         self.layer_key, self.layer_name = 0, ""  # set by PerturbedModel: the module's key and name in the model
-        self._matrices, self._recurse, self._product_name = matrices, recurse, product
+        self._matrices, self._recurse = matrices, recurse
+        self.product = product  # what its matrices take from a kind: "linear", "conv", "embedding", ...
         self._transposed, self._banks = transposed, banks
         self._borrowed: dict[str, Borrowed] = {}
         self._inside = False  # True while this module runs its own population forward (the read guard)
@@ -153,11 +154,6 @@ class PerturbedModule(SharedParameters):
     def slots(self) -> tuple[Slot, ...]:
         """This module's perturbed parameters with their kinds and geometries (not those it borrows)."""
         return tuple(self._slots)
-
-    @property
-    def product(self) -> str:
-        """The product its matrices take ("linear", "conv", "embedding", ...): what a kind must support."""
-        return self._product_name
 
     @property
     def perturbs(self) -> bool:

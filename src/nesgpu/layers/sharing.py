@@ -47,9 +47,9 @@ class SharedParameters(nn.Module):
         if geometry is None or slot.geometry is None or geometry.shape != slot.geometry.shape:
             return (f"{type(self).__name__}.{name} is tied to {type(owner).__name__}.{owner_name}, but their "
                     f"geometries differ ({geometry} and {slot.geometry}); expected the same matrix")
-        if not slot.kind.supports(self._product_name):
+        if not slot.kind.supports(self.product):
             return (f"{type(self).__name__}.{name} is tied to {type(owner).__name__}.{owner_name}, whose kind "
-                    f"{slot.kind.name!r} has no {self._product_name} product; use kind 'lowrank' or 'gaussian' "
+                    f"{slot.kind.name!r} has no {self.product} product; use kind 'lowrank' or 'gaussian' "
                     f"for tied weights")
         return None
 

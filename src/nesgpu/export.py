@@ -1,0 +1,98 @@
+"""Plain torch modules from a converted model, for deployment: :func:`export`.
+
+A perturbed module rebuilt from a torch type (``PerturbedLinear``, ``PerturbedLSTM``, ...) becomes that torch
+type again; a module whose class was swapped in place (the exact fallback, ``transformers`` types) gets its
+own class back, without the perturbation's attributes. Parameters (and their ties) and buffers carry over,
+so the exported model computes what the converted model's plain calls compute; a low-bit layer becomes the
+float layer with its quantised (dequantised) weights.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from .layers import LowBitConv1d, LowBitConv2d, LowBitConv3d, LowBitLinear, PerturbedLinear, PerturbedModule
+from .layers.registry import CONVERSIONS
+
+LOW_BIT = (LowBitLinear, LowBitConv1d, LowBitConv2d, LowBitConv3d)
+
+
+def export(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` without nesgpu's modules: plain torch (or ``transformers``) modules with the
+    trained weights. ``model`` itself stays converted.
+
+    Example:
+        >>> plain = nesgpu.export(pm.model)
+        >>> torch.save(plain.state_dict(), "model.pt")  # or plain.save_pretrained(DIR) for a HF model
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
+    for m in model.modules():
+        if isinstance(m, PerturbedModule):
+            m.free_memory()  # the noise is not part of the model (and not copied)
+    plain, rebuilt = copy.deepcopy(model), []
+    for m in plain.modules():  # PerturbedModel's hooks (master weights, input dtype) belong to the original
+        for key, hook in list(m._forward_pre_hooks.items()):
+            if getattr(hook, "__module__", "").startswith("nesgpu."):
+                del m._forward_pre_hooks[key]
+    for name, module in list(plain.named_modules())[1:]:
+        if any(name.startswith(f"{done}.") for done in rebuilt) or not _is_ours(module):
+            continue  # inside a module rebuilt whole (its children are plain), or plain already
+        new = _plain(module)
+        if new is not module:
+            owner, _, leaf = name.rpartition(".")
+            setattr(plain.get_submodule(owner), leaf, new)
+            rebuilt.append(name)
+    return _plain(plain) if _is_ours(plain) else plain
+
+
+def _is_ours(module: nn.Module) -> bool:
+    """Whether the module's class is (or derives from) one of nesgpu's."""
+    return any(c.__module__.startswith("nesgpu.") for c in type(module).__mro__)
+
+
+def _plain(module: nn.Module) -> nn.Module:
+    """The plain module of one of nesgpu's: a rebuilt torch type is built again as that type (a new
+    module); a class swapped in place gets its own class back (the same module)."""
+    rebuilt = next((c for c in CONVERSIONS if type(module) is c.target or
+                    (isinstance(module, LOW_BIT) and c.source in type(module).__mro__)), None)
+    if rebuilt is not None:
+        return _rebuilt(module, rebuilt)
+    original = next(c for c in type(module).__mro__[1:] if not c.__module__.startswith("nesgpu."))
+    if isinstance(module, PerturbedModule):
+        for attribute in _perturbation_attributes():
+            module.__dict__.pop(attribute, None)
+    module.__class__ = original
+    return module
+
+
+def _rebuilt(module: PerturbedModule, conversion) -> nn.Module:
+    if getattr(module, "act_bits", None) is not None:
+        raise ValueError(f"{type(module).__name__} with act_bits={module.act_bits} quantises its inputs: no plain "
+                         f"torch module computes the same; export the model trained without act_bits")
+    source = next(c.source for c in CONVERSIONS if isinstance(module, c.source))
+    tensors = [*module.parameters(), *module.buffers()]
+    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
+    plain = source(**conversion.args(module), device="meta", dtype=dtype)
+    plain = plain.to_empty(device=tensors[0].device if tensors else torch.device("cpu"))
+    plain.load_state_dict(module.state_dict())
+    for name, param in module.named_parameters():  # the same Parameter objects: ties stay ties
+        owner, _, leaf = name.rpartition(".")
+        plain.get_submodule(owner).register_parameter(leaf, param)
+    if isinstance(module, LOW_BIT):
+        with torch.no_grad():
+            plain.weight = nn.Parameter(module.quantized_weight().detach().clone(),
+                                        requires_grad=module.weight.requires_grad)
+    plain.train(module.training)
+    return plain
+
+
+def _perturbation_attributes() -> set[str]:
+    """What converting adds to a module's ``__dict__`` (measured on a Linear)."""
+    return set(vars(PerturbedLinear(1, 1))) - set(vars(nn.Linear(1, 1)))
+
+
+__all__ = ["export"]
