@@ -3,6 +3,7 @@ the run it claims to be, non-finite weights never reach a checkpoint, and Ctrl-C
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -383,3 +384,21 @@ def test_broken_yaml_and_resume_with_another_out_are_one_line_errors(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--resume", str(out), "--out", str(tmp_path / "other")])
     assert exit_info.value.code == 2 and not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "checkpoint", "tensorboard", "summary.json"])
+def test_no_run_file_is_written_through_a_symbolic_link(tmp_path, name):
+    train(TrainConfig(**{**RUN, "steps": 2}, log="none", out=str(tmp_path / "run")), log=quiet)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep me")
+    target = tmp_path / "run" / name
+    if target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink(missing_ok=True)
+    target.symlink_to(outside / "precious.txt" if "." in name else outside)
+    for options in (dict(resume=True), dict(overwrite=True)):
+        with pytest.raises(ValueError, match=f"{name} is a symbolic link; a run writes its files only inside"):
+            train(TrainConfig(**RUN, log="none", out=str(tmp_path / "run")), log=quiet, **options)
+    assert (outside / "precious.txt").read_text() == "keep me" and sorted(os.listdir(outside)) == ["precious.txt"]

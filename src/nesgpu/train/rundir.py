@@ -61,6 +61,10 @@ def check(out: Path, resume: bool, overwrite: bool) -> None:
     """Refuse what a run may not do with ``out`` (which the caller holds the lock of). Deletes nothing."""
     if resume and overwrite:
         raise ValueError("--resume continues a run and --overwrite replaces it; give one of them")
+    links = [path for path in (out / name for name in (*RUN_FILES, *RUN_DIRS)) if path.is_symlink()]
+    if links:  # open("w") and rmtree would follow it out of the run: another run's or the user's files
+        raise ValueError(f"{links[0]} is a symbolic link; a run writes its files only inside its own directory: "
+                         f"remove the link (or copy what it points to into the run)")
     if resume or not any(p.name != LOCK and ".tmp-" not in p.name for p in out.iterdir()):
         return
     if not is_run_directory(out):
