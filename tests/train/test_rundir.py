@@ -2,6 +2,7 @@
 the run it claims to be, non-finite weights never reach a checkpoint, and Ctrl-C keeps the work."""
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -402,3 +403,27 @@ def test_no_run_file_is_written_through_a_symbolic_link(tmp_path, name):
         with pytest.raises(ValueError, match=f"{name} is a symbolic link; a run writes its files only inside"):
             train(TrainConfig(**RUN, log="none", out=str(tmp_path / "run")), log=quiet, **options)
     assert (outside / "precious.txt").read_text() == "keep me" and sorted(os.listdir(outside)) == ["precious.txt"]
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--init", "he"], r"differ from its checkpoint \(init: 'default' -> 'he'\)"),
+    (["--strategy", "backprop", "--optimizer", "sgd"], r"\(optimizer: 'adamw' -> 'sgd'\)"),
+])
+def test_resume_refuses_a_new_init_or_optimizer_before_writing(tmp_path, capsys, flags, match):
+    side = ["--strategy", "backprop"] if "backprop" in flags else ["--population", "16"]
+    out = str(tmp_path / "r")
+    assert main(["train", "--task", "digits", "--steps", "2", "--log", "none", *side, "--out", out]) == 0
+    config = (tmp_path / "r" / "config.json").read_text()
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", out, "--steps", "4", *flags])
+    assert re.search(match, capsys.readouterr().err.strip().splitlines()[-1])
+    assert (tmp_path / "r" / "config.json").read_text() == config
+
+
+def test_resume_of_a_config_json_that_is_not_a_mapping_is_one_line(tmp_path, capsys):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", str(tmp_path / "r"), "--steps", "4"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("config.json holds a list, not a run's mapping "
+                                                                      "of options")

@@ -142,9 +142,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
             raise ValueError(f"--resume {args.resume} continues the run in that directory; --out {args.out} names "
                              f"another (drop --out)")
         try:
-            values.update(json.loads(path.read_text()))
+            old = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise ValueError(f"--resume {args.resume}: cannot read {path} ({e})") from e
+        if not isinstance(old, dict):
+            raise ValueError(f"--resume {args.resume}: {path} holds a {type(old).__name__}, not a run's mapping of "
+                             f"options")
+        values.update(old)
         values["out"] = args.resume
     if args.config:  # the keys the file sets, each type-checked (a value equal to a default still counts)
         values.update(TrainConfig.read_yaml(args.config))
