@@ -168,6 +168,32 @@ def test_bad_configuration_is_a_clear_error(tmp_path, options, message):
         train(TrainConfig(**{**FAST["cartpole"], **options}, out=str(tmp_path)), log=quiet)
 
 
+def _damage_step(state):
+    state["strategy"]["step"] = -3
+
+
+def _damage_optimizer(state):
+    moments = next(iter(state["strategy"]["optimizer"]["state"].values()))
+    next(v for v in moments.values() if v.is_floating_point() and v.dim()).view(-1)[0] = float("nan")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_damage_step, r"is at step -3; expected a whole number >= 0"),
+    (_damage_optimizer, r"optimizer state holds NaN or infinite values \(optimizer.state.0.\w+\); it cannot be resumed"),
+    (lambda state: state.pop("strategy"), "has no strategy state"),
+])
+def test_a_damaged_checkpoint_is_refused_before_it_is_resumed(tmp_path, damage, message):
+    train(TrainConfig(**FAST["cartpole"], out=str(tmp_path / "run")), log=quiet)
+    path = find_checkpoint(tmp_path / "run" / "checkpoint") / "state.pt"
+    state = torch.load(path, weights_only=True)
+    damage(state)
+    torch.save(state, path)
+    metrics = (tmp_path / "run" / "metrics.csv").read_text()
+    with pytest.raises(ValueError, match=message):
+        train(TrainConfig(**{**FAST["cartpole"], "steps": 8}, out=str(tmp_path / "run")), resume=True, log=quiet)
+    assert (tmp_path / "run" / "metrics.csv").read_text() == metrics
+
+
 def test_nan_fitness_names_step_and_member(tmp_path, monkeypatch):
     from nesgpu.tasks.rl import RLTask
 

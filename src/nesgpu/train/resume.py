@@ -7,6 +7,8 @@ import dataclasses
 import math
 from pathlib import Path
 
+import torch
+
 from ..strategies import Schedule
 from . import rundir
 from .checkpoint import load_checkpoint
@@ -29,7 +31,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log)
         if changed:
             raise ValueError(f"cannot resume {out}: options that define the run differ from its checkpoint "
                              f"({'; '.join(changed)}); start a new run to change them")
-        at = int(state.get("strategy", {}).get("step", 0))
+        at = checked_strategy(state, out)["step"]
         if cfg.steps < at:
             raise ValueError(f"--steps {cfg.steps} is below the checkpoint's step {at}; expected >= {at}")
 
@@ -50,6 +52,36 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log)
     elapsed = float(state["seconds"])
     return Progress(elapsed=elapsed, env_steps=int(state["env_steps"]), last_checkpoint=stepper.step,
                     last_eval=elapsed)
+
+
+def checked_strategy(state: dict, out: Path) -> dict:
+    """A checkpoint's strategy state, refused (a ValueError) when it is missing, its step is not a whole
+    number >= 0, or its optimizer state holds NaN or infinity (a run resumed from it could only diverge)."""
+    strategy = state.get("strategy") if isinstance(state, dict) else None
+    if not isinstance(strategy, dict):
+        raise ValueError(f"checkpoint in {out} has no strategy state: nesgpu train did not write it, or it is "
+                         f"damaged")
+    at = strategy.setdefault("step", 0)
+    if isinstance(at, bool) or not isinstance(at, int) or at < 0:
+        raise ValueError(f"checkpoint in {out} is at step {at!r}; expected a whole number >= 0 (the file is damaged)")
+    bad = [name for name, value in _tensors(strategy.get("optimizer"), "optimizer")
+           if value.is_floating_point() and not bool(torch.isfinite(value).all())]
+    if bad:
+        raise ValueError(f"checkpoint in {out}: its optimizer state holds NaN or infinite values ({bad[0]}); it "
+                         f"cannot be resumed; start a new run")
+    return strategy
+
+
+def _tensors(value, name: str):
+    """(path, tensor) of every tensor in a nested state of dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensors(item, f"{name}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors(item, f"{name}[{i}]")
 
 
 def scheduled_values(old: dict, cfg: TrainConfig, step: int) -> list[tuple[str, float, float]]:
