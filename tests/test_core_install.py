@@ -45,6 +45,7 @@ def test_the_cli_says_which_extra_to_install(tmp_path):
     result = run("from nesgpu.cli import main\n"
                  "main(['train', '--task', 'cartpole', '--steps', '1', '--log', 'none', '--out', 'r'])\n", tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == ("nesgpu train: error: the trainer saves the weights with "
-                                                       "safetensors, which is not installed: pip install 'nesgpu[train]'")
+    assert result.stderr.strip().splitlines()[-1] == (
+        "nesgpu train: error: the trainer saves the weights with safetensors, which is not installed: "
+        "pip install 'nesgpu[train]'")
     assert not (tmp_path / "r").exists()

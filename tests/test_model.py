@@ -201,7 +201,7 @@ def test_weights_of_the_wrong_shape():
 def test_bad_constructor_arguments():
     with pytest.raises(ValueError, match="no perturbed parameters"):
         nesgpu.PerturbedModel(nn.Linear(2, 2), 4)
-    with pytest.raises(ValueError, match="sigma must be a positive number; got 0"):
+    with pytest.raises(ValueError, match="sigma must be a positive finite number; got 0"):
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 4, sigma=0)
     with pytest.raises(ValueError, match="directions must be a positive int"):
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 0)

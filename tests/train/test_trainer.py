@@ -179,7 +179,8 @@ def _damage_optimizer(state):
 
 @pytest.mark.parametrize("damage, message", [
     (_damage_step, r"is at step -3; expected a whole number >= 0"),
-    (_damage_optimizer, r"optimizer state holds NaN or infinite values \(optimizer.state.0.\w+\); it cannot be resumed"),
+    (_damage_optimizer, r"optimizer state holds NaN or infinite values \(optimizer.state.0.\w+\); it cannot be "
+                        r"resumed"),
     (lambda state: state.pop("strategy"), "has no strategy state"),
 ])
 def test_a_damaged_checkpoint_is_refused_before_it_is_resumed(tmp_path, damage, message):

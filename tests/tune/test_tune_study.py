@@ -175,7 +175,8 @@ def test_a_study_whose_trials_all_fail_stops_at_the_cap_with_one_line(tmp_path, 
         main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("nesgpu tune: error: every trial failed (2); the last: ") and "Fix the base config" in err[-1]
+    assert err[-1].startswith("nesgpu tune: error: every trial failed (2); the last: ")
+    assert "Fix the base config" in err[-1]
     study = optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path / 't' / 'study.db'}")
     assert states(study) == [TrialState.FAIL, TrialState.FAIL]
 

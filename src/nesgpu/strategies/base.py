@@ -14,6 +14,7 @@ One step, as the training loop runs it::
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -124,8 +125,8 @@ class Strategy:
 
     def init(self, sigma: float) -> StrategyState:
         """The state before the first step."""
-        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma > 0:
-            raise ValueError(f"sigma must be a positive number; got {sigma!r}")
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 < sigma < math.inf:
+            raise ValueError(f"sigma must be a positive finite number; got {sigma!r}")
         return StrategyState(step=0, sigma=float(sigma), sigma0=float(sigma))
 
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
