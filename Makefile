@@ -8,10 +8,12 @@ PY := $(VENV)/bin/python
 .PHONY: demo test bench docs clean
 
 $(VENV)/.installed: pyproject.toml
+	@echo "building $(VENV): torch and the [all,test] extras (a few minutes the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" -e ".[all,test]"
 	touch $@
+	@echo "built $(VENV); 'source $(VENV)/bin/activate' puts nesgpu on your PATH"
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/nesgpu train
