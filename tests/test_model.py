@@ -294,3 +294,9 @@ def test_bad_sigma_and_seed_are_refused(options, match):
     net = nesgpu.convert(nn.Sequential(nn.Linear(3, 4)), "lowrank")
     with pytest.raises(ValueError, match=match):
         nesgpu.PerturbedModel(net, 4, **options)
+
+
+def test_a_model_on_the_meta_device_is_refused_with_what_to_do():
+    net = nesgpu.convert(nn.Linear(4, 2, device="meta"), "lowrank")
+    with pytest.raises(ValueError, match="on the meta device .* model.to_empty"):
+        nesgpu.PerturbedModel(net, 4, antithetic=True)

@@ -72,6 +72,9 @@ class PerturbedModel:
             raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
         if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
             raise ValueError(f"directions must be a positive int; got {directions!r}")
+        if any(p.is_meta for p in model.parameters()):
+            raise ValueError("the model's parameters are on the meta device (shapes without data); materialise "
+                             "them first, e.g. model.to_empty(device=...) and load_state_dict(...)")
         self.model = model
         self.directions = directions
         self.sigma = sigma

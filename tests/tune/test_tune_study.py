@@ -318,3 +318,12 @@ def test_the_runs_notes_are_kept_and_its_progress_lines_dropped(tmp_path):
     assert lines[0].startswith("trial 0: test_accuracy ") and "reached the target 0 at step 1" in lines[0]
     assert lines[1].startswith("trial 0 test_accuracy ")
     assert len(lines) == 2  # no "step 1/6 ..." progress line, no final line of the run
+
+
+def test_a_tune_out_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        main(["tune", *FAST_FLAGS, "--trials", "1", "--out", str(tmp_path / "file")])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"nesgpu tune: error: --out {tmp_path / 'file'} is a file; expected a directory for the tune (study.db, "
+        f"trials/, ...)")

@@ -123,6 +123,8 @@ class Subject:
 
 def _open_study(out: Path, attrs: dict, study_name: str | None, heartbeat: int, sampler, pruner, log):
     """(storage, study) of the tune directory ``out``: a new study, or the one there if it matches ``attrs``."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; expected a directory for the tune (study.db, trials/, ...)")
     out.mkdir(parents=True, exist_ok=True)
 
     def on_stale(study, trial):
