@@ -22,6 +22,7 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -286,6 +287,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def output_file(text: str) -> str:
+    """A file the results can be written to, checked before the benchmark runs (not after it)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; expected a file to write")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path.parent} does not exist; expected a file in an existing directory")
+    return text
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -337,8 +348,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--conv-sizes", type=conv_size, nargs="+", metavar="OUTxINxKxHW", default=None,
                    help="Conv2d sizes, square kernel K and input HW (default: 16x16x3x64 32x32x3x64 64x64x3x32 "
                         "32x32x1x32 1024x1024x1x1)")
-    p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
-    p.add_argument("--markdown", metavar="PATH", default=None, help="also write the Markdown tables to a file")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="also write the results as JSON")
+    p.add_argument("--markdown", metavar="PATH", type=output_file, help="also write the Markdown tables to a file")
     p.set_defaults(func=command, parser=p)
     return p
 

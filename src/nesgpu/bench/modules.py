@@ -21,7 +21,7 @@ from ..kinds import KINDS
 from ..conversion import convert
 from ..model import PerturbedModel
 
-from .layers import device_name, positive_int, time_call
+from .layers import device_name, output_file, positive_int, time_call
 
 
 class Scale(nn.Module):
@@ -110,7 +110,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--population", type=positive_int, default=256, help="rows P (default: 256)")
     p.add_argument("--kinds", nargs="+", default=["lowrank", "gaussian"], choices=sorted(KINDS))
     p.add_argument("--repeats", type=positive_int, default=10, help="timed calls per row (default: 10)")
-    p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="also write the results as JSON")
     p.set_defaults(func=main)
     return p
 

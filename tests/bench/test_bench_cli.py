@@ -1,0 +1,14 @@
+"""nesgpu bench's command line: output paths are checked before a benchmark runs."""
+
+import pytest
+
+from nesgpu.cli import main
+
+
+@pytest.mark.parametrize("command", [["layers", "--quick", "--which", "linear"], ["modules"]])
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_benchmark(tmp_path, capsys, command):
+    for bad, match in ((tmp_path, "is a directory; expected a file"),
+                       (tmp_path / "no" / "r.json", "does not exist; expected a file in an existing directory")):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", *command, "--json", str(bad)])
+        assert e.value.code == 2 and match in capsys.readouterr().err
