@@ -1,6 +1,7 @@
 """Run directories: nothing is overwritten by accident, two writers never share a run, a resumed run is
 the run it claims to be, non-finite weights never reach a checkpoint, and Ctrl-C keeps the work."""
 
+import csv
 import json
 import re
 import os
@@ -427,3 +428,21 @@ def test_resume_of_a_config_json_that_is_not_a_mapping_is_one_line(tmp_path, cap
         main(["train", "--resume", str(tmp_path / "r"), "--steps", "4"])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("config.json holds a list, not a run's mapping "
                                                                       "of options")
+
+
+@pytest.mark.parametrize("options, stopped", [
+    (dict(), "steps"),
+    (dict(target=-1.0), "target"),
+    (dict(callback=lambda step, row: step == 2), "callback"),
+])
+def test_summary_says_why_the_run_stopped_its_best_value_and_size(tmp_path, options, stopped):
+    callback = options.pop("callback", None)
+    summary = train(TrainConfig(**{**RUN, "eval_every": 1}, **options, log="none", out=str(tmp_path / "run")),
+                    log=quiet, callback=callback)
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["stopped"] == summary["stopped"] == stopped
+    assert written["target"] == options.get("target", summary["target"])
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    evaluations = [float(r[summary["metric"]]) for r in rows if r[summary["metric"]]]
+    assert written["best"] == max(evaluations + [written["value"]]) >= written["value"]
+    assert written["parameters"] == 4 * 4 + 4 + 4 * 2 + 2  # cartpole's MLP, hidden 4: 4 -> 4 -> 2

@@ -54,6 +54,7 @@ class Loop:
     stop_requested: object = lambda: False
     progress: Progress = field(default_factory=Progress)
     target: float | None = None
+    stopped: str = "steps"  # why the run ended: steps, target, callback or time_budget (summary.json)
 
     def __post_init__(self):
         cfg = self.cfg
@@ -123,13 +124,15 @@ class Loop:
             self.progress.last_eval = self.progress.elapsed
             self._write_samples(step)
             if self.target is not None and row[metric] >= self.target:
+                self.stopped = "target"
                 stop = f"{metric} {row[metric]:.4g} reached the target {self.target:.4g} at step {step}"
         if self.callback is not None and bool(self.callback(step, dict(row))):
             if self.distributed:
                 raise ValueError("a callback cannot stop a torchrun job: the ranks would not stop together")
-            stop = stop or f"the callback stopped the run at step {step}"
-        if self._out_of_time() and step < self.cfg.steps:
-            stop = stop or f"the time budget of {self.cfg.time_budget:g} s ran out at step {step}"
+            if stop is None:
+                stop, self.stopped = f"the callback stopped the run at step {step}", "callback"
+        if self._out_of_time() and step < self.cfg.steps and stop is None:
+            stop, self.stopped = f"the time budget of {self.cfg.time_budget:g} s ran out at step {step}", "time_budget"
         self.metrics.write(row)
         return stop
 

@@ -144,7 +144,7 @@ def _train(job: _Job) -> dict:
                     job.stop_requested, progress)
         loop.run()
         built.step.finish()
-        summary = _summary(cfg, built, job, progress)
+        summary = {**_summary(cfg, built, job, progress), "stopped": loop.stopped, "target": loop.target}
         if main:
             _write_results(cfg, out, built, summary, metrics, progress, job.log)
     except BaseException as e:  # the trackers' runs end as killed (Ctrl-C) or failed
@@ -172,6 +172,10 @@ def _write_results(cfg: TrainConfig, out: Path, built: Built, summary: dict, met
                    log) -> None:
     """Rank 0: the final evaluation, the weights, the curve and summary.json."""
     summary["value"] = built.task.evaluate(built.model)
+    metric = built.task.metric  # the best evaluation of the run (its earlier evaluations and this one)
+    summary["best"] = max([summary["value"], *(float(r[metric]) for r in metrics.rows if r.get(metric) not in
+                                               (None, ""))])
+    summary["parameters"] = sum(p.numel() for p in built.model.parameters())
     summary["versions"] = {"nesgpu": __version__, "torch": torch.__version__}
     check_finite(built.step, cfg.steps, progress.last_checkpoint)
     save_weights(built.model, out / "model.safetensors", metadata={"nesgpu_config": cfg.to_json(),
