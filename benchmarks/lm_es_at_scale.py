@@ -78,12 +78,17 @@ def train(args) -> dict:
             "options": {k: v for k, v in vars(args).items() if k != "json"}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def budget_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every method of benchmarks/lm_vs_grpo.py takes: model, task, budget, evaluations."""
     parser.add_argument("--model", required=True, help="a local Hugging Face model directory")
     parser.add_argument("--task", default="arithmetic", choices=["arithmetic", "countdown"])
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--eval-seconds", type=float, default=60)
+    return parser
+
+
+def main() -> None:
+    parser = budget_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--population", type=int, default=30)
     parser.add_argument("--sigma", type=float, default=1e-3)
     parser.add_argument("--alpha", type=float, default=5e-4)

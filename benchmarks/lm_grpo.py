@@ -21,6 +21,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from lm_es_at_scale import budget_arguments  # this folder's: the options every method takes
 from nesgpu.tasks import make_task
 
 
@@ -56,11 +57,7 @@ class Budget(TrainerCallback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a local Hugging Face model directory")
-    parser.add_argument("--task", default="arithmetic", choices=["arithmetic", "countdown"])
-    parser.add_argument("--seconds", type=float, default=600)
-    parser.add_argument("--eval-seconds", type=float, default=60)
+    parser = budget_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--generations", type=int, default=8, help="completions per prompt (GRPO's group)")
     parser.add_argument("--lr", type=float, default=1e-4)

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,22 +29,8 @@ from nesgpu.tasks.generation import GenerationTask
 from nesgpu.tasks.verifiers import arithmetic_problems, arithmetic_reward, rewards_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from hf_population import timed  # noqa: E402  (this folder's: medians of interleaved rounds)
 from lm_reward_demo import llama_config, train_tokenizer  # noqa: E402
-
-
-def timed(fns: dict, repeats: int, sync) -> dict[str, list[float]]:
-    """Seconds of each callable per round, the callables interleaved round by round (a noisy machine)."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times[name].append(time.perf_counter() - t0)
-    return times
 
 
 def one_at_a_time(model, task: GenerationTask, prompts: list[str], members: int, sigma: float, seed: int) -> list:
@@ -103,15 +87,14 @@ def measure(size: str, args, tokenizer, device, sync) -> dict:
            "population": population, "fitness": lambda: task.fitness(pm, 0),
            "one_at_a_time": lambda: one_at_a_time(plain, task, step_prompts, args.population, 1e-3, 0)}
     with torch.no_grad():
-        times = timed(fns, args.repeats, sync)
-    med = {k: statistics.median(v) for k, v in times.items()}
+        med = timed(fns, args.repeats, sync)
     tokens = rows.shape[0] * args.new_tokens
     return {"size": size, "params": sum(p.numel() for p in plain.parameters()), "rows": rows.shape[0],
             "tokens_per_s": {k: tokens / med[k] for k in ("plain", "population", "fitness")},
             "population_vs_plain": med["plain"] / med["population"], "fitness_vs_plain": med["plain"] / med["fitness"],
             "members_per_s": {"batched": args.population / med["fitness"],
                               "one_at_a_time": args.population / med["one_at_a_time"]},
-            "batched_vs_one_at_a_time": med["one_at_a_time"] / med["fitness"], "seconds": times}
+            "batched_vs_one_at_a_time": med["one_at_a_time"] / med["fitness"], "seconds": med}
 
 
 def main() -> None:

@@ -198,15 +198,25 @@ def _adopt_or_fallback(module: nn.Module, name: str, label: str, opts: _Options)
     return functional_fallback(module, opts.directions)
 
 
-def _rebuild(cls, module, args, directions):
+def rebuilt_as(cls: type[nn.Module], module: nn.Module, **args) -> nn.Module:
+    """``cls(**args)`` holding ``module``'s state, on its device and in its dtype, with its very Parameter
+    objects (an optimizer built on ``module`` still holds what trains; ties stay ties). Built on "meta", so
+    that no initialisation runs (and no global RNG is consumed), then filled in."""
     tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
     dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
     device = tensors[0].device if tensors else torch.device("cpu")
-    # Built on "meta" so that no initialisation runs (and no global RNG is consumed), then filled in.
-    layer = cls(**args, device="meta", dtype=dtype, directions=directions)
-    layer = layer.to_empty(device=device)
+    layer = cls(**args, device="meta", dtype=dtype).to_empty(device=device)
     layer.load_state_dict(module.state_dict())
-    _keep_parameters(layer, module)
+    own = dict(layer.named_parameters())
+    for name, param in module.named_parameters():
+        if name in own and own[name].shape == param.shape and own[name].dtype == param.dtype:
+            owner, _, leaf = name.rpartition(".")
+            layer.get_submodule(owner).register_parameter(leaf, param)
+    return layer
+
+
+def _rebuild(cls, module, args, directions):
+    layer = rebuilt_as(cls, module, **args, directions=directions)
     trainable = {n: p.requires_grad for n, p in module.named_parameters()}
     for n, p in layer.named_parameters():
         p.requires_grad_(trainable.get(n, True))
@@ -215,16 +225,6 @@ def _rebuild(cls, module, args, directions):
             m.declare_parameters()  # frozen parameters (requires_grad=False) get no noise
     layer.train(module.training)
     return layer
-
-
-def _keep_parameters(layer: nn.Module, module: nn.Module) -> None:
-    """Give ``layer`` the Parameter objects of ``module`` it took the values of: an optimizer built on the
-    model before convert() still holds the parameters that train."""
-    own = dict(layer.named_parameters())
-    for name, param in module.named_parameters():
-        if name in own and own[name].shape == param.shape and own[name].dtype == param.dtype:
-            owner, _, leaf = name.rpartition(".")
-            layer.get_submodule(owner).register_parameter(leaf, param)
 
 
 # ----- tied parameters -------------------------------------------------------------------------------

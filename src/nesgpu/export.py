@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
 
+from .conversion import rebuilt_as
 from .layers import LowBitConv1d, LowBitConv2d, LowBitConv3d, LowBitLinear, PerturbedLinear, PerturbedModule
 from .layers.registry import CONVERSIONS
 
@@ -73,19 +73,10 @@ def _rebuilt(module: PerturbedModule, conversion) -> nn.Module:
     if getattr(module, "act_bits", None) is not None:
         raise ValueError(f"{type(module).__name__} with act_bits={module.act_bits} quantises its inputs: no plain "
                          f"torch module computes the same; export the model trained without act_bits")
-    source = next(c.source for c in CONVERSIONS if isinstance(module, c.source))
-    tensors = [*module.parameters(), *module.buffers()]
-    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
-    plain = source(**conversion.args(module), device="meta", dtype=dtype)
-    plain = plain.to_empty(device=tensors[0].device if tensors else torch.device("cpu"))
-    plain.load_state_dict(module.state_dict())
-    for name, param in module.named_parameters():  # the same Parameter objects: ties stay ties
-        owner, _, leaf = name.rpartition(".")
-        plain.get_submodule(owner).register_parameter(leaf, param)
+    plain = rebuilt_as(conversion.source, module, **conversion.args(module))
     if isinstance(module, LOW_BIT):
-        with torch.no_grad():
-            plain.weight = nn.Parameter(module.quantized_weight().detach().clone(),
-                                        requires_grad=module.weight.requires_grad)
+        plain.weight = nn.Parameter(module.quantized_weight().detach().clone(),
+                                    requires_grad=module.weight.requires_grad)
     plain.train(module.training)
     return plain
 
