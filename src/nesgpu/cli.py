@@ -16,6 +16,7 @@ register it in :func:`build_parser`.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import warnings
 
@@ -52,6 +53,22 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"nesgpu: warning: {message}", file=file or sys.stderr)
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocator's failure: torch's CPU or CUDA allocator, or Python's."""
+    text = str(e)
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in text
+
+
+def _asked(e: BaseException) -> str:
+    """How much the failed allocation asked for, as the allocator said it."""
+    text = str(e)
+    found = re.search(r"allocate (\d+) bytes", text)  # the CPU allocator's words
+    if found:
+        return f"tried to allocate {int(found.group(1)) / 2**30:.1f} GiB"
+    found = re.search(r"[Tt]ried to allocate [\d.]+ \w+", text)  # CUDA's
+    return found.group(0) if found else text.splitlines()[0][:120] if text else type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nesgpu`` console script and ``python -m nesgpu``."""
     parser = build_parser()
@@ -66,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
             where = f" ({e.filename})" if e.filename else ""
             parser.exit(1, f"nesgpu {args.command}: error: {e.strerror or e}{where}; checkpoints are written "
                            f"atomically, so the last one written (if any) is intact\n")
+        except (RuntimeError, MemoryError) as e:  # an allocation larger than the machine: one line, what to lower
+            if not _out_of_memory(e):
+                raise
+            parser.exit(1, f"nesgpu {args.command}: error: out of memory ({_asked(e)}); lower the sizes that "
+                           f"set it (--batch-size, --hidden, --population, --chunk-size, --episodes)\n")
         except KeyboardInterrupt:  # a second Ctrl-C, or one outside the training loop
             parser.exit(130, f"nesgpu {args.command}: interrupted\n")
         except Exception as e:

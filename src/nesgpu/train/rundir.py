@@ -5,6 +5,7 @@
 - A lock file (``DIR/.lock``, holding the writer's pid) stops a second process from writing into a live
   run; the lock of a process that no longer exists is taken over.
 - Temporary files and directories left by a killed write are removed when the next run starts.
+- ``overwrite`` deletes the old run only once the new run has made its first step (:class:`Replacement`).
 - On resume, the options that define the run must match the checkpoint's; the others may change.
 """
 
@@ -14,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import warnings
 from pathlib import Path
 
 # options that define a run: changing them would make the checkpoint another run's
@@ -37,6 +39,7 @@ RUN_FILES = ("config.json", "summary.json", "metrics.csv", "model.safetensors", 
              "samples.jsonl")
 RUN_DIRS = ("checkpoint", "checkpoint.prev", "tensorboard", "wandb", "mlruns", "hf")
 LOCK = ".lock"
+REPLACED = ".replaced"  # DIR/.replaced-PID: an old run moved aside by --overwrite (Replacement)
 
 
 def is_run_directory(path: Path) -> bool:
@@ -74,20 +77,53 @@ def check(out: Path, resume: bool, overwrite: bool) -> None:
                          f"replace it")
 
 
-def clear(out: Path, overwrite: bool) -> None:
-    """Remove what killed writes left behind and, with ``overwrite``, the old run's files (after the new run
-    was built: a mistyped option must not cost the old run)."""
-    for leftover in out.glob(".*.tmp-*"):  # a write that was killed (a checkpoint directory or a file)
+def clear(out: Path) -> None:
+    """Remove what killed writes left behind (a checkpoint directory or a file being written)."""
+    for leftover in out.glob(".*.tmp-*"):
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
         else:
             leftover.unlink(missing_ok=True)
-    if not overwrite or not is_run_directory(out):
-        return
-    for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
-    for name in RUN_DIRS:
-        shutil.rmtree(out / name, ignore_errors=True)
+    for aside in out.glob(f"{REPLACED}-*"):
+        warnings.warn(f"{aside} holds a run that an --overwrite moved aside and could not put back (its process "
+                      f"was killed before the new run's first step); move its files back, or delete it")
+
+
+class Replacement:
+    """``--overwrite``: the old run's files move aside (``DIR/.replaced-PID``) when the new run starts writing,
+    come back if the new run fails before its first step (an allocation failure, a bad option the build did not
+    catch, Ctrl-C), and are deleted once it has made that step."""
+
+    def __init__(self, out: Path):
+        self.out, self.aside = out, None
+
+    def stash(self) -> None:
+        if not is_run_directory(self.out):
+            return
+        self.aside = self.out / f"{REPLACED}-{os.getpid()}"
+        self.aside.mkdir()
+        for name in (*RUN_FILES, *RUN_DIRS):
+            if (self.out / name).exists():
+                os.replace(self.out / name, self.aside / name)
+
+    def discard(self) -> None:
+        """The new run has made its first step: the old one goes."""
+        if self.aside is not None:
+            shutil.rmtree(self.aside, ignore_errors=True)
+            self.aside = None
+
+    def restore(self) -> None:
+        """The new run failed before its first step: its files go and the old run's come back."""
+        if self.aside is None:
+            return
+        for name in RUN_FILES:
+            (self.out / name).unlink(missing_ok=True)
+        for name in RUN_DIRS:
+            shutil.rmtree(self.out / name, ignore_errors=True)
+        for path in self.aside.iterdir():
+            os.replace(path, self.out / path.name)
+        self.aside.rmdir()
+        self.aside = None
 
 
 class RunLock:
@@ -95,12 +131,13 @@ class RunLock:
 
     def __init__(self, out: Path):
         self.path = out / LOCK
-        self.held = False
+        self.held = self.created = False
 
     def __enter__(self) -> RunLock:
         out = self.path.parent
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; expected a directory for the run")
+        self.created = not out.exists()
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -132,6 +169,8 @@ class RunLock:
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
+            if self.created and not any(self.path.parent.iterdir()):  # a run that failed before writing a file
+                self.path.parent.rmdir()
 
 
 def _read(path: Path) -> str | None:

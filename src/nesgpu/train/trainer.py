@@ -131,8 +131,11 @@ def _train(job: _Job) -> dict:
     cfg, out, main = job.cfg, job.out, job.ranks.is_main
     built = build(cfg, job.device, job.ranks, model=job.model, task=job.task, log=job.log)
     loggers = make_loggers(None if cfg.log is None else cfg.log.split(","), out) if main else []
+    replaced = rundir.Replacement(out)
     if main:  # only now that the new run is built: a mistyped option must not cost the old run
-        rundir.clear(out, job.overwrite and not job.resume)
+        rundir.clear(out)
+        if job.overwrite and not job.resume:
+            replaced.stash()  # deleted after the new run's first step; back if the run fails before it
     progress = resume_run(cfg, out, built.step, is_supervised(cfg.task, built.task), job.log) if job.resume \
         else Progress()
     if main:
@@ -140,8 +143,8 @@ def _train(job: _Job) -> dict:
     metrics = MetricsLog(out, resume_step=built.step.step if job.resume else 0, loggers=loggers,
                          config=dataclasses.asdict(cfg), extra_columns=[built.task.metric]) if main else None
     try:
-        loop = Loop(cfg, out, built.task, built.step, main, job.ranks.distributed, metrics, job.log, job.callback,
-                    job.stop_requested, progress)
+        loop = Loop(cfg, out, built.task, built.step, main, job.ranks.distributed, metrics, job.log,
+                    _first_step_then(replaced.discard, job.callback), job.stop_requested, progress)
         loop.run()
         built.step.finish()
         summary = {**_summary(cfg, built, job, progress), "stopped": loop.stopped, "target": loop.target}
@@ -150,10 +153,21 @@ def _train(job: _Job) -> dict:
     except BaseException as e:  # the trackers' runs end as killed (Ctrl-C) or failed
         if metrics is not None:
             metrics.close(status="KILLED" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "FAILED")
+        if replaced.aside is not None:
+            replaced.restore()
+            job.log(f"the old run in {out} is kept: the new run failed before its first step")
         raise
     if metrics is not None:
         metrics.close(summary)
     return summary
+
+
+def _first_step_then(settle, callback):
+    """The loop's callback: ``settle()`` after every step (the first one's does the work), then ``callback``."""
+    def after_step(step: int, row: dict) -> bool:
+        settle()
+        return callback is not None and bool(callback(step, row))
+    return after_step
 
 
 def _summary(cfg: TrainConfig, built: Built, job: _Job, progress: Progress) -> dict:
