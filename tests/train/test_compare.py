@@ -54,6 +54,8 @@ def test_compare_writes_table_plot_and_runs(tmp_path):
     (dict(backprop={"time_budget": 3}), "compare sets itself"),
     (dict(es={"strategy": "backprop"}), "expected an ES strategy"),
     (dict(backprop={"sigma": 0.2}), "applies to the ES strategies"),
+    (dict(es={"hidden": (8,)}), r"the es config sets \['hidden'\]: both sides of a comparison train the same"),
+    (dict(backprop={"model": "cnn", "init": "he"}), r"the backprop config sets \['model', 'init'\]"),
 ])
 def test_compare_bad_input_fails_before_any_run(tmp_path, kw, message):
     args = dict(task="digits", budget=1.0, seeds=[0], out=tmp_path / "c")
@@ -80,3 +82,26 @@ def test_compare_refuses_the_runs_of_an_earlier_compare(tmp_path):
         compare("digits", budget=0.3, seeds=[0], out=tmp_path / "c", **QUIET)
     compare("digits", budget=0.3, seeds=[0], out=tmp_path / "c", shared={"hidden": (4,)}, es={"population": 8},
             evals=1, overwrite=True, **QUIET)
+
+
+def test_compare_cli_refuses_an_es_config_with_its_own_model(tmp_path, capsys):
+    from nesgpu.cli import main
+
+    (tmp_path / "es.yaml").write_text("hidden: [8]\npopulation: 32\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--es-config", str(tmp_path / "es.yaml"), "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and "give it once for both (compare's --model/--hidden" in err[0]
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_interrupted_compare_says_to_run_it_again_not_to_resume(tmp_path, monkeypatch):
+    from nesgpu.train import trainer
+
+    def stopped(cfg, **kwargs):
+        raise trainer.Interrupted(cfg.out, 7)
+    monkeypatch.setattr(trainer, "train", stopped)
+    with pytest.raises(trainer.Interrupted) as info:
+        compare("digits", budget=1.0, seeds=[0], out=tmp_path / "c", **QUIET)
+    assert "openai_es run of seed 0 stopped at step 7; a comparison cannot be resumed" in str(info.value)
+    assert "--resume" not in str(info.value) and "run compare again with --overwrite" in str(info.value)

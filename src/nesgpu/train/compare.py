@@ -22,6 +22,8 @@ from .rundir import is_run_directory
 # what compare sets in every run; a strategy's config file may not
 _SET_BY_COMPARE = ("task", "seed", "out", "time_budget", "eval_every", "eval_seconds", "steps", "strategy")
 STEP_CAP = 10_000_000  # steps are not the limit: the budget is
+# the model both sides train: set once for both (compare's own options, or ``shared``), never per side
+MODEL_OPTIONS = ("model", "hidden", "init")
 
 
 def _overrides(values: dict | None, which: str) -> dict:
@@ -29,6 +31,10 @@ def _overrides(values: dict | None, which: str) -> dict:
     fixed = sorted(set(values) & set(_SET_BY_COMPARE) - ({"strategy"} if which == "es" else set()))
     if fixed:
         raise ValueError(f"the {which} config sets {fixed}, which compare sets itself (use its own options)")
+    own_model = [name for name in MODEL_OPTIONS if name in values]
+    if own_model:
+        raise ValueError(f"the {which} config sets {own_model}: both sides of a comparison train the same model, "
+                         f"so give it once for both (compare's --model/--hidden, or shared=)")
     if which == "es" and values.get("strategy") == BACKPROP:
         raise ValueError("the es config chooses strategy 'backprop'; expected an ES strategy")
     return values
@@ -60,6 +66,7 @@ def run_configs(task, budget: float, seeds: list[int], out: Path, shared: dict |
     return configs
 
 
+
 def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: str | Path = "compare",
             shared: dict | None = None, es: dict | None = None, backprop: dict | None = None, evals: int = 20,
             overwrite: bool = False, log=None, model=None) -> dict:
@@ -72,7 +79,8 @@ def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: s
         seeds: one ES and one backprop run each.
         out: the directory of the runs and the results.
         shared: options of both runs (model, hidden, batch_size, device, init, precision, ...).
-        es, backprop: options of one side (e.g. {"strategy": "pgpe", "population": 256} / {"lr": 3e-3}).
+        es, backprop: options of one side (e.g. {"strategy": "pgpe", "population": 256} / {"lr": 3e-3}); the
+            model (model, hidden, init) is shared, never set per side.
         evals: evaluations per run, evenly spaced in time.
         overwrite: replace earlier runs in ``out``.
         model: your own model (an nn.Module): every run trains a fresh copy of it.
@@ -80,7 +88,7 @@ def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: s
     Returns:
         {"table": the Markdown text, "runs": one summary per run, with its curve}.
     """
-    from .trainer import train
+    from .trainer import Interrupted, train
 
     out = Path(out)
     configs = run_configs(task, budget, list(seeds), out, shared, es, backprop, evals)
@@ -92,8 +100,14 @@ def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: s
     runs = []
     for cfg in configs:
         log(f"compare: {cfg.strategy}, seed {cfg.seed}, {budget:g} s -> {cfg.out}")
-        summary = train(cfg, overwrite=overwrite, log=lambda *a, **k: None,
-                        model=None if model is None else copy.deepcopy(model), task=None if isinstance(task, str) else task)
+        try:
+            summary = train(cfg, overwrite=overwrite, log=lambda *a, **k: None,
+                            model=None if model is None else copy.deepcopy(model),
+                            task=None if isinstance(task, str) else task)
+        except Interrupted as e:  # a compare is not resumed: each run must get its whole budget in one go
+            e.args = (f"interrupted: the {cfg.strategy} run of seed {cfg.seed} stopped at step {e.step}; a comparison "
+                      f"cannot be resumed (every run gets its budget at once): run compare again with --overwrite",)
+            raise
         runs.append({**summary, "curve": _curve(Path(cfg.out), summary["metric"], cfg)})
     table = _table(runs, budget)
     out.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ defaults (:mod:`nesgpu.train.defaults`), and every value is checked (:mod:`nesgp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,15 +128,12 @@ class TrainConfig:
     dist_timeout: float = opt(300.0, "torchrun: seconds before a collective with a dead or hung process fails")
 
     def resolved(self) -> TrainConfig:
-        """A copy with the task's presets filled in, validated. A ``preset`` first sets the options that
-        are still at their defaults (an option given explicitly keeps its value)."""
+        """A copy with the task's presets filled in, validated. (A ``preset`` was expanded when the config was
+        built; one set afterwards, ``cfg.preset = ...``, sets the options still at their defaults.)"""
         values = dataclasses.asdict(self)
-        if self.preset is not None:  # built in Python: the fields still at their defaults take the preset's
+        if self.preset is not None:
             defaults = field_defaults()
-            for name, value in preset_values(self.preset, self.task).items():
-                if values[name] == defaults[name]:
-                    values[name] = value
-            values["preset"] = None  # expanded: the options it set are the run's own from here on
+            expand_preset(values, {name for name, value in values.items() if value != defaults[name]})
         defaults = presets(values["task"], values["model"], values["strategy"])
         check_strategy_options(values, defaults["strategy"], field_defaults(), defaults)
         for name, value in defaults.items():
@@ -171,10 +169,6 @@ class TrainConfig:
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         for name, value in values.items():
             check_type(name, value, types[name], source)
-        if values.get("preset") is not None:  # the options given here keep their values, even a default's
-            for name, value in preset_values(values["preset"], values.get("task", "digits")).items():
-                values.setdefault(name, value)
-            values["preset"] = None
         if values.get("hidden") is not None:
             values["hidden"] = tuple(values["hidden"])
         return cls(**values)
@@ -219,6 +213,33 @@ class TrainConfig:
 
         values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
         return yaml.safe_dump(values, sort_keys=False)
+
+
+def expand_preset(values: dict, given) -> None:
+    """Set, in ``values``, the options ``values["preset"]`` sets that are not in ``given`` (an option given
+    explicitly keeps its value, even one equal to its default); the preset is then spent (None)."""
+    for name, value in preset_values(values["preset"], values.get("task", "digits")).items():
+        if name not in given:
+            values[name] = value
+    values["preset"] = None
+
+
+def _expanding_presets(init):
+    """TrainConfig's ``__init__``, then its preset expanded over the options not passed to it."""
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if self.preset is not None:
+            values = dataclasses.asdict(self)
+            expand_preset(values, {*names[:len(args)], *kwargs} - {"preset"})
+            for name, value in values.items():
+                setattr(self, name, tuple(value) if name == "hidden" and value is not None else value)
+    return __init__
+
+
+TrainConfig.__init__ = _expanding_presets(TrainConfig.__init__)
 
 
 def labelled(cfg: TrainConfig, task) -> TrainConfig:
