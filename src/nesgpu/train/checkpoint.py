@@ -58,17 +58,29 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
     atomic_write_bytes(Path(path), save(tensors, metadata=metadata))
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
+def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
+    """Load ``path`` into ``model``; returns the file's metadata. A tensor of another dtype than the model's is
+    refused (load_state_dict would cast it: int32 into float, float into a binary layer's codes)."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     try:
         tensors = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            metadata = f.metadata() or {}
     except Exception as e:
         raise ValueError(f"cannot read weights {path}: the file is corrupt or not safetensors ({e})") from e
+    own = model.state_dict()
+    other = [f"{name}: {tensor.dtype} in the file, {own[name].dtype} in the model" for name, tensor in tensors.items()
+             if name in own and tensor.dtype != own[name].dtype]
+    if other:
+        raise ValueError(f"weights {path} do not match the model's dtypes ({other[0]}); they were saved by another "
+                         f"model or configuration")
     try:
         model.load_state_dict(tensors)
     except RuntimeError as e:
         raise ValueError(f"weights {path} do not match the model: {e}") from e
+    return metadata
 
 
 def save_checkpoint(directory: Path, model: nn.Module, state: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -60,7 +61,7 @@ def load_run(directory: str | Path, device: str = "auto", model: nn.Module | Non
     built = build(cfg, resolve_device(device), model=model, task=task, log=lambda *a, **k: None)
     model = built.model
     if (directory / "model.safetensors").is_file():
-        load_weights(model, directory / "model.safetensors")
+        _check_saved_with(cfg, load_weights(model, directory / "model.safetensors"), directory)
     elif find_checkpoint(directory / "checkpoint") is not None:  # an interrupted or crashed run
         step = int(load_checkpoint(directory / "checkpoint", model).get("strategy", {}).get("step", 0))
         warnings.warn(f"{directory} has not finished (no model.safetensors): using its last checkpoint, step {step}; "
@@ -73,6 +74,19 @@ def load_run(directory: str | Path, device: str = "auto", model: nn.Module | Non
         raise ValueError(f"{directory / 'model.safetensors'} holds non-finite values in {bad[:4]}; the run diverged")
     model.eval()
     return Run(model, built.task, cfg)
+
+
+def _check_saved_with(cfg: TrainConfig, metadata: dict, directory: Path) -> None:
+    """The run that saved model.safetensors (its metadata) is the run config.json describes."""
+    try:
+        saved = json.loads(metadata["nesgpu_config"])
+    except (KeyError, ValueError):
+        return  # weights saved without nesgpu's metadata: only their names, shapes and dtypes can be checked
+    differ = rundir.differences(saved, dataclasses.asdict(cfg), rundir.DEFINING)
+    if differ:
+        raise ValueError(f"{directory}: config.json does not describe the run that saved model.safetensors "
+                         f"({'; '.join(differ)}, from the weights' own record to config.json); restore the run's "
+                         f"config.json")
 
 
 def evaluate_run(directory: str | Path, device: str = "auto", model: nn.Module | None = None, task=None) -> dict:
