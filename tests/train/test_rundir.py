@@ -120,7 +120,7 @@ def test_non_finite_weights_never_reach_a_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(EvolutionStep, "run", diverging)
     out = tmp_path / "run"
     with pytest.raises(ValueError, match=r"step 3 made non-finite values in \['net.0.weight'.*checkpoint of step 2 "
-                                         r"is kept"):
+                                         r"is kept; resume it with a smaller --lr or --sigma"):
         train(TrainConfig(**RUN, out=str(out)), log=quiet)
     state = torch.load(find_checkpoint(out / "checkpoint") / "state.pt", weights_only=True)
     assert state["strategy"]["step"] == 2

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..tasks.protocol import KeepsSamples
-from .checkpoint import save_checkpoint
+from .checkpoint import WEIGHTS, save_checkpoint
 from .config import TrainConfig
 from .evolution import Stepper
 
@@ -36,6 +36,8 @@ class Progress:
     env_steps: int = 0
     last_checkpoint: int | None = None
     last_eval: float = 0.0
+    stopped: str | None = None  # what ended the run at its last checkpoint (None: it had not ended there)
+    stopped_value: float | None = None  # the evaluation that reached the target, if the target ended it
 
 
 @dataclass
@@ -80,6 +82,9 @@ class Loop:
         bar = _progress_bar(self.cfg.steps, self.stepper.step) if self.main else None
         start, last_line = time.perf_counter() - self.progress.elapsed, time.perf_counter()
         try:
+            if self._met_already():
+                return
+            self.progress.stopped = self.progress.stopped_value = None  # it goes on: it has not ended yet
             while self.stepper.step < self.cfg.steps:
                 stats = self.stepper.run()  # the step's one read from the device
                 step = self.stepper.step
@@ -92,6 +97,8 @@ class Loop:
                 row = {"step": step, "seconds": self.progress.elapsed, "env_steps": self.progress.env_steps, **stats}
                 stop = self._after_step(step, row)
                 last_line = self._show(bar, row, last_line)
+                if stop or step == self.cfg.steps:
+                    self.progress.stopped = self.stopped
                 if self._checkpoint_due(step) or stop:
                     self.checkpoint(step)
                 if stop:
@@ -104,6 +111,25 @@ class Loop:
         finally:
             if bar is not None:
                 bar.close()
+
+    def _met_already(self) -> bool:
+        """A resumed run that ended at its checkpoint and still meets its stop condition takes no step: resume
+        trains further only when the option that stopped the run now lets it (a larger --steps, --time-budget,
+        or a target the run has not reached). A run stopped by its callback is asked again after a step."""
+        progress, step = self.progress, self.stepper.step
+        if step >= self.cfg.steps:
+            why, option = f"it made its {self.cfg.steps} steps", "--steps"
+        elif progress.stopped == "time_budget" and self._out_of_time():
+            why = f"its time budget of {self.cfg.time_budget:g} s is spent ({progress.elapsed:.1f} s)"
+            option = "--time-budget"
+        elif progress.stopped == "target" and self.target is not None and progress.stopped_value >= self.target:
+            why = f"its {self.task.metric} {progress.stopped_value:.4g} reached the target {self.target:.4g}"
+            option = "--target"
+        else:
+            return False
+        self.stopped = progress.stopped or "steps"
+        self.log(f"the run ended at step {step}: {why}; no step is taken (raise {option} to train further)")
+        return True
 
     def _out_of_time(self) -> bool:
         return self.cfg.time_budget is not None and self.progress.elapsed >= self.cfg.time_budget
@@ -124,7 +150,7 @@ class Loop:
             self.progress.last_eval = self.progress.elapsed
             self._write_samples(step)
             if self.target is not None and row[metric] >= self.target:
-                self.stopped = "target"
+                self.stopped, self.progress.stopped_value = "target", row[metric]
                 stop = f"{metric} {row[metric]:.4g} reached the target {self.target:.4g} at step {step}"
         if self.callback is not None and bool(self.callback(step, dict(row))):
             if self.distributed:
@@ -159,15 +185,23 @@ class Loop:
 
     def checkpoint(self, step: int) -> None:
         """Everything a resume needs, written atomically, once the weights are known to be finite."""
-        check_finite(self.stepper, step, self.progress.last_checkpoint)
+        check_finite(self.stepper, step, self.progress.last_checkpoint, self.out / "checkpoint")
         save_checkpoint(self.out / "checkpoint", self.stepper.model, {
             "strategy": self.stepper.state_dict(), "seconds": self.progress.elapsed,
-            "env_steps": self.progress.env_steps, "config": dataclasses.asdict(self.cfg)})
+            "env_steps": self.progress.env_steps, "config": dataclasses.asdict(self.cfg),
+            "stopped": [self.progress.stopped, self.progress.stopped_value]})
         self.progress.last_checkpoint = step
 
 
-def check_finite(stepper: Stepper, step: int, last_good: int | None) -> None:
-    """Refuse to save non-finite weights or optimizer state (one host read per checkpoint)."""
+# a trained weight beyond this has left every scale a network works at (initialisations are ~1, trained
+# weights rarely pass 100): a checkpoint holding one is not worth resuming with a smaller step size
+SANE_WEIGHT = 1e6
+
+
+def check_finite(stepper: Stepper, step: int, last_good: int | None, checkpoint: Path | None = None) -> None:
+    """Refuse to save non-finite weights or optimizer state (one host read per checkpoint). The message says
+    what to do: resume the last good checkpoint (``checkpoint``) with a smaller step size, or, when its weights
+    have already grown out of all measure (an --lr far too large from the start), start a new run."""
     model = stepper.model
     tensors = [(n, p) for n, p in model.named_parameters()]
     tensors += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]  # observation statistics
@@ -177,9 +211,28 @@ def check_finite(stepper: Stepper, step: int, last_good: int | None) -> None:
     if bool(finite.all()):  # one host read; the names only when something is wrong
         return
     bad = [n for (n, _), ok in zip(tensors, finite.tolist()) if not ok]
-    kept = f"the checkpoint of step {last_good} is kept" if last_good else "no checkpoint was written"
+    sizes = "--lr" if stepper.chunk is None else "--lr or --sigma"  # backprop has no sigma
+    largest = _largest_weight(checkpoint, {n for n, _ in model.named_parameters()}) if last_good else None
+    if not last_good:
+        advice = f"no checkpoint was written; start again with a smaller {sizes}"
+    elif largest is not None and largest > SANE_WEIGHT:
+        advice = (f"the checkpoint of step {last_good} is kept, but its weights already reach {largest:.3g}, so "
+                  f"a smaller step size cannot save it: start a new run with a smaller {sizes}")
+    else:
+        advice = f"the checkpoint of step {last_good} is kept; resume it with a smaller {sizes}"
     raise ValueError(f"step {step} made non-finite values in {bad[:4]}{' ...' if len(bad) > 4 else ''}; the run "
-                     f"stops and {kept}; resume with a smaller --lr or --sigma")
+                     f"stops: {advice}")
+
+
+def _largest_weight(checkpoint: Path | None, parameters: set[str]) -> float | None:
+    """The largest |value| among a checkpoint's parameters (None: no checkpoint to read)."""
+    if checkpoint is None or not (checkpoint / WEIGHTS).is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint / WEIGHTS), "pt") as f:
+        values = [f.get_tensor(name).abs().max() for name in f.keys() if name in parameters]
+    return float(torch.stack(values).max()) if values else None
 
 
 def _progress_bar(total: int, initial: int):

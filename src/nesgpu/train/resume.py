@@ -50,8 +50,9 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log)
         + (f"; from step {stepper.step + 1}: {'; '.join(changed)}" if changed else "")
         + (f" (at that step {', '.join(jumps)})" if jumps else ""))
     elapsed = float(state["seconds"])
+    stopped, value = state.get("stopped") or (None, None)  # an older nesgpu's checkpoint did not say
     return Progress(elapsed=elapsed, env_steps=int(state["env_steps"]), last_checkpoint=stepper.step,
-                    last_eval=elapsed)
+                    last_eval=elapsed, stopped=stopped, stopped_value=value)
 
 
 def checked_strategy(state: dict, out: Path) -> dict:

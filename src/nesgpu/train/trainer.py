@@ -191,7 +191,7 @@ def _write_results(cfg: TrainConfig, out: Path, built: Built, summary: dict, met
                                                (None, ""))])
     summary["parameters"] = sum(p.numel() for p in built.model.parameters())
     summary["versions"] = {"nesgpu": __version__, "torch": torch.__version__}
-    check_finite(built.step, cfg.steps, progress.last_checkpoint)
+    check_finite(built.step, built.step.step, progress.last_checkpoint, out / "checkpoint")
     save_weights(built.model, out / "model.safetensors", metadata={"nesgpu_config": cfg.to_json(),
                                                                     "nesgpu_version": __version__})
     if isinstance(built.task, SavesModel):  # e.g. a language model, for from_pretrained
