@@ -85,8 +85,27 @@ def test_a_tie_into_the_exact_fallback_is_refused_with_the_parameter_named():
         def forward(self, x):
             return self.odd(self.lin(x))
 
-    with pytest.raises(ValueError, match=r"tied parameter 'odd.weight' is used by FunctionalScaled, which has no"):
+    with pytest.raises(ValueError, match=r"tied parameter 'odd.weight' is used by FunctionalScaled, which has no"
+                                         r".*freeze it with convert\(..., freeze=\['lin.weight'\]\)"):
         nesgpu.convert(Net(), "lowrank")
+    converted = nesgpu.convert(Net(), "lowrank", freeze=["lin.weight"])  # the advice works
+    assert not converted.lin.weight.requires_grad
+
+
+@pytest.mark.parametrize("make", [lambda: nn.Linear(3, 2, dtype=torch.complex64),
+                                  lambda: nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2, dtype=torch.cfloat))])
+def test_complex_parameters_are_refused_not_cut_to_their_real_part(make):
+    model = make()
+    name = next(n for n, p in model.named_parameters() if p.is_complex())
+    with pytest.raises(TypeError, match=rf"parameter '{name}' is complex \(complex64\); expected real parameters"):
+        nesgpu.convert(model, "lowrank")
+
+
+
+def test_a_frozen_complex_parameter_may_stay():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2, dtype=torch.cfloat))
+    frozen = nesgpu.convert(model, "gaussian", freeze=["1"])
+    assert [n for n, p in frozen.named_parameters() if p.requires_grad] == ["0.weight", "0.bias"]
 
 
 def test_a_tied_table_owns_its_noise_whichever_module_comes_first():
@@ -149,3 +168,9 @@ def test_converting_a_converted_model_to_another_kind_is_an_error_and_to_the_sam
         nesgpu.convert(net, "gaussian")
     with pytest.raises(ValueError, match=r"to LowRank\(rank=2\)"):  # other options: another kind
         nesgpu.convert(net, "lowrank", rank=2)
+
+
+def test_a_perturbed_layer_built_complex_is_refused_by_the_population():
+    layer = nesgpu.layers.PerturbedLinear(3, 2, dtype=torch.complex64)
+    with pytest.raises(TypeError, match=r"parameter 'weight' is complex \(complex64\)"):
+        nesgpu.PerturbedModel(layer, directions=4)

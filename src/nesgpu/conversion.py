@@ -23,7 +23,7 @@ from .layers.functional import FunctionalPerturbed
 from .layers.lowbit import check_low_bit_options
 from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
 from .layers.swap import swap_class
-from .model import uncovered_parameters
+from .model import check_real, uncovered_parameters
 
 EVOLVE = ("all", "matrices")
 """What evolves: every trainable parameter, or only the weight matrices (2-D and higher: linear, attention,
@@ -83,6 +83,7 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
     if evolve not in EVOLVE:
         raise ValueError(f"evolve must be one of {list(EVOLVE)}; got {evolve!r}")
     _freeze(model, freeze)
+    check_real(model)
     if evolve == "matrices":
         _freeze_non_matrices(model)
     ties = tied_uses(model)
@@ -242,11 +243,12 @@ def _retie(model: nn.Module, ties: list[list[tuple[str, str]]]) -> None:
     """Make each tied group one Parameter again, drawn and updated by one module, borrowed by the others."""
     for group in ties:
         uses = [(model.get_submodule(m), attr, f"{m}.{attr}" if m else attr) for m, attr in group]
+        name = uses[0][2]  # the name named_parameters gives the tied tensor (its first use): what freeze takes
         for module, _, full in uses:
             if not isinstance(module, PerturbedModule) or isinstance(module, FunctionalPerturbed):
                 raise ValueError(f"tied parameter {full!r} is used by {type(module).__name__}, which has no batched "
                                  f"perturbed version to share its noise; untie it, or freeze it with "
-                                 f"convert(..., freeze=[{full!r}])")
+                                 f"convert(..., freeze=[{name!r}])")
         uses.sort(key=lambda use: not isinstance(use[0], nn.Embedding))  # a table owns: its padding row stays zero
         problems = []
         for owner, owner_attr, label in uses:  # the first use whose kind has every other use's product

@@ -42,6 +42,16 @@ def uncovered_parameters(model: nn.Module) -> list[str]:
     return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in covered]
 
 
+def check_real(model: nn.Module) -> None:
+    """ES draws real noise and takes real steps: a complex parameter would lose its imaginary part."""
+    complex_ = [(n, p.dtype) for n, p in model.named_parameters() if p.requires_grad and p.is_complex()]
+    if complex_:
+        name, dtype = complex_[0]
+        raise TypeError(f"parameter {name!r} is complex ({str(dtype).removeprefix('torch.')}); expected real "
+                        f"parameters (the noise and the steps are real): hold its real and imaginary parts as two "
+                        f"real parameters, or freeze it with convert(..., freeze=[{name!r}])")
+
+
 class PerturbedModel:
     """Wraps a model whose parameterised modules are perturbed modules (see :func:`convert`).
 
@@ -75,6 +85,7 @@ class PerturbedModel:
         if any(p.is_meta for p in model.parameters()):
             raise ValueError("the model's parameters are on the meta device (shapes without data); materialise "
                              "them first, e.g. model.to_empty(device=...) and load_state_dict(...)")
+        check_real(model)
         self.model = model
         self.directions = directions
         self.sigma = sigma
