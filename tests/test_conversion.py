@@ -174,3 +174,8 @@ def test_a_perturbed_layer_built_complex_is_refused_by_the_population():
     layer = nesgpu.layers.PerturbedLinear(3, 2, dtype=torch.complex64)
     with pytest.raises(TypeError, match=r"parameter 'weight' is complex \(complex64\)"):
         nesgpu.PerturbedModel(layer, directions=4)
+
+
+def test_a_layer_of_size_zero_is_refused():
+    with pytest.raises(ValueError, match=r"parameter 'weight' has no elements \(shape \(0, 4\)\)"):
+        nesgpu.convert(nn.Linear(4, 0), "lowrank")

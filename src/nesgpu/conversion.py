@@ -23,7 +23,7 @@ from .layers.functional import FunctionalPerturbed
 from .layers.lowbit import check_low_bit_options
 from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
 from .layers.swap import swap_class
-from .model import check_real, uncovered_parameters
+from .trainable import check_trainable, uncovered_parameters
 
 EVOLVE = ("all", "matrices")
 """What evolves: every trainable parameter, or only the weight matrices (2-D and higher: linear, attention,
@@ -83,7 +83,7 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
     if evolve not in EVOLVE:
         raise ValueError(f"evolve must be one of {list(EVOLVE)}; got {evolve!r}")
     _freeze(model, freeze)
-    check_real(model)
+    check_trainable(model)
     if evolve == "matrices":
         _freeze_non_matrices(model)
     ties = tied_uses(model)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .layers import HALF, PerturbedLinear, PerturbedModule, repeat_signs
+from .trainable import check_trainable, uncovered_parameters
 
 
 def direction_blocks(directions: range, size: int | None) -> list[range]:
@@ -33,23 +34,6 @@ class _Master:
 def _master_weights(layers: dict[str, PerturbedModule]) -> dict[int, _Master]:
     return {id(p): _Master(p) for layer in layers.values() for p in layer.perturbed_parameters().values()
             if p.dtype in HALF}
-
-
-def uncovered_parameters(model: nn.Module) -> list[str]:
-    """Names of the trainable parameters of ``model`` that no perturbed module perturbs."""
-    covered = {id(p) for m in model.modules() if isinstance(m, PerturbedModule)
-               for p in m.perturbed_parameters().values()}
-    return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in covered]
-
-
-def check_real(model: nn.Module) -> None:
-    """ES draws real noise and takes real steps: a complex parameter would lose its imaginary part."""
-    complex_ = [(n, p.dtype) for n, p in model.named_parameters() if p.requires_grad and p.is_complex()]
-    if complex_:
-        name, dtype = complex_[0]
-        raise TypeError(f"parameter {name!r} is complex ({str(dtype).removeprefix('torch.')}); expected real "
-                        f"parameters (the noise and the steps are real): hold its real and imaginary parts as two "
-                        f"real parameters, or freeze it with convert(..., freeze=[{name!r}])")
 
 
 class PerturbedModel:
@@ -85,7 +69,7 @@ class PerturbedModel:
         if any(p.is_meta for p in model.parameters()):
             raise ValueError("the model's parameters are on the meta device (shapes without data); materialise "
                              "them first, e.g. model.to_empty(device=...) and load_state_dict(...)")
-        check_real(model)
+        check_trainable(model)
         self.model = model
         self.directions = directions
         self.sigma = sigma
