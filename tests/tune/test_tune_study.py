@@ -327,3 +327,16 @@ def test_a_tune_out_that_is_a_file_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"nesgpu tune: error: --out {tmp_path / 'file'} is a file; expected a directory for the tune (study.db, "
         f"trials/, ...)")
+
+
+def test_a_damaged_study_db_is_one_line_and_left_as_it_was(tmp_path, capsys):
+    out = tmp_path / "t"
+    out.mkdir()
+    (out / "study.db").write_bytes(b"not a database, but someone's bytes")
+    with pytest.raises(SystemExit) as stop:
+        main(["tune", *FAST_FLAGS, "--trials", "1", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "Traceback" not in err[0]
+    assert err[0] == (f"nesgpu tune: error: {out / 'study.db'} cannot be read as a study database (file is not a "
+                      f"database); move it away to start a new study there, or choose another --out")
+    assert (out / "study.db").read_bytes() == b"not a database, but someone's bytes"

@@ -47,6 +47,20 @@ def locked(out: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def readable_database(out: Path):
+    """A study.db that SQLite cannot read (damaged, not a database, unreadable) is one ValueError, not
+    SQLAlchemy's traceback."""
+    from sqlalchemy.exc import DatabaseError
+
+    try:
+        yield
+    except DatabaseError as e:
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
+        raise ValueError(f"{out / DB} cannot be read as a study database ({reason}); move it away to start a "
+                         f"new study there, or choose another --out") from e
+
+
 def open_storage(out: Path, heartbeat: int, on_stale=None) -> optuna.storages.RDBStorage:
     """The SQLite storage ``out/study.db`` with trial heartbeats every ``heartbeat`` seconds; a trial is stale
     after three missed beats, and ``on_stale(study, frozen_trial)`` is called for each stale trial this process
@@ -170,4 +184,5 @@ def trial_id(storage, study: optuna.Study, number: int) -> int:
 
 
 __all__ = ["DB", "IDENTITY", "LOCK", "RUN_ONLY", "SETTINGS", "as_json", "ask", "fail_stale_trials", "heartbeat",
-           "load_study", "locked", "open_storage", "trial_id"]
+           "load_study", "locked", "open_storage", "readable_database",
+           "trial_id"]

@@ -34,7 +34,8 @@ from ..train.config import TrainConfig, labelled
 from ..train.trainer import Interrupted, train
 from .outputs import write_outputs
 from .space import SearchSpace, make_space
-from .storage import RUN_ONLY, as_json, ask, fail_stale_trials, heartbeat, load_study, locked, open_storage, trial_id
+from .storage import (RUN_ONLY, as_json, ask, fail_stale_trials, heartbeat, load_study, locked, open_storage,
+                      readable_database, trial_id)
 
 SAMPLERS = ("tpe", "gp", "cmaes")
 PRUNERS = ("median", "hyperband", "none")
@@ -130,7 +131,7 @@ def _open_study(out: Path, attrs: dict, study_name: str | None, heartbeat: int, 
     def on_stale(study, trial):
         log(f"trial {trial.number} had no heartbeat for {3 * heartbeat} s (its process was killed): marked failed")
 
-    with locked(out):
+    with locked(out), readable_database(out):
         storage = open_storage(out, heartbeat, on_stale)
         return storage, load_study(storage, out, study_name, attrs, sampler, pruner)
 
