@@ -325,3 +325,28 @@ def test_resume_rewrites_the_kept_rows_digit_for_digit(tmp_path):
     MetricsLog(tmp_path, resume_step=2, loggers=[])
     after = (tmp_path / "metrics.csv").read_text().splitlines()
     assert after == before[:3] and "24055913" in after[2]
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the writer thread's traceback
+@pytest.mark.parametrize("fail_after", [0, 3])
+def test_a_tensorboard_disk_failure_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch, capsys, fail_after):
+    import errno
+
+    pytest.importorskip("tensorboard")
+    from tensorboard.summary.writer import record_writer
+
+    from nesgpu.cli import main
+
+    original, writes = record_writer.RecordWriter.write, []
+
+    def write(self, data):  # the disk fills up after ``fail_after`` records
+        writes.append(1)
+        if len(writes) > fail_after:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(self, data)
+    monkeypatch.setattr(record_writer.RecordWriter, "write", write)
+    assert main(["train", "--steps", "4", "--population", "8", "--hidden", "4", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err
+    assert "logger 'tensorboard' failed in" in err and "No space left on device" in err
+    assert (tmp_path / "r" / "summary.json").is_file()

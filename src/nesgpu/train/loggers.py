@@ -15,6 +15,7 @@ import math
 import os
 import secrets
 import string
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -147,6 +148,22 @@ def _config_text(config: dict) -> str:
 
 
 # ----- TensorBoard ------------------------------------------------------------------------------------------
+def _quiet_tensorboard_threads() -> None:
+    """TensorBoard's writer thread prints a traceback when its disk write fails (full disk, read-only
+    directory) before the writer raises the same error in the run's thread, where MetricsLog turns it into one
+    warning. Silence that thread's copy (only its OSErrors; every other thread's exceptions are as before)."""
+    previous = threading.excepthook
+    if getattr(previous, "nesgpu_quiet_tensorboard", False):
+        return
+
+    def hook(args):
+        if issubclass(args.exc_type, OSError) and type(args.thread).__module__.startswith("tensorboard."):
+            return
+        previous(args)
+    hook.nesgpu_quiet_tensorboard = True
+    threading.excepthook = hook
+
+
 class TensorBoardLogger:
     """Scalars per step in ``out/tensorboard``; the config as text; at the end the hyperparameters (for
     TensorBoard's HParams dashboard) with the final metric. A resumed run drops the events after its
@@ -162,6 +179,7 @@ class TensorBoardLogger:
     def start(self, config: dict, resume_step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        _quiet_tensorboard_threads()
         self.writer = SummaryWriter(str(self.path), purge_step=resume_step + 1)
         self.config = dict(config)
         if config:
