@@ -49,3 +49,18 @@ def test_the_cli_says_which_extra_to_install(tmp_path):
         "nesgpu train: error: the trainer saves the weights with safetensors, which is not installed: "
         "pip install 'nesgpu[train]'")
     assert not (tmp_path / "r").exists()
+
+
+def test_the_readme_quick_start_runs_on_the_core_install(tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start"):]
+    snippet = re.search(r"```python\n(.*?)```", quick_start, flags=re.S).group(1)
+    snippet = re.sub(r"range\((\d+)\)", "range(101)", snippet)  # two progress lines, and the accuracy
+    result = run("import nesgpu  # first: it quiets torch's note that numpy is missing\n" + snippet, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == ["step 0", "step 100"] and lines[-1].startswith("accuracy")
+    assert float(lines[-1].split()[-1]) > 0.3  # 10 classes: chance is 0.1

@@ -1,18 +1,49 @@
-"""nesgpu: evolution strategies for PyTorch, with the whole population in one batched forward pass."""
+"""nesgpu: evolution strategies for PyTorch, with the whole population in one batched forward pass.
 
+The public names (``convert``, ``PerturbedModel``, the perturbed layers, ...) load on first use, so the
+``nesgpu`` command starts (and answers Ctrl-C) before torch is imported.
+"""
+
+import importlib
 import warnings
+
+from .version import __version__  # noqa: F401 (nesgpu.__version__)
 
 # torch runs without numpy (nesgpu's core needs only torch) but warns at import that it could not load it
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
-from . import kinds  # noqa: E402
-from .layers import *  # noqa: F403, E402
-from .layers import __all__ as _layers  # noqa: E402
-from .conversion import convert, summary  # noqa: E402
-from .export import export  # noqa: E402
-from .model import PerturbedModel  # noqa: E402
-from .version import __version__  # noqa: F401, E402 (nesgpu.__version__)
+# public name -> the module that defines it (the perturbed layers come from nesgpu.layers' __all__)
+_HOMES = {"PerturbedModel": "model", "convert": "conversion", "summary": "conversion", "export": "export"}
 
+
+def _load_public() -> list[str]:
+    """Import every public name into the package (once, at the first use of any): then the package is what an
+    eager ``__init__`` would make it, for tools that read its ``__dict__`` (pdoc) too."""
+    layers = importlib.import_module(".layers", __name__)
+    names = {name: getattr(layers, name) for name in layers.__all__}
+    names.update({name: getattr(importlib.import_module(f".{home}", __name__), name) for name, home in _HOMES.items()})
+    names["kinds"] = importlib.import_module(".kinds", __name__)
+    globals().update(names, __all__=sorted([*names, "load_run"]))
+    return globals()["__all__"]
+
+
+def __getattr__(name: str):
+    if name == "__all__" or name in _HOMES or name == "kinds":
+        _load_public()
+        return globals()[name]
+    if not name.startswith("_"):
+        if name in _load_public():
+            return globals()[name]
+        try:  # a submodule: nesgpu.train, nesgpu.tasks, ...
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_load_public()})
 
 
 def load_run(directory, device: str = "auto", model=None, task=None):
@@ -21,6 +52,3 @@ def load_run(directory, device: str = "auto", model=None, task=None):
     from .train.runs import load_run as _load_run
 
     return _load_run(directory, device, model=model, task=task)
-
-
-__all__ = ["PerturbedModel", "convert", "export", "kinds", "load_run", "summary", *_layers]

@@ -48,9 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """A warning from the command line is one line, like an error (no source file and line)."""
-    print(f"nesgpu: warning: {message}", file=file or sys.stderr)
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning from the command line is one line, like an error (no source file and line), labelled by who
+    raised it: nesgpu, MuJoCo's C library, or the installed package whose code it came from (gymnasium, ...)."""
+    print(f"{warning_source(filename)}: warning: {message}", file=file or sys.stderr)
+
+
+def warning_source(filename: str) -> str:
+    """Who raised a warning from ``filename``: "mujoco" (MuJoCo's messages, see nesgpu.tasks.gym), an
+    installed package's name, or "nesgpu"."""
+    if filename == "mujoco":
+        return "mujoco"
+    parts = str(filename).replace("\\", "/").split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts[:-1]:
+            package = parts[parts.index(marker) + 1].removesuffix(".py")
+            return package if package and package != "nesgpu" else "nesgpu"
+    return "nesgpu"
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -71,10 +85,14 @@ def _asked(e: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nesgpu`` console script and ``python -m nesgpu``."""
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports torch and the commands: seconds, in which Ctrl-C is one line too
+    except KeyboardInterrupt:
+        print("nesgpu: interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     with warnings.catch_warnings():
-        warnings.showwarning = _show_warning
+        warnings.showwarning = show_warning
         try:
             return args.func(args)
         except (ValueError, TypeError, ImportError) as e:  # bad input: one clear line, not a traceback

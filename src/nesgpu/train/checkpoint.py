@@ -7,10 +7,12 @@ where :func:`load_checkpoint` finds it).
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import math
 import os
+import resource
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,10 +29,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600: run files are for everyone to read
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise explained(e, path) from e
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -94,8 +99,8 @@ def save_checkpoint(directory: Path, model: nn.Module, state: dict) -> None:
         with open(tmp / STATE, "wb") as f:
             try:
                 torch.save(state, f)
-            except RuntimeError as e:  # torch's zip writer reports a full disk this way
-                raise OSError(f"cannot write {directory} ({str(e).splitlines()[0]})") from e
+            except RuntimeError as e:  # torch's zip writer reports a full disk as "unexpected pos ..."
+                raise write_failure(f, directory, e) from e
             f.flush()
             os.fsync(f.fileno())
         prev = directory.with_name(directory.name + ".prev")
@@ -108,6 +113,27 @@ def save_checkpoint(directory: Path, model: nn.Module, state: dict) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def explained(error: OSError, path: Path) -> OSError:
+    """``error`` with the file it was writing, and for a file-size limit (``ulimit -f``) the limit."""
+    if error.errno == errno.EFBIG:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            return OSError(errno.EFBIG, f"File too large: the process may write files of at most {limit} bytes "
+                                        f"(ulimit -f)", str(path))
+    return error if error.filename else OSError(error.errno, error.strerror, str(path))
+
+
+def write_failure(f, directory: Path, error: RuntimeError) -> OSError:
+    """What stopped torch.save writing into ``f`` (its zip writer only says "unexpected pos"): a file-size
+    limit (``ulimit -f``), a full disk, or, when neither, the writer's own words."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and f.tell() >= limit - 64 * 1024:
+        return explained(OSError(errno.EFBIG, os.strerror(errno.EFBIG)), directory)
+    if shutil.disk_usage(directory.parent).free < 1024 * 1024:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
+    return OSError(f"cannot write {directory} ({str(error).splitlines()[0]})")
 
 
 def find_checkpoint(directory: Path) -> Path | None:

@@ -1,0 +1,25 @@
+"""The command line's one-line warnings say who raised them."""
+
+import io
+
+import pytest
+
+from nesgpu.cli import show_warning, warning_source
+
+
+@pytest.mark.parametrize("filename, source", [
+    ("mujoco", "mujoco"),  # MuJoCo's C library, as nesgpu.tasks.gym raises its messages
+    ("/venv/lib/python3.11/site-packages/gymnasium/envs/mujoco/mujoco_env.py", "gymnasium"),
+    ("/venv/lib/python3.11/site-packages/nesgpu/train/loop.py", "nesgpu"),
+    ("/home/me/nesgpu/src/nesgpu/train/loop.py", "nesgpu"),  # an editable install
+    ("/usr/lib/python3/dist-packages/torch/serialization.py", "torch"),
+    ("/venv/lib/python3.11/site-packages/six.py", "six"),
+])
+def test_a_warning_is_labelled_by_who_raised_it(filename, source):
+    assert warning_source(filename) == source
+
+
+def test_a_mujoco_message_reads_as_mujocos():
+    out = io.StringIO()
+    show_warning("compiler attribute 'settotalmass' is deprecated", UserWarning, "mujoco", 0, file=out)
+    assert out.getvalue() == "mujoco: warning: compiler attribute 'settotalmass' is deprecated\n"

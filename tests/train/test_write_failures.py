@@ -1,0 +1,49 @@
+"""A write that fails says why, in the words of the OS: a full disk is "No space left on device", a file-size
+limit (``ulimit -f``) is "File too large", and Ctrl-C while the command starts is one line."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nesgpu.cli import main
+from nesgpu.train import checkpoint
+
+ARGS = ["train", "--steps", "2", "--population", "8", "--hidden", "8"]
+
+
+def test_a_full_disk_while_saving_a_checkpoint_says_so(tmp_path, monkeypatch, capsys):
+    def full_disk(state, f):
+        f.write(b"x" * 100)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3008 vs 2900")
+    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: type("usage", (), {"free": 0})())
+    with pytest.raises(SystemExit) as stop:
+        main([*ARGS, "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 1 and "unexpected pos" not in err
+    assert err.startswith(f"nesgpu train: error: No space left on device ({tmp_path / 'r' / 'checkpoint'})")
+    assert not list((tmp_path / "r").glob(".checkpoint.tmp-*"))  # the half-written checkpoint is gone
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="resource limits are POSIX")
+def test_a_file_size_limit_says_file_too_large(tmp_path):
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, resource.RLIM_INFINITY)); "
+            "from nesgpu.cli import main; sys.exit(main(sys.argv[1:]))")
+    args = [*ARGS[:-1], "512", "--out", str(tmp_path / "r"), "--log", "none"]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "File too large: the process may write files of at most 150000 bytes (ulimit -f)" in done.stderr
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line():
+    process = subprocess.Popen([sys.executable, "-m", "nesgpu", *ARGS, "--out", os.devnull + "-never"],
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)  # importing torch takes longer than this
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=60)[1]
+    assert process.returncode == 130 and err.strip() == "nesgpu: interrupted"
