@@ -97,8 +97,15 @@ def _fmt(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
+def _line(axis, rows: list[dict], column: str, label: str | None) -> None:
+    """``column`` against the step, over the rows that have it."""
+    points = [(r["step"], r[column]) for r in rows if r.get(column) is not None]
+    if points:
+        axis.plot(*zip(*points), color="tab:blue", label=label)
+
+
 def plot_curve(rows: list[dict], metric: str, path: Path, title: str) -> bool:
-    """Learning curve: mean population fitness and the evaluation metric against steps. False if no matplotlib."""
+    """Write :func:`curve_figure` to ``path`` (atomically); False if matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -107,20 +114,42 @@ def plot_curve(rows: list[dict], metric: str, path: Path, title: str) -> bool:
     except ImportError:
         warnings.warn("matplotlib is not installed: no curve.png (pip install 'nesgpu[train]')", stacklevel=2)
         return False
-    fig, left = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in rows]
-    left.plot(steps, [r.get("fitness_mean") for r in rows], color="tab:blue", label="mean fitness")
-    left.set_xlabel("step")
-    left.set_ylabel("mean fitness", color="tab:blue")
-    evaluated = [(r["step"], r[metric]) for r in rows if r.get(metric) is not None]
-    if evaluated:
-        right = left.twinx()
-        right.plot(*zip(*evaluated), "o-", color="tab:orange", label=metric)
-        right.set_ylabel(metric, color="tab:orange")
-    left.set_title(title)
-    fig.tight_layout()
+    fig = curve_figure(rows, metric, title)
     tmp = Path(path).with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     tmp.replace(path)
     return True
+
+
+def curve_figure(rows: list[dict], metric: str, title: str):
+    """The learning curve against steps, one axis per quantity, each named with its sign. A supervised run
+    (rows with ``train_loss``): the training loss (an ES member's fitness is its negated loss) above the
+    evaluation metric. An RL run (``eval_return``): the training episodes' mean return and the evaluation
+    return on one axis. Any other task: its mean fitness above its metric. Every metric is higher-better."""
+    import matplotlib.pyplot as plt
+
+    evaluated = [(r["step"], r[metric]) for r in rows if r.get(metric) is not None]
+    if metric == "eval_return":
+        fig, top = plt.subplots(figsize=(7, 4))
+        axes = [top]
+        _line(top, rows, "episode_return", "training episodes (mean over the population)")
+        if evaluated:
+            top.plot(*zip(*evaluated), "o-", color="tab:orange", label="evaluation (the mean policy)")
+        top.set_ylabel("return (higher is better)")
+        top.legend(loc="best")
+    else:
+        fig, axes = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
+        if any(r.get("train_loss") is not None for r in rows):
+            es = any(r.get("fitness_mean") is not None for r in rows)
+            _line(axes[0], rows, "train_loss", None)
+            axes[0].set_ylabel("training loss (lower is better)" + ("\nES fitness = -loss" if es else ""))
+        else:
+            _line(axes[0], rows, "fitness_mean", None)
+            axes[0].set_ylabel("mean fitness (higher is better)")
+        if evaluated:
+            axes[1].plot(*zip(*evaluated), "o-", color="tab:orange")
+        axes[1].set_ylabel(f"{metric} (higher is better)")
+    axes[-1].set_xlabel("step")
+    axes[0].set_title(title)
+    return fig
