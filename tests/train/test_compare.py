@@ -105,3 +105,22 @@ def test_an_interrupted_compare_says_to_run_it_again_not_to_resume(tmp_path, mon
         compare("digits", budget=1.0, seeds=[0], out=tmp_path / "c", **QUIET)
     assert "openai_es run of seed 0 stopped at step 7; a comparison cannot be resumed" in str(info.value)
     assert "--resume" not in str(info.value) and "run compare again with --overwrite" in str(info.value)
+
+
+def test_compare_shows_each_runs_evaluations_as_they_come(tmp_path):
+    lines = []
+    compare("digits", budget=0.6, seeds=[0], out=tmp_path / "c", shared={"hidden": (4,)}, es={"population": 8},
+            evals=2, log=lines.append)
+    shown = [line for line in lines if line.startswith("  ")]
+    assert any(line.startswith("  openai_es seed 0: ") and "of 0.6 s, step" in line and "test_accuracy" in line
+               for line in shown)
+    assert any(line.startswith("  backprop seed 0: ") for line in shown)
+
+
+def test_summary_seconds_count_the_final_evaluation(tmp_path):
+    lines = []
+    summary = train(TrainConfig(task="digits", population=8, hidden=(4,), steps=2, out=str(tmp_path / "r")),
+                    log=lines.append)
+    assert summary["seconds"] >= summary["final_evaluation_seconds"] > 0
+    assert "final evaluation of the model after step 2 (test_accuracy)" in lines
+    assert "s of final evaluation) ->" in lines[-1]

@@ -98,10 +98,11 @@ def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: s
                          f"replace them, or choose another --out")
     log = log or (lambda *a, **k: print(*a, file=sys.stderr, **k))
     runs = []
+    metric = "test_accuracy" if isinstance(task, str) else task.metric  # compare's tasks are supervised
     for cfg in configs:
         log(f"compare: {cfg.strategy}, seed {cfg.seed}, {budget:g} s -> {cfg.out}")
         try:
-            summary = train(cfg, overwrite=overwrite, log=lambda *a, **k: None,
+            summary = train(cfg, overwrite=overwrite, log=lambda *a, **k: None, callback=_progress(cfg, metric, log),
                             model=None if model is None else copy.deepcopy(model),
                             task=None if isinstance(task, str) else task)
         except Interrupted as e:  # a compare is not resumed: each run must get its whole budget in one go
@@ -116,6 +117,16 @@ def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: s
     _plot(runs, out / "compare.png")
     log(table)
     return {"table": table, "runs": runs}
+
+
+def _progress(cfg: TrainConfig, metric: str, log):
+    """A run's callback: one line per evaluation (the seconds of its budget, the step and the metric)."""
+    def show(step: int, row: dict) -> bool:
+        if row.get(metric) is not None:
+            log(f"  {cfg.strategy} seed {cfg.seed}: {row['seconds']:.0f} of {cfg.time_budget:g} s, step {step}, "
+                f"{metric} {row[metric]:.4f}")
+        return False
+    return show
 
 
 def _samples_per_step(cfg: TrainConfig) -> int:

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,7 +186,11 @@ def _summary(cfg: TrainConfig, built: Built, job: _Job, progress: Progress) -> d
 def _write_results(cfg: TrainConfig, out: Path, built: Built, summary: dict, metrics, progress: Progress,
                    log) -> None:
     """Rank 0: the final evaluation, the weights, the curve and summary.json."""
+    log(f"final evaluation of the model after step {built.step.step} ({built.task.metric})")
+    started = time.perf_counter()
     summary["value"] = built.task.evaluate(built.model)
+    final = time.perf_counter() - started  # summary.json's seconds: the training and this evaluation
+    summary.update(seconds=round(progress.elapsed + final, 3), final_evaluation_seconds=round(final, 3))
     metric = built.task.metric  # the best evaluation of the run (its earlier evaluations and this one)
     summary["best"] = max([summary["value"], *(float(r[metric]) for r in metrics.rows if r.get(metric) not in
                                                (None, ""))])
@@ -199,7 +204,7 @@ def _write_results(cfg: TrainConfig, out: Path, built: Built, summary: dict, met
     plot_curve(metrics.rows, built.task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
     write_json(out / "summary.json", summary)
     log(f"{cfg.task}: {built.task.metric} = {summary['value']:.4f} after {built.step.step} steps in "
-        f"{progress.elapsed:.1f} s -> {out}")
+        f"{progress.elapsed:.1f} s (and {final:.1f} s of final evaluation) -> {out}")
 
 
 __all__ = ["Interrupted", "train"]
