@@ -4,7 +4,7 @@
     nesgpu eval DIR                   evaluate a finished run
     nesgpu play DIR [--video F.mp4]   run a trained RL policy for a few episodes, optionally filmed
     nesgpu tune --trials N --out DIR  Bayesian search (Optuna) over train options; takes every train option
-    nesgpu compare [--budget S]       ES and backprop side by side under one wall-clock budget
+    nesgpu compare [--time-budget S]  ES and backprop side by side under one wall-clock budget
     nesgpu bench layers [options]     forward-pass benchmark of the perturbed layers
     nesgpu bench modules [options]    the same for attention, embedding, norms, recurrent layers, fallback
 

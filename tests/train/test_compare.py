@@ -124,3 +124,19 @@ def test_summary_seconds_count_the_final_evaluation(tmp_path):
     assert summary["seconds"] >= summary["final_evaluation_seconds"] > 0
     assert "final evaluation of the model after step 2 (test_accuracy)" in lines
     assert "s of final evaluation) ->" in lines[-1]
+
+
+def test_compare_takes_trains_own_name_for_the_budget(tmp_path):
+    from nesgpu.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["compare", "--time-budget", "5"]).budget == 5.0
+    assert parser.parse_args(["compare", "--budget", "7"]).budget == 7.0
+
+
+def test_summary_records_population_and_directions(tmp_path):
+    summary = train(TrainConfig(task="digits", population=8, hidden=(4,), steps=1, out=str(tmp_path / "a")), **QUIET)
+    assert (summary["population"], summary["directions"]) == (8, 4)
+    summary = train(TrainConfig(task="digits", population=8, hidden=(4,), steps=1, antithetic=False,
+                                out=str(tmp_path / "b")), **QUIET)
+    assert (summary["population"], summary["directions"]) == (8, 8)

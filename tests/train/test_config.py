@@ -176,3 +176,47 @@ def test_a_printed_config_of_another_strategy_runs_with_a_new_task(tmp_path, cap
     assert main(["train", "--task", "cartpole", "--print-config"]) == 0  # pgpe, weight_decay 0.0
     (tmp_path / "cp.yaml").write_text(capsys.readouterr().out)
     assert main(["train", "--config", str(tmp_path / "cp.yaml"), "--task", "digits", "--print-config"]) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategy", "backprop", "--layer", "lowrank"], "option 'layer' (= 'lowrank') applies to the ES strategies"),
+    (["--strategy", "backprop", "--population", "512"], "option 'population' (= 512) applies to the ES"),
+    (["--optimizer", "adamw"], "option 'optimizer' (= 'adamw') applies to strategy 'backprop', not to an ES run"),
+    (["--strategy", "pgpe", "--accumulate", "1"], "option 'accumulate' (= 1) applies to strategy 'backprop', not "
+                                                  "to strategy 'pgpe'"),
+])
+def test_the_cli_refuses_the_other_sides_options_even_at_their_defaults(args, message, capsys):
+    from nesgpu.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", *args, "--print-config"])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_config_file_of_the_other_side_is_refused_away_from_the_defaults(tmp_path, capsys):
+    from nesgpu.cli import main
+
+    (tmp_path / "bp.yaml").write_text("strategy: backprop\nsigma: 0.3\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(tmp_path / "bp.yaml"), "--print-config"])
+    assert "option 'sigma' (= 0.3) applies to the ES strategies" in capsys.readouterr().err
+
+
+def test_an_es_runs_config_records_no_backprop_optimizer(tmp_path):
+    import json
+
+    from nesgpu.train import train
+    from nesgpu.train.checkpoint import find_checkpoint
+
+    out = tmp_path / "r"
+    cfg = dict(task="digits", population=8, hidden=(4,), steps=2, out=str(out))
+    train(TrainConfig(**cfg), log=lambda *a, **k: None)
+    assert json.loads((out / "config.json").read_text())["optimizer"] is None
+    assert TrainConfig(task="digits", strategy="backprop").resolved().optimizer == "adamw"
+    # a run an earlier nesgpu wrote recorded backprop's "adamw": it still resumes and loads
+    state_path = find_checkpoint(out / "checkpoint") / "state.pt"
+    state = torch.load(state_path, weights_only=True)
+    state["config"]["optimizer"] = "adamw"
+    torch.save(state, state_path)
+    summary = train(TrainConfig(**{**cfg, "steps": 3}), resume=True, log=lambda *a, **k: None)
+    assert summary["steps"] == 3

@@ -246,7 +246,7 @@ class BackpropStep:
 
     def summary(self, cfg) -> dict:
         """No population, noise or layer kind."""
-        return {"layer": None, "population": None, "sigma": None}
+        return {"layer": None, "population": None, "directions": None, "sigma": None}
 
     def finish(self) -> None:
         """Nothing held between steps."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..layers import KINDS
 from .config import TrainConfig, presets
+from .defaults import BACKPROP, BACKPROP_ONLY, ES_ONLY
 
 
 def _hidden(text: str) -> tuple[int, ...]:
@@ -131,6 +132,18 @@ def add_train_parser(commands) -> None:
     p.set_defaults(func=run_train)
 
 
+def _check_sides(given: dict, strategy: str | None) -> None:
+    """A flag of the other side's options is an error, even at its default value (TrainConfig can only tell a
+    value from its default; a flag is the user's own word)."""
+    other, side = (ES_ONLY, "the ES strategies") if strategy == BACKPROP else (BACKPROP_ONLY, "strategy 'backprop'")
+    wrong = [name for name in given if name in other]
+    if wrong:
+        mine = ("strategy 'backprop'" if strategy == BACKPROP else f"strategy {strategy!r}" if strategy
+                else "an ES run (the task's default strategy)")
+        raise ValueError(f"option {wrong[0]!r} (= {given[wrong[0]]!r}) applies to {side}, not to {mine}; drop it"
+                         + ("" if strategy == BACKPROP else " or choose --strategy backprop"))
+
+
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
     """Defaults < the resumed run's config < --config file < flags."""
     values: dict = {}
@@ -153,9 +166,10 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
     if args.config:  # the keys the file sets, each type-checked (a value equal to a default still counts)
         values.update(TrainConfig.read_yaml(args.config))
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    for key, value in vars(args).items():
-        if key in fields and value is not None:
-            values[key] = value
+    flags = {key: value for key, value in vars(args).items() if key in fields and value is not None}
+    # a flag of the other side is refused even at its default (a config file lists every option: --print-config)
+    _check_sides(flags, flags.get("strategy", values.get("strategy")))
+    values.update(flags)
     options = {key.split(":", 1)[1]: value for key, value in vars(args).items()
                if key.startswith("layer_option:") and value is not None}
     if options:

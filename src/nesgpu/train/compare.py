@@ -199,7 +199,8 @@ def add_compare_parser(commands) -> None:
     p = commands.add_parser("compare", help="ES and backprop side by side under one wall-clock budget",
                             description=__doc__.splitlines()[0])
     p.add_argument("--task", default="digits", help="a supervised task (default: digits)")
-    p.add_argument("--budget", type=float, default=60.0, help="seconds of training per run (default: 60)")
+    p.add_argument("--time-budget", "--budget", dest="budget", type=float, default=60.0,
+                   help="seconds of training per run, as train's --time-budget (default: 60)")
     p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated seeds, one ES and one backprop run "
                                                                "each (default: 0)")
     p.add_argument("--model", help="architecture (default: the task's)")

@@ -119,7 +119,8 @@ class TrainConfig:
                        choices=("auto", "on", "off"))
     init: str = opt("default", "initial weights of Linear and Conv layers: torch's default, he (Kaiming normal) or "
                     "xavier (Glorot uniform); biases zero", choices=INITS)
-    optimizer: str = opt("adamw", "backprop: a torch.optim optimizer by name (adamw, adam, sgd, ...)")
+    optimizer: str | None = opt("adamw", "backprop: a torch.optim optimizer by name (adamw, adam, sgd, ...); an ES "
+                                "run's strategy brings its own (its config records none)")
     accumulate: int = opt(1, "backprop: micro-batches of batch_size per step, their gradients accumulated")
     activation_checkpointing: bool = opt(False, "backprop: recompute each block's activations in the backward "
                                          "pass instead of storing them (torch.utils.checkpoint)")
@@ -140,6 +141,8 @@ class TrainConfig:
             if values.get(name) is None:
                 values[name] = value
         values["hidden"] = tuple(values["hidden"])
+        if values["strategy"] != BACKPROP:  # an ES strategy steps with its own optimizer: none to record
+            values["optimizer"] = None
         custom = values["task"].startswith(CUSTOM)
         if values["policy_output"] == "auto" and not custom and not is_supervised(values["task"]):
             own = STRATEGIES.get(values["strategy"])  # None for the gradient baseline

@@ -126,8 +126,10 @@ class EvolutionStep:
             self.lrs.set_base(cfg.lr, self.state.step)
 
     def summary(self, cfg) -> dict:
-        """The run's layer kind, population and (current) sigma, for summary.json."""
-        return {"layer": cfg.layer, "population": cfg.population, "sigma": self.state.sigma}
+        """The run's layer kind, population (members, both signs), directions (PerturbedModel's: noise vectors,
+        population / 2 with antithetic pairs) and (current) sigma, for summary.json."""
+        return {"layer": cfg.layer, "population": cfg.population, "directions": cfg.directions,
+                "sigma": self.state.sigma}
 
     def finish(self) -> None:
         self.population.free_memory()

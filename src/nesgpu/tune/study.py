@@ -357,7 +357,7 @@ class RunLog:
     """``train()``'s log during a trial: keeps its notes (an out-of-memory retry, a reached target), drops
     the progress lines and the final line (the trial's own line says the same)."""
 
-    PROGRESS = re.compile(r"step \d+/\d+ ")
+    PROGRESS = re.compile(r"step \d+/\d+ |final evaluation of the model after step ")
 
     def __init__(self):
         self.lines: list[str] = []
