@@ -196,7 +196,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def add_eval_parser(commands) -> None:
-    p = commands.add_parser("eval", help="evaluate a finished run's model", description="Evaluate DIR/model.safetensors "
+    p = commands.add_parser("eval", help="evaluate a finished run's model",
+                            description="Evaluate DIR/model.safetensors "
                             "on its task (test accuracy or mean return) and print JSON.")
     p.add_argument("run", metavar="DIR")
     p.add_argument("--device", default="auto")

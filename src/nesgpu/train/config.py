@@ -16,8 +16,8 @@ from ..quantize import BITS
 from ..strategies import STRATEGIES
 from ..strategies.schedules import KINDS as SCHEDULES
 from .ars_paper import PRESETS, preset_values
-from .defaults import (BACKPROP, BACKPROP_ONLY, CUSTOM, ES_ONLY, STRATEGY_CHOICES, TASK_DEFAULTS, compiles, is_supervised, presets,
-                       torch_env_tasks)
+from .defaults import (BACKPROP, BACKPROP_ONLY, CUSTOM, ES_ONLY, STRATEGY_CHOICES, TASK_DEFAULTS, compiles,
+                       is_supervised, presets, torch_env_tasks)
 from .initialization import INITS
 from .validation import check_strategy_options, check_type, validate
 
@@ -194,7 +194,8 @@ class TrainConfig:
             values = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ValueError(f"{path} is not valid YAML: {str(e).splitlines()[0]}"
-                             + (f" (line {e.problem_mark.line + 1})" if getattr(e, "problem_mark", None) else "")) from e
+                             + (f" (line {e.problem_mark.line + 1})" if getattr(e, "problem_mark", None)
+                                else "")) from e
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of options; got {type(values).__name__}")
         types = {f.name: f.type for f in dataclasses.fields(cls)}
