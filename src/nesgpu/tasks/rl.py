@@ -268,8 +268,9 @@ class RLTask:
         self._compiled: CompiledStep | None = None
 
     def make_model(self, hidden: tuple[int, ...] = (16,), model: str = "mlp") -> Policy:
-        """The policy: an MLP with ``hidden`` sizes (tanh), or a linear one for ``hidden=()``."""
-        if model != "mlp":
+        """The policy: an MLP with ``hidden`` sizes (tanh), or a linear one for ``hidden=()``. ``model``:
+        "mlp", or "default" (a task of your own's run: this task's own model, the MLP)."""
+        if model not in ("mlp", "default"):
             raise ValueError(f"unknown model {model!r} for task {self.name!r}; expected one of ['mlp']")
         outputs = self.spec.num_actions if self.spec.discrete else self.spec.action_dim
         return Policy(self.spec.obs_dim, self.spec.discrete, outputs, self.spec.action_high, hidden,
