@@ -1,5 +1,7 @@
 """Perturbed modules: one file per module family, each a thin torch subclass over the kinds' functions."""
 
+import typing
+
 from ..kinds import KINDS
 from .attention import PerturbedMultiheadAttention, PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer
 from .base import PerturbedModule, Slot, repeat_signs
@@ -18,6 +20,9 @@ from .norm import (
                    PerturbedRMSNorm,
 )
 from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
+
+# Slot is a NamedTuple of base.py, whose string annotations its generated __new__ cannot resolve: the types
+Slot.__new__.__annotations__ = typing.get_type_hints(Slot)
 
 __all__ = [
     "HALF", "KINDS", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed", "LowBitConv1d", "LowBitConv2d",

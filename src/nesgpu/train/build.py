@@ -4,6 +4,7 @@ the plain model, the perturbed model and the step object (ES or backprop)."""
 from __future__ import annotations
 
 import copy
+import typing
 import warnings
 from typing import NamedTuple
 
@@ -33,6 +34,10 @@ class Built(NamedTuple):
     model: nn.Module
     pm: PerturbedModel | None
     step: Stepper
+
+
+# a NamedTuple's generated __new__ cannot resolve this module's string annotations: give it the types
+Built.__new__.__annotations__ = typing.get_type_hints(Built)
 
 
 def resolve_device(name: str) -> torch.device:

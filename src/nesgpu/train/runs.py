@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -23,6 +24,10 @@ class Run(NamedTuple):
     model: torch.nn.Module
     task: object
     config: TrainConfig
+
+
+# a NamedTuple's generated __new__ cannot resolve this module's string annotations: give it the types
+Run.__new__.__annotations__ = typing.get_type_hints(Run)
 
 
 def read_config(directory: Path, task=None) -> TrainConfig:
