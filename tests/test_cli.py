@@ -23,3 +23,12 @@ def test_a_mujoco_message_reads_as_mujocos():
     out = io.StringIO()
     show_warning("compiler attribute 'settotalmass' is deprecated", UserWarning, "mujoco", 0, file=out)
     assert out.getvalue() == "mujoco: warning: compiler attribute 'settotalmass' is deprecated\n"
+
+
+def test_the_version_answers_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = "import sys; from nesgpu.cli import main; main(['--version']); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["nesgpu", __import__("nesgpu").__version__, "False"]

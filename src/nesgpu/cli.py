@@ -85,6 +85,9 @@ def _asked(e: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nesgpu`` console script and ``python -m nesgpu``."""
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # at once: without torch and the commands
+        print(f"nesgpu {__version__}")
+        return 0
     try:
         parser = build_parser()  # imports torch and the commands: seconds, in which Ctrl-C is one line too
     except KeyboardInterrupt:

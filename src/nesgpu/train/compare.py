@@ -46,7 +46,7 @@ def run_configs(task, budget: float, seeds: list[int], out: Path, shared: dict |
     ``task``: a built-in task's name, or a task object of your own."""
     own = None if isinstance(task, str) else task
     if not budget > 0:
-        raise ValueError(f"budget must be a positive number of seconds; got {budget}")
+        raise ValueError(f"the time budget must be a positive number of seconds; got {budget}")
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise ValueError(f"seeds must be distinct numbers >= 0; got {seeds}")
     if evals < 1:
