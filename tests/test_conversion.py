@@ -176,6 +176,7 @@ def test_a_perturbed_layer_built_complex_is_refused_by_the_population():
         nesgpu.PerturbedModel(layer, directions=4)
 
 
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
 def test_a_layer_of_size_zero_is_refused():
     with pytest.raises(ValueError, match=r"parameter 'weight' has no elements \(shape \(0, 4\)\)"):
         nesgpu.convert(nn.Linear(4, 0), "lowrank")

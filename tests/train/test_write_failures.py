@@ -41,8 +41,10 @@ def test_a_file_size_limit_says_file_too_large(tmp_path):
 
 
 def test_ctrl_c_while_the_command_starts_is_one_line():
+    # SIGINT as a terminal delivers it (a shell's background job would inherit it ignored)
     process = subprocess.Popen([sys.executable, "-m", "nesgpu", *ARGS, "--out", os.devnull + "-never"],
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(0.3)  # importing torch takes longer than this
     process.send_signal(signal.SIGINT)
     err = process.communicate(timeout=60)[1]
