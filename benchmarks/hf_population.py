@@ -66,6 +66,21 @@ def in_place_member(model, params, sigma, seed, row_ids, new_tokens):
             p.sub_(z, alpha=sigma)
 
 
+def add_device_options(parser: argparse.ArgumentParser) -> None:
+    """--device, --bf16 and --json, shared by the language-model benchmarks."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="hold the models in bfloat16 (for a GPU)")
+    parser.add_argument("--json")
+
+
+def device_of(args) -> tuple[torch.device, object]:
+    """The parsed options' device, with ``args.dtype`` set from --bf16, and its synchronisation (a no-op off
+    CUDA) for timing."""
+    args.dtype = torch.bfloat16 if args.bf16 else torch.float32
+    device = torch.device(args.device)
+    return device, (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
 def speed(hidden: int, args, device, sync) -> dict:
     directions, rows = args.directions, 2 * args.directions
     ids = torch.randint(3, args.vocab, (rows, args.tokens), device=device)
@@ -143,13 +158,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16, help="generated tokens after a prompt of tokens/2")
     parser.add_argument("--in-place-members", type=int, default=32, help="members timed one at a time")
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--bf16", action="store_true", help="hold the model in bfloat16 (for a GPU)")
-    parser.add_argument("--json")
+    add_device_options(parser)
     args = parser.parse_args()
-    args.dtype = torch.bfloat16 if args.bf16 else torch.float32
-    device = torch.device(args.device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    device, sync = device_of(args)
     torch.set_grad_enabled(False)
     results = {"speed": [speed(h, args, device, sync) for h in args.hidden],
                "memory": [dict(hidden=h, **memory(h, args, device)) for h in args.hidden],

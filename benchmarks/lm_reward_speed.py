@@ -29,7 +29,7 @@ from nesgpu.tasks.generation import GenerationTask
 from nesgpu.tasks.verifiers import arithmetic_problems, arithmetic_reward, rewards_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from hf_population import timed  # noqa: E402  (this folder's: medians of interleaved rounds)
+from hf_population import add_device_options, device_of, timed  # noqa: E402  (this folder's)
 from lm_reward_demo import llama_config, train_tokenizer  # noqa: E402
 
 
@@ -105,13 +105,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=6)
     parser.add_argument("--evolve", default="all", choices=["all", "matrices"])
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--bf16", action="store_true", help="hold the models in bfloat16 (for a GPU)")
-    parser.add_argument("--json")
+    add_device_options(parser)
     args = parser.parse_args()
-    args.dtype = torch.bfloat16 if args.bf16 else torch.float32
-    device = torch.device(args.device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    device, sync = device_of(args)
     tokenizer = train_tokenizer([f"{p}{a}\n" for p, a in arithmetic_problems(4000, seed=0)])
     results = [measure(size, args, tokenizer, device, sync) for size in args.sizes]
     print("| model | params | rows | population gen / plain gen (tokens/s) | whole fitness / plain gen | "

@@ -28,17 +28,15 @@ def _load_public() -> list[str]:
 
 
 def __getattr__(name: str):
-    if name == "__all__" or name in _HOMES or name == "kinds":
-        _load_public()
+    if name.startswith("_") and name != "__all__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name in (*_load_public(), "__all__"):  # loads them all: from here on they are plain attributes
         return globals()[name]
-    if not name.startswith("_"):
-        if name in _load_public():
-            return globals()[name]
-        try:  # a submodule: nesgpu.train, nesgpu.tasks, ...
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
+    try:  # a submodule: nesgpu.train, nesgpu.tasks, ...
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -121,7 +121,7 @@ def test_summary_seconds_count_the_final_evaluation(tmp_path):
     lines = []
     summary = train(TrainConfig(task="digits", population=8, hidden=(4,), steps=2, out=str(tmp_path / "r")),
                     log=lines.append)
-    assert summary["seconds"] >= summary["final_evaluation_seconds"] > 0
+    assert summary["seconds"] >= summary["final_evaluation_seconds"] >= 0  # rounded to ms: a fast one is 0
     assert "final evaluation of the model after step 2 (test_accuracy)" in lines
     assert "s of final evaluation) ->" in lines[-1]
 

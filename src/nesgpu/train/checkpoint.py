@@ -67,12 +67,11 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
     """Load ``path`` into ``model``; returns the file's metadata. A tensor of another dtype than the model's is
     refused (load_state_dict would cast it: int32 into float, float into a binary layer's codes)."""
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     try:
-        tensors = load_file(str(path))
         with safe_open(str(path), "pt") as f:
             metadata = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
     except Exception as e:
         raise ValueError(f"cannot read weights {path}: the file is corrupt or not safetensors ({e})") from e
     own = model.state_dict()

@@ -66,7 +66,6 @@ def run_configs(task, budget: float, seeds: list[int], out: Path, shared: dict |
     return configs
 
 
-
 def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: str | Path = "compare",
             shared: dict | None = None, es: dict | None = None, backprop: dict | None = None, evals: int = 20,
             overwrite: bool = False, log=None, model=None) -> dict:

@@ -236,10 +236,10 @@ def _expanding_presets(init):
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
         if self.preset is not None:
-            values = dataclasses.asdict(self)
-            expand_preset(values, {*names[:len(args)], *kwargs} - {"preset"})
+            values = {"preset": self.preset, "task": self.task}
+            expand_preset(values, {*names[:len(args)], *kwargs})
             for name, value in values.items():
-                setattr(self, name, tuple(value) if name == "hidden" and value is not None else value)
+                setattr(self, name, value)
     return __init__
 
 
