@@ -37,12 +37,14 @@ class _Options:
     bits: int | None
     noise_on: str
     act_bits: int | None
+    fallback: frozenset[str] = frozenset()
     notes: list[str] = field(default_factory=list)
+    converted: dict[int, tuple[nn.Module, nn.Module]] = field(default_factory=dict)  # id -> (module, its result)
 
 
 def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | None = None,
             freeze: Iterable[str] = (), bits: int | None = None, noise_on: str = "latent",
-            act_bits: int | None = None, evolve: str = "all", **options) -> nn.Module:
+            act_bits: int | None = None, evolve: str = "all", fallback: Iterable[str] = (), **options) -> nn.Module:
     """Make every trainable parameter of ``model`` perturbable, keeping its weights.
 
     Linear, Conv1d/2d/3d, Embedding, MultiheadAttention, LSTM/GRU/RNN become perturbed modules whose
@@ -70,6 +72,9 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         act_bits: with ``bits``: None (float activations) or 8 (int8 inputs and an int8 GEMM; Linear only).
         evolve: ``"all"`` (every trainable parameter) or ``"matrices"`` (only weights of 2 or more
             dimensions outside embeddings; embedding tables, norms and biases are frozen).
+        fallback: module names (``"backbone.layers.0.mixer"``) that run through the exact torch.func
+            fallback with all their children: a module whose forward reads a child's weight directly, or
+            regroups its rows, is exact there (:func:`nesgpu.check` finds such modules).
         **options: the kind's options, e.g. ``rank=2`` or ``in_sparsity=0.1``.
 
     Returns:
@@ -78,7 +83,7 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
-    opts = _Options(make_kind(kind, **options), directions, bits, noise_on, act_bits)
+    opts = _Options(make_kind(kind, **options), directions, bits, noise_on, act_bits, _fallback_names(model, fallback))
     check_low_bit_options(opts.bits, opts.noise_on, opts.act_bits)
     if evolve not in EVOLVE:
         raise ValueError(f"evolve must be one of {list(EVOLVE)}; got {evolve!r}")
@@ -99,7 +104,15 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
 
 
 def _swap(module: nn.Module, name: str, opts: _Options) -> nn.Module:
-    """``module`` with every trainable parameter in a perturbed module (see the module docstring)."""
+    """``module`` with every trainable parameter in a perturbed module (see the module docstring). One module
+    object registered under several names (``nn.Sequential(l, act, l)``) becomes one converted object."""
+    done = opts.converted.get(id(module))
+    if done is None:
+        done = opts.converted[id(module)] = (module, _swap_new(module, name, opts))
+    return done[1]
+
+
+def _swap_new(module: nn.Module, name: str, opts: _Options) -> nn.Module:
     if isinstance(module, PerturbedModule):
         _check_converted(module, name, opts)
         return module
@@ -110,16 +123,18 @@ def _swap(module: nn.Module, name: str, opts: _Options) -> nn.Module:
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
         return module  # nothing to perturb, and no batch statistics to keep apart: it runs as it is
     label = f"{name or 'model'} ({type(module).__name__})"
+    if name in opts.fallback:
+        return _fallback(module, name, label, opts, "is named in convert(..., fallback=[...])")
     if parametrize.is_parametrized(module):
-        raise ValueError(f"{label} has parametrized weights (weight_norm, spectral_norm, ...), which convert cannot "
-                         f"perturb; remove the parametrization or freeze it with convert(..., freeze=[{name!r}])")
+        return _fallback(module, name, label, opts, "has parametrized weights (weight_norm, spectral_norm, ...)")
     _swap_path(module, label)
     converted = _rebuild_known(module, name, label, opts)
     if converted is None and any(p.requires_grad for p in module.parameters(recurse=False)):
         converted = _adopt_or_fallback(module, name, label, opts)
     if converted is not None:
         return converted
-    for child_name, child in module.named_children():
+    # every slot, even a module registered twice (named_children yields it once)
+    for child_name, child in [(n, c) for n, c in module._modules.items() if c is not None]:
         setattr(module, child_name, _swap(child, f"{name}.{child_name}" if name else child_name, opts))
     return module
 
@@ -149,8 +164,8 @@ def _swap_path(module: nn.Module, label: str) -> None:
 def _rebuild_known(module: nn.Module, name: str, label: str, opts: _Options) -> nn.Module | None:
     """A torch module type with a perturbed class, rebuilt with its weights; None for any other."""
     conversion = conversion_for(module)
-    if conversion is None or type(module).forward is not conversion.source.forward:
-        return None  # a subclass with its own forward: only the exact fallback keeps its maths
+    if conversion is None or type(module).forward is not conversion.source.forward or not conversion.fits(module):
+        return None  # a subclass with its own forward, or options the class lacks: the exact fallback
     module_kind = _kind_for(conversion.product, label, opts)
     extra = {} if conversion.product is None else {"kind": module_kind}
     target = conversion.target
@@ -191,12 +206,32 @@ def _adopt_or_fallback(module: nn.Module, name: str, label: str, opts: _Options)
                          f"trainable matrices, or freeze it with convert(..., freeze=[{name!r}])")
     if found is not None:
         return hf.adopt(module, found, _kind_for(found.product, label, opts), opts.directions)
+    return _fallback(module, name, label, opts, "has no batched perturbed version")
+
+
+def _fallback(module: nn.Module, name: str, label: str, opts: _Options, why: str) -> nn.Module:
+    """``module`` and its children in the exact torch.func fallback (with a note saying why)."""
+    if opts.bits is not None:
+        raise ValueError(f"bits={opts.bits}: {label} {why} and would need the torch.func fallback, which has no "
+                         f"low-bit version; expected only Linear and Conv1d/2d/3d to hold trainable matrices, or "
+                         f"freeze it with convert(..., freeze=[{name!r}])")
     if any(isinstance(m, (nn.modules.batchnorm._BatchNorm, PerturbedModule)) for m in module.modules()):
         raise ValueError(f"{label} needs the torch.func fallback, but contains a BatchNorm or a perturbed module, "
                          f"which it cannot evaluate member by member; freeze it with convert(..., freeze=[{name!r}])")
-    opts.notes.append(f"{label} has no batched perturbed version; it runs through the exact torch.func fallback, "
-                      f"member by member (slow)")
+    opts.notes.append(f"{label} {why}; it runs through the exact torch.func fallback, member by member (slow)")
     return functional_fallback(module, opts.directions)
+
+
+def _fallback_names(model: nn.Module, names: Iterable[str]) -> frozenset[str]:
+    """convert's ``fallback``: module names of ``model``."""
+    if isinstance(names, str):
+        raise TypeError(f"fallback must be a list of module names; got the string {names!r}")
+    modules = dict(model.named_modules())
+    unknown = [n for n in names if n not in modules]
+    if unknown:
+        raise ValueError(f"fallback: {unknown[0]!r} names no module of the model; expected a name as "
+                         f"model.named_modules() gives it, e.g. {sorted(modules)[1:4]}")
+    return frozenset(names)
 
 
 def rebuilt_as(cls: type[nn.Module], module: nn.Module, **args) -> nn.Module:

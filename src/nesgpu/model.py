@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .layers import HALF, PerturbedLinear, PerturbedModule, repeat_signs
+from .layers.layout import RowLayout
 from .trainable import check_trainable, uncovered_parameters
 
 
@@ -246,16 +247,19 @@ class PerturbedModel:
                     f"unused part frozen")
 
     def _see_rows(self, module, args, kwargs) -> None:
-        """Tell every module how many population rows the model's input has (input_ids, inputs_embeds or
-        the first tensor): a module that sees the tokens flattened (rows * T, ...), as an MoE block's experts
-        do, needs it to find each token's member."""
-        rows = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args, *kwargs.values())
-                     if isinstance(t, torch.Tensor) and t.dim() >= 1), None)
-        n, d = (None, 1) if rows is None else (rows.shape[0], self.local_directions)
-        if n is None or n % d or (self.antithetic and (n // d) % 2):
-            n = None  # not laid out rows-first (a sequence-first model): the modules check what they can
+        """Tell every module how the model's input lays out the population rows (input_ids, inputs_embeds or
+        the first tensor; see :mod:`nesgpu.layers.layout`): a module that sees the tokens flattened
+        (rows * T, ...), as an MoE block's experts do, needs it to find each token's member."""
+        named = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"))
+                      if isinstance(t, torch.Tensor) and t.dim() >= 1), None)
+        rows = named if named is not None else next(
+            (t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() >= 1), None)
+        layout, d = None, self.local_directions
+        if rows is not None and rows.shape[0] % d == 0 and not (self.antithetic and (rows.shape[0] // d) % 2):
+            # else not laid out rows-first (a sequence-first model): the modules check what they can
+            layout = RowLayout(rows.shape[0], rows.shape[1] if rows.dim() > 1 else None, named is not None)
         for layer in self.layers.values():
-            layer.__dict__["population_rows"] = n  # a plain attribute, without nn.Module.__setattr__ (per call)
+            layer.__dict__["population_layout"] = layout  # a plain attribute, without nn.Module.__setattr__
 
     def __call__(self, *args, **kwargs):
         with self.perturbing():

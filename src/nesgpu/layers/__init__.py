@@ -4,7 +4,8 @@ import typing
 
 from ..kinds import KINDS
 from .attention import PerturbedMultiheadAttention, PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer
-from .base import PerturbedModule, Slot, repeat_signs
+from .base import PerturbedModule, Slot
+from .layout import repeat_signs
 from .conv import FlipoutConv2d, LowRankConv2d, PermutedConv2d, PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .drawing import HALF
 from .embedding import PerturbedEmbedding

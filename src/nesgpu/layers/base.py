@@ -23,42 +23,11 @@ from torch import nn
 from ..kinds import KINDS, LINEAR, Gaussian, Geometry, Kind, Noise, Op
 from ..noise import NoiseSource
 from .drawing import HALF, draw_noise
+from .layout import Cached, Population, RowLayout, check_rows, repeat_scale, rows_view, tokens_per_row
 from .sharing import Borrowed, SharedParameters
 
 VECTOR = Gaussian()
 """The kind of every parameter that is not a matrix: IID Gaussian, elementwise."""
-
-
-def rows_view(t: torch.Tensor, repeats: int, directions: int) -> torch.Tensor:
-    """(R * D, ..., C) -> (R, D, M, C): every dimension between the rows and the channels is per member."""
-    return t.view(repeats, directions, -1, t.shape[-1])
-
-
-def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype a matmul of ``x`` returns: the autocast dtype when autocast is on for its device."""
-    if x.is_floating_point() and torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
-
-
-class Cached(NamedTuple):
-    """A value computed from ``key``, kept until the key changes."""
-
-    key: tuple
-    value: torch.Tensor
-
-
-def repeat_scale(repeats: int, sigma: float, antithetic: bool, like: torch.Tensor) -> torch.Tensor:
-    """sigma * s_r for each repeat r: +sigma, or -sigma for r >= R/2 with antithetic sampling."""
-    scale = torch.full((repeats,), float(sigma), dtype=like.dtype, device=like.device)
-    if antithetic:
-        scale[repeats // 2 :] = -float(sigma)
-    return scale
-
-
-def repeat_signs(repeats: int, antithetic: bool, device: torch.device) -> torch.Tensor:
-    """s_r in {+1, -1} for each repeat r."""
-    return repeat_scale(repeats, 1.0, antithetic, torch.empty(0, device=device))
 
 
 class Slot(NamedTuple):
@@ -74,14 +43,6 @@ class Active(NamedTuple):
 
     sigma: float
     antithetic: bool
-
-
-class Population(NamedTuple):
-    """One population call: R repeats of D directions, and each repeat's signed sigma (R,)."""
-
-    repeats: int
-    directions: int
-    scale: torch.Tensor
 
 
 class PerturbedModule(SharedParameters):
@@ -116,7 +77,7 @@ class PerturbedModule(SharedParameters):
         self._transposed, self._banks = transposed, banks
         self._borrowed: dict[str, Borrowed] = {}
         self._inside = False  # True while this module runs its own population forward (the read guard)
-        self.population_rows: int | None = None  # rows of the model's population input, once it is seen
+        self.population_layout: RowLayout | None = None  # the model's population input, once it is seen
         self.declare_parameters()
         self._noise: dict[str, Noise] | None = None
         self._source: NoiseSource | None = None
@@ -271,16 +232,29 @@ class PerturbedModule(SharedParameters):
         try:
             yield self
         finally:
-            state.update(_active=None, population_rows=None)
+            state.update(_active=None, population_layout=None)
 
     @property
     def is_perturbing(self) -> bool:
         return self._active is not None
 
+    @property
+    def population_rows(self) -> int | None:
+        """Rows of the model's population input in the current call (None: not seen)."""
+        layout = self.__dict__["population_layout"]
+        return None if layout is None else layout.rows
+
+    @property
+    def label(self) -> str:
+        """The module as errors name it: its name in the model and its class."""
+        return f"{self.layer_name or 'module'} ({type(self).__name__})"
+
     def _population(self, rows: int, dtype: torch.dtype, device: torch.device) -> Population:
         """Check that ``rows`` is R x D (R even with antithetic sampling) and return R, D and the scale in
         ``dtype``, the dtype the perturbation is added in (see :func:`compute_dtype`)."""
         self._require_noise()
+        if not self.ROW_WISE:
+            check_rows(self.__dict__["population_layout"], rows, self.label)
         d = self.local_directions
         if rows % d:
             raise ValueError(f"{type(self).__name__}: input has {rows} rows; expected a multiple of directions={d} "
@@ -390,10 +364,20 @@ class PerturbedModule(SharedParameters):
             parts.append("tied={" + ", ".join(f"{n!r}: {b.label!r}" for n, b in self._borrowed.items()) + "}")
         return ", ".join(parts)
 
+    ROW_WISE = False
+    """Whether output row i depends only on input row i, whatever the dimensions between the rows and the
+    features (Linear, Embedding, LayerNorm): such a module takes its rows' tokens flattened, (rows * T, ...)."""
+
     def forward(self, *args, **kwargs):
         if self._active is None:
             return super().forward(*args, **kwargs)
         with self.own_call():
+            x = args[0] if args else None
+            if self.ROW_WISE and isinstance(x, torch.Tensor):
+                tokens = tokens_per_row(self.__dict__["population_layout"], x, self.label)
+                if tokens:  # (rows * T, ...) as (rows, T, ...): token j belongs to row j // T
+                    out = self.population_forward(x.view(-1, tokens, *x.shape[1:]), *args[1:], **kwargs)
+                    return out.flatten(0, 1)
             return self.population_forward(*args, **kwargs)
 
     def population_forward(self, *args, **kwargs):

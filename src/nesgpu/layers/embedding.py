@@ -28,6 +28,8 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
         population input: indices (R * D, *) -> (R * D, *, embedding_dim); row n uses direction n % D.
     """
 
+    ROW_WISE = True
+
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
                  scale_grad_by_freq=False, sparse=False, _weight=None, _freeze=False, device=None, dtype=None, *,
                  kind="gaussian", directions=None, **options):

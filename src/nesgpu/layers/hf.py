@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import Gaussian, Geometry, Kind
-from .base import PerturbedModule, compute_dtype
+from .base import PerturbedModule
+from .layout import compute_dtype
 from .embedding import PerturbedEmbedding
 from .swap import swap_class
 
@@ -40,6 +41,8 @@ class PerturbedConv1D(PerturbedModule):
 
     Shape: population input (R * D, *, in) -> (R * D, *, out); row n uses direction n % D.
     """
+
+    ROW_WISE = True
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or x.shape[-1] != self.weight.shape[0]:
@@ -60,6 +63,8 @@ class PerturbedHFRMSNorm(PerturbedModule):
 
     Shape: population input (R * D, *, C) -> the same shape.
     """
+
+    ROW_WISE = True
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -120,59 +125,58 @@ class PerturbedScaledEmbedding(PerturbedEmbedding):
         return super().population_forward(index) * self.embed_scale.to(self.weight.dtype)
 
 
-class _LinearOnly(torch.Tensor):
-    """A router's matrix during its population forward: ``F.linear(x, w)`` is the router's perturbed product;
-    any other use of the matrix is an error, never a silent unperturbed result."""
-
-    @staticmethod
-    def __new__(cls, weight: torch.Tensor, router: PerturbedRouter):
-        view = torch.Tensor._make_subclass(cls, weight.detach(), False)
-        view.router, view.param = router, weight
-        return view
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear and len(args) >= 2 and isinstance(args[1], _LinearOnly) and not isinstance(args[0], cls):
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            return args[1].router.token_linear(args[0], bias)
-        router = next(a.router for a in args if isinstance(a, _LinearOnly))
-        raise RuntimeError(f"{type(router).__name__}: its matrix is used by {getattr(func, '__name__', func)} in a "
-                           f"population call; nesgpu's router runs it only through F.linear(tokens, weight). Freeze "
-                           f"the router (convert(..., freeze=[...]))")
+_CASTS = frozenset({torch.Tensor.to, torch.Tensor.type, torch.Tensor.type_as, torch.Tensor.float, torch.Tensor.double,
+                    torch.Tensor.half, torch.Tensor.bfloat16})
+_TRANSPOSES = frozenset({torch.Tensor.t, torch.Tensor.transpose, torch.Tensor.T.__get__, torch.Tensor.mT.__get__})
+_MATMULS = frozenset({torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__})
 
 
 class PerturbedRouter(PerturbedModule):
-    """An MoE router (a ``weight`` (E, H) used as ``F.linear(tokens, weight)``): its own forward, with every
-    member's logits from the kind's linear product over that member's tokens.
+    """An MoE router (a ``weight`` (E, H) used as ``F.linear(tokens, weight)`` or ``tokens @ weight.t()``,
+    maybe cast first: ``weight.float()``, ``.to(dtype)``, ``.type(dtype)``): its own forward, with every
+    member's logits from the kind's linear product over that member's tokens. Any other use of the matrix is an error.
 
     Shape: tokens (rows * T, H) or (rows, ..., H), as the library's routers see them.
     """
 
     def population_forward(self, *args, **kwargs):
-        params = self._parameters  # torch's own registry: a plain attribute write would refuse a non-Parameter
-        weight = params["weight"]
-        params["weight"] = _LinearOnly(weight, self)
+        state = self.__dict__
+        inside, state["_inside"] = state["_inside"], False  # its own forward reads the matrix as a GuardedValue
         try:
             return super(PerturbedModule, self).forward(*args, **kwargs)  # the router's own forward
         finally:
-            params["weight"] = weight
+            state["_inside"] = inside
 
-    def token_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        params, rows = self._parameters, self.population_rows
-        view = params["weight"]
-        params["weight"] = view.param  # the real matrix while the perturbed product reads it
-        try:
-            n = x.shape[0]
+    def guarded_use(self, guard, func, args, kwargs):
+        if guard.owner is not self:
+            return NotImplemented
+        if func in _CASTS and args and args[0] is guard:
+            with torch._C.DisableTorchFunctionSubclass():  # the cast's dtype, read off an empty tensor
+                cast = func(torch.empty(0, dtype=guard.dtype, device=guard.device), *args[1:], **kwargs)
+            return guard.cast(cast.dtype) if isinstance(cast, torch.Tensor) and cast.device == guard.device else (
+                NotImplemented)
+        swaps = func is not torch.Tensor.transpose or sorted(d % 2 for d in args[1:3]) == [0, 1]
+        if func in _TRANSPOSES and args[0] is guard and guard.dim() == 2 and swaps:
+            return guard.transpose_view()
+        plain_input = len(args) >= 2 and not isinstance(args[0], type(guard))
+        if func is F.linear and plain_input and args[1] is guard and not guard.transposed:
+            return self.token_linear(args[0], args[2] if len(args) > 2 else kwargs.get("bias"), guard.dtype)
+        if func in _MATMULS and plain_input and args[1] is guard and guard.transposed:  # tokens @ weight.t()
+            return self.token_linear(args[0], None, guard.dtype)
+        return NotImplemented
+
+    def token_linear(self, x: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """``F.linear(x, weight.to(dtype), bias)`` for every member over its own tokens."""
+        with self.own_call():
+            n, rows = x.shape[0], self.population_rows
             if rows is None or n % rows or (n != rows and x.dim() != 2):
                 raise ValueError(f"{type(self).__name__}: {n} tokens are neither the population's rows ({rows}) nor "
                                  f"their tokens flattened; call the model through nesgpu.PerturbedModel")
             per_row = x if n == rows else x.view(rows, n // rows, x.shape[-1])
-            pop = self._population(rows, compute_dtype(x), x.device)
-            y = self._perturbed_linear(per_row, pop, "weight", None)
-            return (y if bias is None else y + bias).view(*x.shape[:-1], -1)
-        finally:
-            params["weight"] = view
+            pop = self._population(rows, compute_dtype(per_row), x.device)
+            y = F.linear(per_row, self.weight.to(dtype), bias)
+            y = self._perturbed_linear(per_row, pop, "weight", None, y=y)
+            return y.view(*x.shape[:-1], -1)
 
 
 def _is_router(module: nn.Module) -> bool:

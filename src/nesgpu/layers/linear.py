@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import Flipout, Geometry, LowRank, Permuted, Sparse, make_kind
-from .base import PerturbedModule, compute_dtype
+from .base import PerturbedModule
+from .layout import compute_dtype
 
 
 class PerturbedLinear(PerturbedModule, nn.Linear):
@@ -26,6 +27,8 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
     Example:
         >>> layer = PerturbedLinear(8, 4, kind="lowrank", rank=2, directions=16)
     """
+
+    ROW_WISE = True
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, kind="gaussian",
                  directions=None, **options):

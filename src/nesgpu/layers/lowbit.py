@@ -28,7 +28,7 @@ from torch import nn
 
 from ..kinds import LINEAR, LinearOp, Op, make_kind
 from ..quantize import check_bits, codes, int8_linear, quantize
-from .base import Cached, compute_dtype, rows_view
+from .layout import Cached, compute_dtype, rows_view
 from .conv import PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .drawing import unshared
 from .linear import PerturbedLinear

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import Gaussian
-from .base import PerturbedModule, Population
+from .base import PerturbedModule
+from .layout import Population
 
 
 class _ElementwiseAffine(PerturbedModule):
@@ -46,6 +47,8 @@ class _ElementwiseAffine(PerturbedModule):
 class PerturbedLayerNorm(_ElementwiseAffine, nn.LayerNorm):
     """nn.LayerNorm with per-member weight and bias. Shape: (R * D, *, *normalized_shape)."""
 
+    ROW_WISE = True
+
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None, *,
                  directions=None):
         nn.LayerNorm.__init__(self, normalized_shape, eps, elementwise_affine, bias, device, dtype)
@@ -61,6 +64,8 @@ class PerturbedLayerNorm(_ElementwiseAffine, nn.LayerNorm):
 
 class PerturbedRMSNorm(_ElementwiseAffine, nn.RMSNorm):
     """nn.RMSNorm with a per-member weight. Shape: (R * D, *, *normalized_shape)."""
+
+    ROW_WISE = True
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None, *,
                  directions=None):

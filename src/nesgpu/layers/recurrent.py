@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import Geometry, make_kind
-from .base import PerturbedModule, compute_dtype
+from .base import PerturbedModule
+from .layout import compute_dtype
 
 
 class _PerturbedRNN(PerturbedModule):

@@ -53,12 +53,13 @@ def _rnn(m):
 
 
 class Conversion:
-    """A torch module type, its perturbed class, its constructor arguments, and the product its matrices
-    need from a kind (None: only elementwise noise, which every kind provides)."""
+    """A torch module type, its perturbed class, its constructor arguments, the product its matrices need
+    from a kind (None: only elementwise noise, which every kind provides) and which of its instances the
+    perturbed class covers (``fits``; any other takes the exact fallback)."""
 
     def __init__(self, source: type[nn.Module], target: type[nn.Module], args: Callable[[nn.Module], dict],
-                 product: str | None):
-        self.source, self.target, self.args, self.product = source, target, args, product
+                 product: str | None, fits: Callable[[nn.Module], bool] = lambda m: True):
+        self.source, self.target, self.args, self.product, self.fits = source, target, args, product, fits
 
 
 # Order matters: the first match wins (subclasses before their parents).
@@ -86,7 +87,7 @@ CONVERSIONS: list[Conversion] = [
         embed_dim=m.embed_dim, num_heads=m.num_heads, dropout=m.dropout, bias=m.in_proj_bias is not None,
         add_bias_kv=m.bias_k is not None, add_zero_attn=m.add_zero_attn, kdim=m.kdim, vdim=m.vdim,
         batch_first=m.batch_first), "linear"),
-    Conversion(nn.LSTM, PerturbedLSTM, _rnn, "linear"),
+    Conversion(nn.LSTM, PerturbedLSTM, _rnn, "linear", fits=lambda m: m.proj_size == 0),
     Conversion(nn.GRU, PerturbedGRU, _rnn, "linear"),
     Conversion(nn.RNN, PerturbedRNN, _rnn, "linear"),
 ]

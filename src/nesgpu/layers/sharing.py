@@ -4,7 +4,9 @@
   noise z_d and takes the whole update; the borrower applies the same z_d in its own product, so every use
   sees theta + sigma s_r z_d and the tensor is perturbed once.
 - **Read by a parent** in population mode (``F.linear(h, self.emb.weight)``): the parameter holds the
-  unperturbed weights, so the computation would silently ignore every member's noise. Such a read raises.
+  unperturbed weights, so the computation would silently ignore every member's noise. Such a read returns a
+  :class:`nesgpu.layers.guard.GuardedValue`: its metadata passes, any other use raises (or is computed per
+  member by the module, see ``guarded_use``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from torch import nn
+
+from .guard import GuardedValue
 
 
 class Borrowed(NamedTuple):
@@ -68,13 +72,13 @@ class SharedParameters(nn.Module):
         value = super().__getattr__(name)
         state = self.__dict__
         if state.get("_active") is not None and not state["_inside"] and name in state["_guarded"]:
-            # a parent reading a perturbed parameter would compute with the unperturbed weights: an error,
-            # never a silent result (reads for dtype/shape go through the plain model outside perturbing)
-            full = f"{self.layer_name}.{name}" if self.layer_name else name
-            raise RuntimeError(
-                f"parameter {full!r} of {type(self).__name__} was read directly during a population call: it holds the "
-                f"unperturbed weights, so a computation with it would ignore every member's noise. Call the "
-                f"module instead of reading its parameter, convert the reader with "
-                f"nesgpu.layers.functional_fallback before convert(), or freeze the parameter")
+            # a parent reading a perturbed parameter would compute with the unperturbed weights: its metadata
+            # reads pass, any use of its values goes through guarded_use (an error unless the module computes it)
+            return GuardedValue(value, self, name)
         return value
 
+    def guarded_use(self, guard: GuardedValue, func, args: tuple, kwargs: dict):
+        """The result of ``func(*args, **kwargs)`` on a parameter a parent read directly in a population
+        call, computed per member, or NotImplemented (then the use is an error). A module type that can
+        compute a use (an MoE router's ``F.linear``) overrides this."""
+        return NotImplemented

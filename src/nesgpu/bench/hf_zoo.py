@@ -1,0 +1,343 @@
+"""A zoo of tiny random-init Hugging Face causal language models: one for every model type that
+``transformers.AutoModelForCausalLM`` knows, each with a few hundred thousand parameters.
+
+- :func:`causal_lm_types` lists the types.
+- :func:`small_config` builds a type's own config class with its sizes shrunk: a table of
+  key -> small value applied where the config has the key, per-layer lists cut down to the new layer
+  count, nested sub-configs shrunk the same way, and a few per-family overrides.
+- :func:`build_small` builds the model (float32, eval mode, every parameter moved off its init) or says
+  in one line why it cannot be built small.
+- :func:`example_inputs` makes a left-padded batch of token ids for it.
+
+transformers is imported lazily: this module imports without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+VOCAB = 128
+SPECIAL_RESERVED = 16  # ids VOCAB - 16 .. VOCAB - 1 hold the special tokens that are not pad / bos / eos
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+MAX_LAYERS = 4  # per-layer patterns with more distinct kinds keep their first MAX_LAYERS kinds
+MAX_PARAMETERS = 2_000_000
+
+# key -> small value, applied where the config has the key (directly, or through its attribute_map) and the
+# key is not None there. Per-layer lists of such a key become the small value repeated.
+SIZES: dict[str, Any] = {
+    # vocabulary and positions
+    "vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB, "decoder_vocab_size": VOCAB,
+    "max_position_embeddings": 128, "n_positions": 128, "n_ctx": 128, "max_seq_len": 128,
+    "max_target_positions": 128, "context_length": 128, "model_max_length": 128,
+    "original_max_position_embeddings": 128,
+    # widths
+    "hidden_size": 64, "d_model": 64, "n_embd": 64, "embedding_size": 64, "word_embed_proj_dim": 64,
+    "input_embedding_size": 64, "output_embedding_size": 64, "backbone_hidden_size": 64, "lru_width": 64,
+    "attention_hidden_size": 64, "adapter_in_dim": 64, "hidden_size_global": 64,
+    "encoder_hash_byte_group_vocab": VOCAB, "hidden_size_per_layer_input": 16, "router_hidden_size": 32,
+    "intermediate_size": 128, "ffn_dim": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "n_inner": 128,
+    "d_ff": 128, "dim_ff": 128, "dff": 128, "ffn_hidden_size": 128, "feed_forward_size": 128, "d_inner": 128,
+    "intermediate_size_mlp": 128, "dense_intermediate_size": 128,
+    # depth (and the counts of special layers inside it)
+    "num_hidden_layers": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2, "encoder_layers": 2,
+    "num_decoder_layers": 2, "num_encoder_layers": 2, "first_k_dense_replace": 1, "num_dense_layers": 1,
+    "decoder_sparse_step": 1, "num_kv_shared_layers": 0, "num_nextn_predict_layers": 0,
+    "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+    # attention
+    "num_attention_heads": 4, "n_head": 4, "n_heads": 4, "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4, "num_decoder_attention_heads": 4, "num_encoder_attention_heads": 4,
+    "attention_heads": 4, "swa_num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_kv_heads": 2, "n_kv_heads": 2, "multi_query_group_num": 2,
+    "num_query_groups": 2, "swa_num_key_value_heads": 2,
+    "head_dim": 16, "d_head": 16, "dim_head": 16, "attention_head_size": 16, "kv_channels": 16,
+    "attention_head_dim": 16, "swa_head_dim": 16, "rotary_dim": 8,
+    "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    "index_head_dim": 16, "index_n_heads": 2, "index_topk": 4,
+    "sliding_window": 4, "sliding_window_size": 4, "attention_window_size": 4, "attention_chunk_size": 4,
+    "local_attention_window_len": 4,
+    # mixtures of experts
+    "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "moe_k": 2, "num_experts_per_token": 2,
+    "n_shared_experts": 1, "num_shared_experts": 1, "moe_num_shared_experts": 1,
+    "n_group": 1, "topk_group": 1, "num_expert_group": 1,
+    "moe_intermediate_size": 32, "expert_ffn_hidden_size": 32, "shared_expert_intermediate_size": 64,
+    "moe_shared_expert_intermediate_size": 64, "shared_intermediate_size": 64,
+    "shared_experts_intermediate_size": 64,
+    # state-space and linear-attention mixers
+    "state_size": 8, "mamba_d_state": 8, "ssm_state_size": 8, "mamba_d_conv": 4, "conv_kernel": 4,
+    "time_step_rank": 8, "mamba_dt_rank": 8, "mamba_n_heads": 8, "mamba_num_heads": 8, "mamba_d_head": 16,
+    "mamba_head_dim": 16, "mamba_headdim": 16, "mamba_n_groups": 1, "mamba_ngroups": 1, "n_groups": 1,
+    "mamba_chunk_size": 8, "mamba_d_ssm": 128,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_head_dim": 16, "linear_num_heads": 4, "linear_conv_kernel_dim": 4,
+    # low-rank side paths
+    "laurel_rank": 8, "gated_norm_rank": 8, "adapter_rank": 8, "loop_gate_rank": 8, "o_lora_rank": 16,
+}
+
+# probabilities that are dropped to 0: keys with one of these parts, when their value is a float
+DROPOUT_PARTS = ("dropout", "pdrop", "layerdrop", "drop_prob", "_prob", "jitter_noise")
+KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "num_query_groups")
+LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "n_layers", "n_layer", "decoder_layers")
+
+# per-family fixes the table cannot express: type -> kwargs (a dict value for a sub-config key is merged
+# into that sub-config's kwargs)
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "mamba2": {"num_heads": 8, "head_dim": 16, "chunk_size": 8},
+    # hybrids whose default small pattern has no attention layer, which their cache code needs
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    "gemma4_text": {"global_head_dim": 32},
+    "gemma4_unified_text": {"global_head_dim": 32},
+    "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0}},
+    "dots3_note_text": {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 4, "swa_q_lora_rank": 32,
+                        "swa_kv_lora_rank": 16, "swa_head_dim": 16, "swa_qk_nope_head_dim": 8, "swa_v_head_dim": 16},
+}
+
+
+def causal_lm_types() -> list[str]:
+    """The model types ``transformers.AutoModelForCausalLM`` can build, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _field_names(cls) -> set[str]:
+    """The constructor keys of a config class: its dataclass fields, or its attributes when it is no dataclass."""
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(vars(cls()).keys())
+
+
+def _get(config, key: str, default: Any = None) -> Any:
+    """``config.key``, read past the per-layer guard of heterogeneous configs; ``default`` when it is missing."""
+    getter = getattr(config, "_getattr_without_heterogeneous_validation", None)
+    return getter(key, default) if getter is not None else getattr(config, key, default)
+
+
+def _is_dropout(key: str, value: Any) -> bool:
+    """Whether ``key`` names a probability that should be 0 in the small model."""
+    return isinstance(value, float) and any(part in key for part in DROPOUT_PARTS)
+
+
+def _token_ids(fields: set[str], config) -> dict[str, Any]:
+    """pad / bos / eos at 0 / 1 / 2; every other ``*_token_id`` / ``*_token_index`` in the reserved top ids."""
+    out: dict[str, Any] = {}
+    fixed = {"pad_token_id": PAD_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
+             "decoder_start_token_id": EOS_ID, "forced_eos_token_id": EOS_ID, "forced_bos_token_id": BOS_ID}
+    reserved = iter(range(VOCAB - 1, VOCAB - 1 - SPECIAL_RESERVED, -1))
+    for key in sorted(fields):
+        if key in fixed:
+            out[key] = fixed[key] if _get(config, key) is not None or key == "pad_token_id" else None
+        elif key.endswith(("_token_id", "_token_index")) and isinstance(_get(config, key), int):
+            out[key] = next(reserved)
+    return out
+
+
+def _layer_count(config) -> int | None:
+    """The number of layers of a full-size config, from the first layer-count key it has."""
+    for key in LAYER_COUNT_KEYS:
+        value = _get(config, key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _is_index_list(value: list, n: int) -> bool:
+    """Whether ``value`` lists layer indices (strictly increasing ints below ``n``) rather than one entry per layer."""
+    return (all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and all(0 <= v < n for v in value) and all(a < b for a, b in zip(value, value[1:])))
+
+
+def _per_layer_lists(fields: set[str], config, n: int) -> tuple[dict[str, list], dict[str, list]]:
+    """The config's list-valued fields that describe layers: (one entry per layer, layer-index lists)."""
+    per_layer, indices = {}, {}
+    for key in sorted(fields):
+        value = _get(config, key)
+        if not isinstance(value, (list, tuple)) or not value:
+            continue
+        if _is_index_list(list(value), n) and (len(value) != n or key.endswith(("layers", "idxs", "ids"))):
+            indices[key] = list(value)
+        elif len(value) == n:
+            per_layer[key] = list(value)
+    return per_layer, indices
+
+
+def _kept_layers(per_layer: dict[str, list], indices: dict[str, list], n: int) -> list[int]:
+    """Which full-size layers to keep: the first of each distinct joint layer kind (2 to MAX_LAYERS of them)."""
+    def kind(i):
+        return tuple(str(v[i]) for v in per_layer.values()) + tuple(i in v for v in indices.values())
+    kept, seen = [], set()
+    for i in range(n):
+        if kind(i) not in seen and len(kept) < MAX_LAYERS:
+            seen.add(kind(i))
+            kept.append(i)
+    for i in range(n):
+        if len(kept) >= 2:
+            break
+        if i not in kept:
+            kept.append(i)
+    return sorted(kept)
+
+
+def _layer_kwargs(fields: set[str], config) -> dict[str, Any]:
+    """The layer count and the per-layer lists of a config cut down to the layers :func:`_kept_layers` keeps."""
+    n = _layer_count(config)
+    if n is None:
+        return {}
+    per_layer, indices = _per_layer_lists(fields, config, n)
+    kept = _kept_layers(per_layer, indices, n)
+    out: dict[str, Any] = {key: len(kept) for key in LAYER_COUNT_KEYS if key in fields
+                           and isinstance(_get(config, key), int)}
+    for key, value in per_layer.items():
+        small = SIZES.get(key)
+        out[key] = [small if small is not None else value[i] for i in kept]
+    for key, value in indices.items():
+        out[key] = [new for new, old in enumerate(kept) if old in value]
+    return out
+
+
+def _kv_heads(config, key: str) -> int:
+    """The small count for KV-head key ``key`` that keeps the config's attention style: one KV head (MQA) stays
+    one, as many as the query heads (MHA, and every latent-attention config) stays as many, fewer (GQA) is 2."""
+    heads, kv = _get(config, "num_attention_heads"), _get(config, key)
+    if kv == 1:
+        return 1
+    if isinstance(heads, int) and isinstance(kv, int) and kv < heads:
+        return SIZES[key]
+    return SIZES["num_attention_heads"]
+
+
+def _size_kwargs(config, fields: set[str]) -> dict[str, Any]:
+    """The :data:`SIZES` values for the keys the config has (directly or through its attribute_map), not None."""
+    aliases = {alias: target for alias, target in getattr(type(config), "attribute_map", {}).items()
+               if target in fields}
+    out: dict[str, Any] = {}
+    for key, small in SIZES.items():
+        target = key if key in fields else aliases.get(key)
+        value = _get(config, target) if target else None
+        if value is not None and not isinstance(value, (bool, list, tuple, dict)):
+            out[target] = _kv_heads(config, target) if key in KV_HEAD_KEYS else small
+    return out
+
+
+def _small_kwargs(config, model_type: str | None = None) -> dict[str, Any]:
+    """The constructor kwargs that shrink ``config`` (sub-configs included, as dicts) to a tiny model."""
+    cls = type(config)
+    fields = _field_names(cls)
+    out = _size_kwargs(config, fields)
+    for key in fields:
+        if _is_dropout(key, _get(config, key)):
+            out[key] = 0.0
+    out.update(_token_ids(fields, config))
+    out.update(_layer_kwargs(fields, config))
+    for key in getattr(cls, "sub_configs", {}) or {}:
+        sub = _get(config, key)
+        if sub is not None and hasattr(sub, "to_dict"):
+            own = _field_names(type(sub)) | {"model_type"}
+            out[key] = {**{k: v for k, v in sub.to_dict().items() if k in own}, **_small_kwargs(sub)}
+    for key, value in OVERRIDES.get(model_type or getattr(config, "model_type", ""), {}).items():
+        out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) and key in out else value
+    return out
+
+
+def _config_class(model_type: str):
+    """The config class transformers registers for ``model_type``."""
+    from transformers import CONFIG_MAPPING
+    if model_type not in CONFIG_MAPPING:
+        raise KeyError(f"expected a model type that transformers knows; got {model_type!r}")
+    return CONFIG_MAPPING[model_type]
+
+
+def small_config(model_type: str):
+    """``model_type``'s own config class with every size shrunk: a model of a few hundred thousand parameters.
+
+    Built from kwargs (the config validates them together in its ``__init__``); when that fails, the
+    defaults are built and the small values set on them afterwards.
+    """
+    cls = _config_class(model_type)
+    try:
+        default = cls()
+    except Exception:  # a few types' defaults are invalid without their per-family fix
+        default = cls(**OVERRIDES.get(model_type, {}))
+    kwargs = _small_kwargs(default, model_type)
+    try:
+        return cls(**kwargs)
+    except Exception as first_error:  # some configs only accept the values one at a time
+        config = cls()
+        for key, value in kwargs.items():
+            sub = _get(config, key)
+            if isinstance(value, dict) and sub is not None and hasattr(sub, "to_dict"):
+                value = type(sub)(**value)
+            try:
+                setattr(config, key, value)
+            except Exception:
+                raise first_error from None
+        return config
+
+
+def _reason(error: BaseException) -> str:
+    """One line that says why a model could not be built: an optional package it needs, or the exception."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = " ".join(lines[:2]) if lines and lines[0].endswith(":") else (lines[0] if lines else "")
+    if isinstance(error, ImportError):
+        package = getattr(error, "name", None) or text
+        return f"needs an optional package: {package}"
+    return f"{type(error).__name__}: {text[:200]}"
+
+
+def _perturb(model: nn.Module) -> None:
+    """Moves every parameter by ``0.1 * randn_like``, so that norms at one and biases at zero matter."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+
+
+def build_small(model_type: str, seed: int = 0) -> tuple[nn.Module | None, str]:
+    """A tiny random ``AutoModelForCausalLM`` of ``model_type`` in float32 and eval mode, with every parameter
+    perturbed. Returns (model, "") or (None, a one-line reason it cannot be built small)."""
+    try:
+        from transformers import AutoModelForCausalLM
+        config = small_config(model_type)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            _perturb(model)
+    except Exception as error:
+        return None, _reason(error)
+    n = sum(p.numel() for p in model.parameters())
+    if n > MAX_PARAMETERS:
+        return None, f"too large: {n} parameters"
+    return model.float().eval(), ""
+
+
+def _vocab_size(model: nn.Module) -> int:
+    """The vocabulary size of a model's (text) config."""
+    config = model.config
+    for candidate in (config, getattr(config, "text_config", None), getattr(config, "decoder", None)):
+        size = getattr(candidate, "vocab_size", None)
+        if isinstance(size, int):
+            return size
+    embeddings = model.get_input_embeddings()
+    if embeddings is None:
+        raise ValueError(f"expected a config with vocab_size or a model with input embeddings; got {type(model)}")
+    return embeddings.num_embeddings
+
+
+def example_inputs(model: nn.Module, rows: int, length: int = 6, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A batch for ``model``: ``input_ids`` (rows, length) in [3, vocab minus the reserved special ids) and an
+    ``attention_mask`` of ones with left padding (row 0 has 2 pad positions, row 1 one, the others none)."""
+    if rows < 1 or length < 3:
+        raise ValueError(f"expected rows >= 1 and length >= 3; got rows={rows}, length={length}")
+    vocab = _vocab_size(model)
+    high = vocab - SPECIAL_RESERVED if vocab > SPECIAL_RESERVED + 3 else vocab
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, high, (rows, length), generator=gen)
+    attention_mask = torch.ones(rows, length, dtype=torch.long)
+    for row, pad in zip(range(rows), (2, 1)):
+        attention_mask[row, :pad] = 0
+        input_ids[row, :pad] = PAD_ID
+    return {"input_ids": input_ids, "attention_mask": attention_mask}

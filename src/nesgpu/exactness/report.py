@@ -1,0 +1,82 @@
+"""What :func:`nesgpu.check` found: per module the worst relative difference, the fallback, the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModuleError:
+    """A module's worst relative difference between its population rows and its members' own outputs."""
+
+    name: str
+    type: str
+    error: float
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """The result of :func:`nesgpu.check`.
+
+    Attributes:
+        exact: every compared module, the model's output among them, is within ``tolerance`` (and greedy
+            generation, when checked, is the same), and nothing was refused.
+        worst: the model output's worst relative difference over all members (NaN when not compared).
+        modules: every compared module, the largest difference first.
+        fallback: the modules in the exact (slow) torch.func fallback, each with why.
+        fallback_share: the share of the trainable parameters that the fallback perturbs.
+        refused: why convert or the first population call refused the model (None: it was not).
+        generate: what the greedy ``generate()`` comparison found (None: not asked).
+    """
+
+    exact: bool
+    tolerance: float
+    worst: float
+    modules: tuple[ModuleError, ...] = ()
+    fallback: dict[str, str] = field(default_factory=dict)
+    fallback_share: float = 0.0
+    refused: str | None = None
+    generate: str | None = None
+
+    @classmethod
+    def refusal(cls, why: str, tolerance: float, fallback: dict[str, str] | None = None) -> CheckReport:
+        return cls(False, tolerance, float("nan"), fallback=fallback or {}, refused=why)
+
+    @classmethod
+    def of(cls, errors: dict[str, ModuleError], tolerance: float, fallback: dict[str, str], share: float,
+           generate: str | None) -> CheckReport:
+        modules = tuple(sorted(errors.values(), key=lambda m: -m.error))
+        root = errors.get("")
+        worst = root.error if root is not None else float("nan")
+        exact = (root is not None and all(m.error <= tolerance for m in modules)
+                 and (generate is None or generate.startswith("exact")))
+        return cls(exact, tolerance, worst, modules, fallback, share, None, generate)
+
+    @property
+    def first_difference(self) -> ModuleError | None:
+        """The innermost differing module: the one whose difference the others inherit (the last in call
+        order is not known here, so the differing module with the longest name, a leaf, is given)."""
+        differing = [m for m in self.modules if m.error > self.tolerance]
+        return max(differing, key=lambda m: m.name.count(".")) if differing else None
+
+    def __str__(self) -> str:
+        if self.refused is not None:
+            return f"refused: {self.refused}"
+        verdict = "exact" if self.exact else "DIFFERENT"
+        lines = [f"{verdict}: the model's output differs from its members' own by at most {self.worst:.2e} "
+                 f"(relative; tolerance {self.tolerance:.0e})"]
+        first = self.first_difference
+        if first is not None:
+            lines.append(f"first differing module: {first.name or 'model'} ({first.type}), {first.error:.2e}")
+        if "" not in {m.name for m in self.modules}:
+            lines.append("the model's output could not be lined up with its members' outputs")
+        if self.generate is not None:
+            lines.append(f"greedy generate: {self.generate}")
+        lines.append(f"exact fallback: {len(self.fallback)} modules, {100 * self.fallback_share:.1f}% of the "
+                     f"trainable parameters")
+        lines += [f"  {name or 'model'}: {why}" for name, why in self.fallback.items()]
+        lines.append(f"{'module':<48} {'type':<28} {'worst rel. error':>16}")
+        lines += [f"{m.name or 'model':<48} {m.type[:28]:<28} {m.error:>16.2e}" for m in self.modules[:20]]
+        if len(self.modules) > 20:
+            lines.append(f"... {len(self.modules) - 20} more modules, all at or below {self.modules[20].error:.2e}")
+        return "\n".join(lines)

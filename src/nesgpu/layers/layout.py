@@ -1,0 +1,97 @@
+"""Which member each row of a perturbed module's input belongs to: the (repeats, directions) layout of the
+population rows, and the model's flattened tokens.
+
+The model's input has ``rows`` population rows (R x D), and a module usually sees them first, as
+(rows, ..., features). Some models flatten their rows' tokens before a layer, (rows * T, features): decoder
+layers that reshape before their MLP, MoE blocks whose shared expert runs on the flattened tokens. Token j
+then belongs to row ``j // T``, not to direction ``j % D``, and a row-wise module (its output row i depends
+only on its input row i: Linear, Conv1D, Embedding, LayerNorm, RMSNorm) runs such an input as (rows, T, ...).
+
+The rows are certain when they come from a transformers-style ``input_ids`` / ``inputs_embeds`` (always
+rows-first): then any first dimension that is not the rows, nor a multiple of them on a 2-D input, is an
+error. A model called with a plain tensor may be sequence-first (its first dimension is not the rows); its
+flattened tokens are recognised only as (rows * T, features) with T the input's second dimension, and
+anything else is left to the module's own checks (a multiple of the directions).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class RowLayout(NamedTuple):
+    """The model's population input as one call sees it: its rows, the length of its second dimension (None
+    for a 1-D input) and whether the rows are certainly first (``input_ids`` / ``inputs_embeds``)."""
+
+    rows: int
+    length: int | None
+    certain: bool
+
+
+def tokens_per_row(layout: RowLayout | None, x: torch.Tensor, label: str) -> int:
+    """T when ``x`` (a row-wise module's input) holds the rows' tokens flattened, (rows * T, ...) on at most 2
+    dimensions; 0 when its first dimension is the rows, or 1 (shared by every row), or the layout is unknown.
+    Raises where the rows are certain and ``x`` is neither."""
+    if layout is None or x.dim() == 0 or x.shape[0] in (1, layout.rows):  # 1: shared by every row (position ids)
+        return 0
+    n = x.shape[0]
+    tokens = n // layout.rows if n % layout.rows == 0 and x.dim() <= 2 else 0
+    if tokens and (layout.certain or tokens == layout.length):
+        return tokens
+    if layout.certain:
+        raise ValueError(f"{label}: its input {tuple(x.shape)} has {n} rows on the first dimension, neither the "
+                         f"population's {layout.rows} rows nor their tokens flattened to 2-D (rows x T, features), so "
+                         f"nesgpu cannot tell which member each row belongs to; run the module that reshapes its "
+                         f"input through the exact fallback (convert(..., fallback=[...])) or freeze it")
+    return 0
+
+
+def check_rows(layout: RowLayout | None, n: int, label: str) -> None:
+    """A module that is not row-wise (convolutions, recurrent and attention layers, batch norms) takes the
+    population's rows first: a flattened or regrouped first dimension is an error where the rows are certain."""
+    if layout is not None and layout.certain and n != layout.rows:
+        raise ValueError(f"{label}: its input has {n} rows on the first dimension; expected the population's "
+                         f"{layout.rows} rows first, as the model's input has them. A parent that regroups its "
+                         f"input rows should run through the exact fallback (convert(..., fallback=[...]))")
+
+
+def rows_view(t: torch.Tensor, repeats: int, directions: int) -> torch.Tensor:
+    """(R * D, ..., C) -> (R, D, M, C): every dimension between the rows and the channels is per member."""
+    return t.view(repeats, directions, -1, t.shape[-1])
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of ``x`` returns: the autocast dtype when autocast is on for its device."""
+    if x.is_floating_point() and torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+class Cached(NamedTuple):
+    """A value computed from ``key``, kept until the key changes."""
+
+    key: tuple
+    value: torch.Tensor
+
+
+def repeat_scale(repeats: int, sigma: float, antithetic: bool, like: torch.Tensor) -> torch.Tensor:
+    """sigma * s_r for each repeat r: +sigma, or -sigma for r >= R/2 with antithetic sampling."""
+    scale = torch.full((repeats,), float(sigma), dtype=like.dtype, device=like.device)
+    if antithetic:
+        scale[repeats // 2 :] = -float(sigma)
+    return scale
+
+
+def repeat_signs(repeats: int, antithetic: bool, device: torch.device) -> torch.Tensor:
+    """s_r in {+1, -1} for each repeat r."""
+    return repeat_scale(repeats, 1.0, antithetic, torch.empty(0, device=device))
+
+
+class Population(NamedTuple):
+    """One population call: R repeats of D directions, and each repeat's signed sigma (R,)."""
+
+    repeats: int
+    directions: int
+    scale: torch.Tensor
