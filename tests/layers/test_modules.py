@@ -225,10 +225,10 @@ def test_a_layer_whose_parent_bypasses_its_forward_is_an_error():
     assert pm(torch.randn(2, 3)).shape == (2, 2)
 
 
-def test_unsupported_module_names_its_parameters_and_freeze_makes_it_pass():
-    net = nn.Sequential(nn.Linear(3, 3), nn.LSTM(3, 4, proj_size=2))
-    with pytest.raises(ValueError, match=r"cannot perturb parameters \['1.weight_ih_l0'.*proj_size=2"):
-        nesgpu.convert(net, "lowrank")
+def test_an_lstm_with_proj_size_takes_the_exact_fallback_with_a_warning_and_freeze_still_freezes():
+    with pytest.warns(UserWarning, match=r"1 \(LSTM\) has no batched perturbed version; it runs through the exact"):
+        net = nesgpu.convert(nn.Sequential(nn.Linear(3, 3), nn.LSTM(3, 4, proj_size=2)), "lowrank")
+    assert isinstance(net[1], nesgpu.layers.FunctionalPerturbed)
     net = nesgpu.convert(nn.Sequential(nn.Linear(3, 3), nn.LSTM(3, 4, proj_size=2)), "lowrank", freeze=["1"])
     assert not any(p.requires_grad for p in net[1].parameters())
     assert isinstance(net[0], nesgpu.PerturbedLinear)
@@ -396,8 +396,9 @@ def test_tied_weights_parametrized_modules_and_custom_forwards():
     tied = nesgpu.convert(Tied(), "lowrank")  # tied weights stay one tensor (tests/layers/test_tied.py)
     assert tied.head.weight is tied.embed.weight
     nesgpu.convert(Tied(), "lowrank", freeze=["embed"])  # the shared tensor frozen: nothing is split
-    with pytest.raises(ValueError, match="parametrized weights"):
-        nesgpu.convert(nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(2, 2))), "lowrank")
+    with pytest.warns(UserWarning, match=r"0 \(ParametrizedLinear\) has parametrized weights .*exact torch.func"):
+        parametrized = nesgpu.convert(nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(2, 2))), "lowrank")
+    assert nesgpu.check(parametrized, torch.randn(3, 2)).exact
 
     class Doubled(nn.Linear):
         def forward(self, x):

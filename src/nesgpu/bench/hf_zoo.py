@@ -75,11 +75,13 @@ SIZES: dict[str, Any] = {
     "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
     "linear_num_value_heads": 4, "linear_head_dim": 16, "linear_num_heads": 4, "linear_conv_kernel_dim": 4,
     # low-rank side paths
-    "laurel_rank": 8, "gated_norm_rank": 8, "adapter_rank": 8, "loop_gate_rank": 8, "o_lora_rank": 16,
+    "hc_lowrank": 8, "laurel_rank": 8, "gated_norm_rank": 8, "adapter_rank": 8, "loop_gate_rank": 8, "o_lora_rank": 16,
 }
 
 # probabilities that are dropped to 0: keys with one of these parts, when their value is a float
 DROPOUT_PARTS = ("dropout", "pdrop", "layerdrop", "drop_prob", "_prob", "jitter_noise")
+# keys set even where the config leaves them None: None there means "derive it", which the small value matches
+FILL_WHEN_NONE = ("head_dim", "num_key_value_heads", "num_kv_heads")
 KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "num_query_groups")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "n_layers", "n_layer", "decoder_layers")
 
@@ -91,6 +93,17 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "bamba": {"attn_layer_indices": [1]},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    # defaults that cannot build a model at all
+    "blt": {"use_cache": False},  # its cache reads num_hidden_layers from the composite config
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                                                   "mrope_section": [4, 2, 2]}}},
+    "dbrx": {"attn_config": {"rope_theta": 1e4, "clip_qkv": 8.0}},  # modeling reads both unconditionally
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    "dory": {"num_hidden_layers": 3, "n_input_layers": 1, "n_output_layers": 1,
+             "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                       "indexer_compress_ratio": 2},
     "gemma4_text": {"global_head_dim": 32},
     "gemma4_unified_text": {"global_head_dim": 32},
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0}},
@@ -212,14 +225,15 @@ def _kv_heads(config, key: str) -> int:
 
 
 def _size_kwargs(config, fields: set[str]) -> dict[str, Any]:
-    """The :data:`SIZES` values for the keys the config has (directly or through its attribute_map), not None."""
+    """The :data:`SIZES` values for the keys the config has (directly or through its attribute_map) and does not
+    leave None (None often switches a feature off), except the :data:`FILL_WHEN_NONE` keys."""
     aliases = {alias: target for alias, target in getattr(type(config), "attribute_map", {}).items()
                if target in fields}
     out: dict[str, Any] = {}
     for key, small in SIZES.items():
         target = key if key in fields else aliases.get(key)
         value = _get(config, target) if target else None
-        if value is not None and not isinstance(value, (bool, list, tuple, dict)):
+        if (value is not None or (target in FILL_WHEN_NONE)) and not isinstance(value, (bool, list, tuple, dict)):
             out[target] = _kv_heads(config, target) if key in KV_HEAD_KEYS else small
     return out
 
