@@ -49,6 +49,22 @@ CONV_GEOMETRIES = [
 ]
 
 
+# a character tokenizer for the language-model tests, built locally with `tokenizers` (no hub)
+CHARS = list("0123456789+-*/()=>: \n")
+
+
+def char_tokenizer(pad=True):
+    import tokenizers
+    import transformers
+
+    vocab = {"[PAD]": 0, "[EOS]": 1, "[UNK]": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    tok.decoder = tokenizers.decoders.Fuse()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="[EOS]", unk_token="[UNK]",
+                                                **({"pad_token": "[PAD]"} if pad else {}))
+
+
 # where the layer tests run: the CPU always, and CUDA when this machine has it (benchmarks/gpu_check.sh)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

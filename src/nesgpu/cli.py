@@ -5,6 +5,7 @@
     nesgpu play DIR [--video F.mp4]   run a trained RL policy for a few episodes, optionally filmed
     nesgpu tune --trials N --out DIR  Bayesian search (Optuna) over train options; takes every train option
     nesgpu compare [--time-budget S]  ES and backprop side by side under one wall-clock budget
+    nesgpu check --model hf:DIR       prove that every population row equals its member's own model
     nesgpu bench layers [options]     forward-pass benchmark of the perturbed layers
     nesgpu bench modules [options]    the same for attention, embedding, norms, recurrent layers, fallback
 
@@ -26,6 +27,7 @@ from .version import __version__
 def build_parser() -> argparse.ArgumentParser:
     from .bench import layers as bench_layers
     from .bench import modules as bench_modules
+    from .exactness import cli as check_cli
     from .train.cli import add_eval_parser, add_train_parser
     from .train.compare import add_compare_parser
     from .train.play import add_play_parser
@@ -40,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_play_parser(commands)
     tune_cli.add_parser(commands)
     add_compare_parser(commands)
+    check_cli.add_parser(commands)
     bench = commands.add_parser("bench", help="benchmarks", description="Benchmarks.")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     bench_layers.add_parser(benchmarks)

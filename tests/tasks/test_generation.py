@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import CHARS, char_tokenizer
 from safetensors.torch import load_file
 
 import nesgpu
@@ -19,18 +20,6 @@ from nesgpu.train import TrainConfig, train
 
 tf = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-
-CHARS = list("0123456789+-*/()=>: \n")
-
-
-def char_tokenizer(pad=True):
-    vocab = {"[PAD]": 0, "[EOS]": 1, "[UNK]": 2, **{c: i + 3 for i, c in enumerate(CHARS)}}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
-    tok.decoder = tokenizers.decoders.Fuse()
-    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="[EOS]", unk_token="[UNK]",
-                                      **({"pad_token": "[PAD]"} if pad else {}))
-
 
 def tiny_llama(seed=0, context=64):
     torch.manual_seed(seed)

@@ -37,7 +37,7 @@ SIZES: dict[str, Any] = {
     # widths
     "hidden_size": 64, "d_model": 64, "n_embd": 64, "embedding_size": 64, "word_embed_proj_dim": 64,
     "input_embedding_size": 64, "output_embedding_size": 64, "backbone_hidden_size": 64, "lru_width": 64,
-    "attention_hidden_size": 64, "adapter_in_dim": 64, "hidden_size_global": 64,
+    "adapter_in_dim": 64, "adapter_input_size": 64, "hidden_size_global": 64,
     "encoder_hash_byte_group_vocab": VOCAB, "hidden_size_per_layer_input": 16, "router_hidden_size": 32,
     "intermediate_size": 128, "ffn_dim": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "n_inner": 128,
     "d_ff": 128, "dim_ff": 128, "dff": 128, "ffn_hidden_size": 128, "feed_forward_size": 128, "d_inner": 128,
@@ -78,6 +78,9 @@ SIZES: dict[str, Any] = {
     "hc_lowrank": 8, "laurel_rank": 8, "gated_norm_rank": 8, "adapter_rank": 8, "loop_gate_rank": 8, "o_lora_rank": 16,
 }
 
+# flags set where the config has them: every model runs as a causal decoder
+FLAGS: dict[str, Any] = {"is_decoder": True}
+
 # probabilities that are dropped to 0: keys with one of these parts, when their value is a float
 DROPOUT_PARTS = ("dropout", "pdrop", "layerdrop", "drop_prob", "_prob", "jitter_noise")
 # keys set even where the config leaves them None: None there means "derive it", which the small value matches
@@ -104,6 +107,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
                        "indexer_compress_ratio": 2},
+    "reformer": {"axial_pos_shape": [8, 16], "axial_pos_embds_dim": [16, 48], "local_attn_chunk_length": 4,
+                 "lsh_attn_chunk_length": 4, "num_buckets": 2},
+    "xlstm": {"num_heads": 4, "qk_dim_factor": 1.0},  # its cache rounds qk_dim up to 64, its layers do not
+    "xmod": {"default_language": "en_XX"},
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},  # 2 shared
     "gemma4_text": {"global_head_dim": 32},
     "gemma4_unified_text": {"global_head_dim": 32},
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0}},
@@ -229,13 +237,25 @@ def _size_kwargs(config, fields: set[str]) -> dict[str, Any]:
     leave None (None often switches a feature off), except the :data:`FILL_WHEN_NONE` keys."""
     aliases = {alias: target for alias, target in getattr(type(config), "attribute_map", {}).items()
                if target in fields}
+    derived = _derived_fields(config)
     out: dict[str, Any] = {}
     for key, small in SIZES.items():
         target = key if key in fields else aliases.get(key)
         value = _get(config, target) if target else None
-        if (value is not None or (target in FILL_WHEN_NONE)) and not isinstance(value, (bool, list, tuple, dict)):
+        if target is None or target in derived or isinstance(value, (bool, list, tuple, dict)):
+            continue
+        if value is not None or target in FILL_WHEN_NONE:
             out[target] = _kv_heads(config, target) if key in KV_HEAD_KEYS else small
     return out
+
+
+def _derived_fields(config) -> set[str]:
+    """The fields that default to None and that the config's ``__post_init__`` filled in from other fields (such as
+    ``head_dim = hidden_size // num_attention_heads``): left out, they are derived again from the small sizes."""
+    if not dataclasses.is_dataclass(config):
+        return set()
+    return {f.name for f in dataclasses.fields(config) if f.default is None and f.default_factory is dataclasses.MISSING
+            and _get(config, f.name) is not None}
 
 
 def _small_kwargs(config, model_type: str | None = None) -> dict[str, Any]:
@@ -246,6 +266,7 @@ def _small_kwargs(config, model_type: str | None = None) -> dict[str, Any]:
     for key in fields:
         if _is_dropout(key, _get(config, key)):
             out[key] = 0.0
+    out.update({key: value for key, value in FLAGS.items() if key in fields})
     out.update(_token_ids(fields, config))
     out.update(_layer_kwargs(fields, config))
     for key in getattr(cls, "sub_configs", {}) or {}:
@@ -310,15 +331,33 @@ def _perturb(model: nn.Module) -> None:
             p.add_(0.1 * torch.randn_like(p))
 
 
+def _causal_lm_config(config):
+    """The config the causal-LM class of ``config`` declares: ``config`` itself, or the sub-config of that class
+    that a composite config holds (musicgen's causal LM is its decoder alone)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    wanted = getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "config_class", None)
+    if wanted is None or isinstance(config, wanted):
+        return config
+    for key in getattr(type(config), "sub_configs", {}) or {}:
+        if isinstance(_get(config, key), wanted):
+            return _get(config, key)
+    return config
+
+
 def build_small(model_type: str, seed: int = 0) -> tuple[nn.Module | None, str]:
     """A tiny random ``AutoModelForCausalLM`` of ``model_type`` in float32 and eval mode, with every parameter
     perturbed. Returns (model, "") or (None, a one-line reason it cannot be built small)."""
     try:
         from transformers import AutoModelForCausalLM
-        config = small_config(model_type)
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+        full = small_config(model_type)
+        config = _causal_lm_config(full)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            if config is full:
+                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            else:
+                model = MODEL_FOR_CAUSAL_LM_MAPPING[type(full)]._from_config(config, dtype=torch.float32)
             _perturb(model)
     except Exception as error:
         return None, _reason(error)

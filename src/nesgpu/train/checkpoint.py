@@ -54,13 +54,32 @@ def require_safetensors() -> None:
                          "pip install 'nesgpu[train]'")
 
 
+TIED = "nesgpu_tied"  # metadata key: {name: the name whose tensor it shares} (tied weights are stored once)
+
+
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
     """The plain model's state (parameters and buffers) as safetensors, atomically, with string ``metadata``
-    (a run's weights carry its configuration as JSON under "nesgpu_config")."""
+    (a run's weights carry its configuration as JSON under "nesgpu_config"). A tensor shared by several names
+    (tied embeddings: GPT-2's, Qwen2's, Gemma's) is stored once, under its first name; the metadata names the
+    others, and :func:`load_weights` ties them again."""
     from safetensors.torch import save
 
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    atomic_write_bytes(Path(path), save(tensors, metadata=metadata))
+    tensors, tied, seen, storages = {}, {}, {}, set()
+    for name, value in model.state_dict().items():
+        value = value.detach()
+        storage = value.untyped_storage().data_ptr()
+        key = (storage, value.storage_offset(), value.shape, value.stride(), value.dtype)
+        if value.numel() and key in seen:
+            tied[name] = seen[key]
+            continue
+        seen[key] = name
+        overlaps = value.numel() and storage in storages  # another view of a stored tensor: a copy of its own
+        storages.add(storage)
+        tensors[name] = value.contiguous().cpu().clone() if overlaps else value.contiguous().cpu()
+    meta = dict(metadata or {})
+    if tied:
+        meta[TIED] = json.dumps(tied)
+    atomic_write_bytes(Path(path), save(tensors, metadata=meta or None))
 
 
 def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
@@ -74,6 +93,11 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
             tensors = {name: f.get_tensor(name) for name in f.keys()}
     except Exception as e:
         raise ValueError(f"cannot read weights {path}: the file is corrupt or not safetensors ({e})") from e
+    try:
+        tied = json.loads(metadata.get(TIED, "{}"))
+        tensors.update({name: tensors[first] for name, first in tied.items()})
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"cannot read weights {path}: its tied-weights record is damaged ({e})") from e
     own = model.state_dict()
     other = [f"{name}: {tensor.dtype} in the file, {own[name].dtype} in the model" for name, tensor in tensors.items()
              if name in own and tensor.dtype != own[name].dtype]
