@@ -31,6 +31,8 @@ MAX_PARAMETERS = 2_000_000
 SIZES: dict[str, Any] = {
     # vocabulary and positions
     "vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB, "decoder_vocab_size": VOCAB,
+    "unpadded_vocab_size": VOCAB, "shape_vocab_size": 32, "pronunciation_vocab_size": 32,
+    "shape_embed_dim": 16, "pronunciation_embed_dim": 16, "rel_extent": 16,
     "max_position_embeddings": 128, "n_positions": 128, "n_ctx": 128, "max_seq_len": 128,
     "max_target_positions": 128, "context_length": 128, "model_max_length": 128,
     "original_max_position_embeddings": 128,
@@ -41,10 +43,13 @@ SIZES: dict[str, Any] = {
     "encoder_hash_byte_group_vocab": VOCAB, "hidden_size_per_layer_input": 16, "router_hidden_size": 32,
     "intermediate_size": 128, "ffn_dim": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "n_inner": 128,
     "d_ff": 128, "dim_ff": 128, "dff": 128, "ffn_hidden_size": 128, "feed_forward_size": 128, "d_inner": 128,
-    "intermediate_size_mlp": 128, "dense_intermediate_size": 128,
+    "intermediate_size_mlp": 128, "dense_intermediate_size": 128, "mlp_dim": 128,
+    # audio and vision towers of composite models
+    "output_channels": 32, "ext_pw_out_channel": 64, "depthwise_separable_out_channel": 64,
+    "nemo_conv_channels": 32,
     # depth (and the counts of special layers inside it)
     "num_hidden_layers": 2, "num_layers": 2, "n_layers": 2, "decoder_layers": 2, "encoder_layers": 2,
-    "num_decoder_layers": 2, "num_encoder_layers": 2, "first_k_dense_replace": 1, "num_dense_layers": 1,
+    "num_decoder_layers": 2, "num_encoder_layers": 2, "num_blocks": 2, "first_k_dense_replace": 1, "num_dense_layers": 1,
     "decoder_sparse_step": 1, "num_kv_shared_layers": 0, "num_nextn_predict_layers": 0,
     "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
     # attention
@@ -63,7 +68,7 @@ SIZES: dict[str, Any] = {
     "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
     "num_experts_per_tok": 2, "moe_topk": 2, "moe_k": 2, "num_experts_per_token": 2,
     "n_shared_experts": 1, "num_shared_experts": 1, "moe_num_shared_experts": 1,
-    "n_group": 1, "topk_group": 1, "num_expert_group": 1,
+    "zero_expert_num": 2, "n_group": 1, "topk_group": 1, "num_expert_group": 1,
     "moe_intermediate_size": 32, "expert_ffn_hidden_size": 32, "shared_expert_intermediate_size": 64,
     "moe_shared_expert_intermediate_size": 64, "shared_intermediate_size": 64,
     "shared_experts_intermediate_size": 64,
@@ -114,7 +119,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},  # 2 shared
     "gemma4_text": {"global_head_dim": 32},
     "gemma4_unified_text": {"global_head_dim": 32},
-    "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0}},
+    "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
     "dots3_note_text": {"swa_num_attention_heads": 4, "swa_num_key_value_heads": 4, "swa_q_lora_rank": 32,
                         "swa_kv_lora_rank": 16, "swa_head_dim": 16, "swa_qk_nope_head_dim": 8, "swa_v_head_dim": 16},
 }
@@ -272,7 +277,7 @@ def _small_kwargs(config, model_type: str | None = None) -> dict[str, Any]:
     for key in getattr(cls, "sub_configs", {}) or {}:
         sub = _get(config, key)
         if sub is not None and hasattr(sub, "to_dict"):
-            own = _field_names(type(sub)) | {"model_type"}
+            own = (_field_names(type(sub)) | {"model_type"}) - _derived_fields(sub)
             out[key] = {**{k: v for k, v in sub.to_dict().items() if k in own}, **_small_kwargs(sub)}
     for key, value in OVERRIDES.get(model_type or getattr(config, "model_type", ""), {}).items():
         out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) and key in out else value
