@@ -89,7 +89,10 @@ FLAGS: dict[str, Any] = {"is_decoder": True}
 # probabilities that are dropped to 0: keys with one of these parts, when their value is a float
 DROPOUT_PARTS = ("dropout", "pdrop", "layerdrop", "drop_prob", "_prob", "jitter_noise")
 # keys set even where the config leaves them None: None there means "derive it", which the small value matches
-FILL_WHEN_NONE = ("head_dim", "num_key_value_heads", "num_kv_heads")
+FILL_WHEN_NONE = ("head_dim", "num_key_value_heads", "num_kv_heads", "num_experts_per_tok")
+# (key, source): where the full-size config has key == source, the small one keeps them equal (latent attention
+# configs whose head_dim is the rotary part)
+TIED_SIZES = (("head_dim", "qk_rope_head_dim"),)
 KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "num_query_groups")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "n_layers", "n_layer", "decoder_layers")
 
@@ -112,8 +115,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
                        "indexer_compress_ratio": 2},
+    "musicgen": {"decoder": {"decoder_start_token_id": BOS_ID}},  # generate reads it from the decoder alone
+    "musicgen_melody": {"decoder": {"decoder_start_token_id": BOS_ID}},
     "reformer": {"axial_pos_shape": [8, 16], "axial_pos_embds_dim": [16, 48], "local_attn_chunk_length": 4,
-                 "lsh_attn_chunk_length": 4, "num_buckets": 2},
+                 "lsh_attn_chunk_length": 4},
     "xlstm": {"num_heads": 4, "qk_dim_factor": 1.0},  # its cache rounds qk_dim up to 64, its layers do not
     "xmod": {"default_language": "en_XX"},
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},  # 2 shared
@@ -251,6 +256,9 @@ def _size_kwargs(config, fields: set[str]) -> dict[str, Any]:
             continue
         if value is not None or target in FILL_WHEN_NONE:
             out[target] = _kv_heads(config, target) if key in KV_HEAD_KEYS else small
+    for key, source in TIED_SIZES:
+        if key in out and source in out and _get(config, key) == _get(config, source):
+            out[key] = out[source]
     return out
 
 

@@ -67,13 +67,13 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
     pm.set_noise(step=1)
     rows = inputs.member_rows(pm)
     try:
-        with _recording(net, skip_inside=FunctionalPerturbed) as population:
+        with _recording(net, population=True) as population:
             pm(*rows.args, **rows.kwargs)
     except (ValueError, RuntimeError) as e:
         return CheckReport.refusal(f"population call: {e}", tolerance, fallback)
     errors = _compare_members(reference, pm, inputs, population)
     generate = _compare_generate(reference, pm, inputs, rows, max_new_tokens) if max_new_tokens else None
-    return CheckReport.of(errors, tolerance, fallback, _fallback_share(net), generate)
+    return CheckReport.of(errors, list(population), tolerance, fallback, _fallback_share(net), generate)
 
 
 def _float64_copy(model: nn.Module) -> nn.Module:
@@ -83,17 +83,18 @@ def _float64_copy(model: nn.Module) -> nn.Module:
 
 
 @contextmanager
-def _recording(model: nn.Module, skip_inside: type | None = None, on_output=None):
+def _recording(model: nn.Module, population: bool = False, on_output=None):
     """Record the first tensor of every module's output, call by call: {name: [tensor, ...]} (or hand each
-    to ``on_output(name, call, tensor)``). Modules inside a ``skip_inside`` module run under vmap: skipped."""
+    to ``on_output(name, call, tensor)``). In a ``population`` call, the calls inside the exact fallback (under
+    vmap, member by member) are not recorded."""
     outputs: dict[str, list[torch.Tensor]] = {}
-    skipped = {id(c) for m in model.modules() if skip_inside and isinstance(m, skip_inside)
+    skipped = {id(c) for m in model.modules() if population and isinstance(m, FunctionalPerturbed)
                for c in m.modules() if c is not m}
 
     def hook(name):
         def record(module, args, output):
             t = first_tensor(output)
-            if t is None or (isinstance(module, PerturbedModule) and not module.is_perturbing):
+            if t is None or (population and isinstance(module, PerturbedModule) and not module.is_perturbing):
                 return  # a fallback's inner (per-member) call
             calls = outputs.setdefault(name, [])
             if on_output is None:

@@ -27,6 +27,8 @@ class CheckReport:
         fallback_share: the share of the trainable parameters that the fallback perturbs.
         refused: why convert or the first population call refused the model (None: it was not).
         generate: what the greedy ``generate()`` comparison found (None: not asked).
+        first_difference: the first module, in the order the modules finished, whose output differs: where
+            the difference starts (None: none differs).
     """
 
     exact: bool
@@ -37,27 +39,23 @@ class CheckReport:
     fallback_share: float = 0.0
     refused: str | None = None
     generate: str | None = None
+    first_difference: ModuleError | None = None
 
     @classmethod
     def refusal(cls, why: str, tolerance: float, fallback: dict[str, str] | None = None) -> CheckReport:
         return cls(False, tolerance, float("nan"), fallback=fallback or {}, refused=why)
 
     @classmethod
-    def of(cls, errors: dict[str, ModuleError], tolerance: float, fallback: dict[str, str], share: float,
-           generate: str | None) -> CheckReport:
+    def of(cls, errors: dict[str, ModuleError], order: list[str], tolerance: float, fallback: dict[str, str],
+           share: float, generate: str | None) -> CheckReport:
+        """``errors`` by module name, ``order``: the names in the order the modules finished."""
         modules = tuple(sorted(errors.values(), key=lambda m: -m.error))
+        first = next((errors[n] for n in order if n in errors and errors[n].error > tolerance), None)
         root = errors.get("")
         worst = root.error if root is not None else float("nan")
         exact = (root is not None and all(m.error <= tolerance for m in modules)
                  and (generate is None or generate.startswith("exact")))
-        return cls(exact, tolerance, worst, modules, fallback, share, None, generate)
-
-    @property
-    def first_difference(self) -> ModuleError | None:
-        """The innermost differing module: the one whose difference the others inherit (the last in call
-        order is not known here, so the differing module with the longest name, a leaf, is given)."""
-        differing = [m for m in self.modules if m.error > self.tolerance]
-        return max(differing, key=lambda m: m.name.count(".")) if differing else None
+        return cls(exact, tolerance, worst, modules, fallback, share, None, generate, first)
 
     def __str__(self) -> str:
         if self.refused is not None:

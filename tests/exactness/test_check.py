@@ -1,0 +1,103 @@
+"""nesgpu.check proves exactness on the user's model, and catches what is not: it passes models that are
+exact, fails an injected flattened layout and an injected direct read, and the CLI exits accordingly."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import nesgpu
+from nesgpu.layers import PerturbedLinear
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+class Reader(nn.Module):
+    """A parent that computes with its child's weight instead of calling the child."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 5), nn.Linear(5, 2)
+
+    def forward(self, x):
+        return self.b(torch.tanh(x @ self.a.weight.t()))
+
+
+class Interleaved(PerturbedLinear):
+    """An injected bug: the layer sees its input's tokens reordered (t, row) before its product, so rows
+    reach the wrong directions."""
+
+    def population_forward(self, x):
+        rows, tokens = x.shape[0], x.shape[1]
+        y = super().population_forward(x.transpose(0, 1).reshape(rows, tokens, -1))
+        return y.reshape(tokens, rows, -1).transpose(0, 1)
+
+
+def test_an_exact_model_passes_and_the_report_names_every_module():
+    report = nesgpu.check(mlp(), torch.randn(3, 4))
+    assert report.exact and report.worst < 1e-12 and not report.fallback and report.refused is None
+    assert {m.name for m in report.modules} == {"", "0", "1", "2"}
+    assert str(report).startswith("exact:")
+
+
+def test_the_model_passed_in_is_not_changed():
+    model = mlp()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    nesgpu.check(model, torch.randn(3, 4))
+    assert type(model[0]) is nn.Linear and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_an_injected_layout_bug_is_a_difference_named_at_its_module():
+    model = nesgpu.convert(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), "lowrank")
+    model[2].__class__ = Interleaved
+    report = nesgpu.check(model, torch.randn(3, 5, 4))
+    assert not report.exact and report.worst > 1e-3
+    assert report.first_difference.name == "2"
+    assert "DIFFERENT" in str(report) and "first differing module: 2 (Interleaved)" in str(report)
+
+
+def test_a_direct_read_is_refused_with_the_fallback_to_use_and_the_fallback_is_exact():
+    report = nesgpu.check(Reader(), torch.randn(3, 4))
+    assert not report.exact and "convert(..., fallback=[''])" in report.refused and "a.weight" in report.refused
+    fixed = nesgpu.check(Reader(), torch.randn(3, 4), fallback=[""])
+    assert fixed.exact and fixed.fallback == {"": "is named in convert(..., fallback=[...])"}
+    assert fixed.fallback_share == 1.0
+
+
+def test_bad_arguments_name_what_was_expected():
+    with pytest.raises(TypeError, match="example_inputs must be a tensor, a tuple of arguments or a dict"):
+        nesgpu.check(mlp(), 3)
+    with pytest.raises(ValueError, match="directions must be a positive int; got 0"):
+        nesgpu.check(mlp(), torch.randn(3, 4), directions=0)
+    with pytest.raises(ValueError, match="sigma must be a positive finite number"):
+        nesgpu.check(mlp(), torch.randn(3, 4), sigma=float("inf"))
+    refused = nesgpu.check(mlp(), torch.randn(3, 4), fallback=["nope"])
+    assert not refused.exact and "fallback: 'nope' names no module of the model" in refused.refused
+
+
+def test_the_cli_exits_0_when_exact_1_when_refused_and_2_for_a_bad_argument(tmp_path):
+    source = tmp_path / "mine.py"
+    source.write_text("import torch\nfrom torch import nn\n\n\nclass Reader(nn.Module):\n"
+                      "    def __init__(self):\n        super().__init__()\n"
+                      "        self.a, self.b = nn.Linear(4, 5), nn.Linear(5, 2)\n\n"
+                      "    def forward(self, x):\n        return self.b(torch.tanh(x @ self.a.weight.t()))\n\n\n"
+                      "def exact():\n    return nn.Sequential(nn.Linear(4, 3), nn.Tanh()), torch.randn(2, 4)\n\n\n"
+                      "def reader():\n    return Reader(), torch.randn(2, 4)\n")
+
+    def check(*args):
+        return subprocess.run([sys.executable, "-m", "nesgpu", "check", *args], capture_output=True, text=True,
+                              timeout=120)
+
+    ok = check("--model", f"{source}:exact")
+    assert ok.returncode == 0 and ok.stdout.startswith("exact:"), ok.stderr
+    refused = check("--model", f"{source}:reader")
+    assert refused.returncode == 1 and "fallback=['']" in refused.stdout
+    assert check("--model", f"{source}:reader", "--fallback", "").returncode == 0
+    bad = check("--model", f"{source}:missing")
+    assert bad.returncode == 2 and "has no function 'missing'" in bad.stderr and "Traceback" not in bad.stderr
+    assert check("--model", "hf:/no/such/dir").returncode == 2

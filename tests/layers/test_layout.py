@@ -1,0 +1,116 @@
+"""Which member each row belongs to, where the model does not hand a layer its rows first: a module
+registered twice, tokens flattened to 2-D, metadata reads, and a first dimension nesgpu cannot place."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nesgpu
+
+
+class Flattening(nn.Module):
+    """A block that runs its MLP on the rows' tokens flattened to (rows * T, features)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(4), nn.Linear(4, 6), nn.Linear(6, 4)
+
+    def forward(self, x):
+        rows, tokens, features = x.shape
+        h = self.down(torch.tanh(self.up(self.norm(x.reshape(-1, features)))))
+        return h.view(rows, tokens, features)
+
+
+class CastsToItsChildsDtype(nn.Module):
+    """PEFT's LoRA layers and Mamba's blocks read a child's weight.dtype (metadata) before calling it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        assert self.lin.weight.shape == (3, 4) and self.lin.weight.requires_grad
+        return self.lin(x.to(device=self.lin.weight.device, dtype=self.lin.weight.dtype))
+
+
+class Router(nn.Module):
+    """An MoE router that casts its matrix (``.to(dtype)``, ``.type(dtype)``; a float32 router of a bf16
+    model: ``.float()``) or multiplies by its transpose."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.num_experts, self.weight, self.form = 3, nn.Parameter(torch.randn(3, 4)), form
+
+    def forward(self, x):
+        x = x.reshape(-1, 4)
+        if self.form == "cast":
+            logits = F.linear(x, self.weight.to(x.dtype).type(torch.float64))
+        else:
+            logits = x @ self.weight.t()
+        return logits.softmax(-1)
+
+
+@pytest.mark.parametrize("name, make, example", [
+    ("registered twice", lambda: (lambda lin: nn.Sequential(lin, nn.Tanh(), lin))(nn.Linear(4, 4)),
+     lambda: torch.randn(3, 4)),
+    ("flattened tokens", Flattening, lambda: torch.randn(3, 5, 4)),
+    ("metadata reads", CastsToItsChildsDtype, lambda: torch.randn(3, 4)),
+    ("router cast", lambda: nn.Sequential(nn.Linear(4, 4), Router("cast")), lambda: torch.randn(3, 5, 4)),
+    ("router transposed", lambda: nn.Sequential(nn.Linear(4, 4), Router("t")), lambda: torch.randn(3, 5, 4)),
+    ("hf-style flattened ids", lambda: nn.Sequential(nn.Flatten(0, 1), nn.Embedding(9, 4)),
+     lambda: {"input": torch.randint(0, 9, (3, 5))}),
+])
+@pytest.mark.parametrize("kind", ["lowrank", "gaussian"])
+def test_rows_reach_their_own_members(name, make, example, kind):
+    torch.manual_seed(0)
+    report = nesgpu.check(make(), example(), kind=kind)
+    assert report.exact, str(report)
+
+
+def test_a_router_computing_in_float32_in_a_float64_model_matches_at_float32_precision():
+    class Float32Router(Router):
+        def forward(self, x):
+            return F.linear(x.reshape(-1, 4).float(), self.weight.float()).softmax(-1)
+
+    report = nesgpu.check(nn.Sequential(nn.Linear(4, 4), Float32Router("cast")), torch.randn(3, 5, 4), tolerance=1e-6)
+    assert report.exact and report.worst > 1e-12, str(report)  # rounded at float32, as the member's own model is
+
+
+def test_a_module_registered_twice_is_one_perturbed_module_in_both_slots():
+    lin = nn.Linear(4, 4)
+    net = nesgpu.convert(nn.Sequential(lin, nn.Tanh(), lin), "lowrank")
+    assert net[0] is net[2] and isinstance(net[0], nesgpu.PerturbedLinear)
+
+
+def test_a_first_dimension_that_is_neither_the_rows_nor_their_tokens_is_refused_naming_the_module():
+    class Regroups(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(9, 4), nn.Linear(8, 3)
+
+        def forward(self, input_ids):
+            h = self.embed(input_ids)  # (rows, T, 4) -> pairs of tokens as (rows * T / 2, 8)... of 3-D
+            return self.head(h.reshape(-1, 2, 8))
+
+    pm = nesgpu.PerturbedModel(nesgpu.convert(Regroups(), "lowrank"), 4, antithetic=True)
+    pm.set_noise()
+    with pytest.raises(ValueError, match=r"head \(PerturbedLinear\): its input \(40, 2, 8\) has 40 rows on the first "
+                                         r"dimension, neither the population's 8 rows nor their tokens flattened"):
+        pm(input_ids=torch.randint(0, 9, (8, 20)))
+
+
+def test_a_use_of_a_read_parameter_beyond_its_metadata_is_an_error_naming_it():
+    class Sums(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.lin(x) * self.lin.weight.sum()
+
+    pm = nesgpu.PerturbedModel(nesgpu.convert(Sums(), "lowrank"), 2)
+    pm.set_noise()
+    with pytest.raises(RuntimeError, match=r"parameter 'lin.weight' of PerturbedLinear was read directly and used by "
+                                           r"sum .*convert\(\.\.\., fallback=\[''\]\)"):
+        pm(torch.randn(2, 4))
