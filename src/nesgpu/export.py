@@ -15,6 +15,7 @@ from torch import nn
 
 from .conversion import rebuilt_as
 from .layers import LowBitConv1d, LowBitConv2d, LowBitConv3d, LowBitLinear, PerturbedLinear, PerturbedModule
+from .layers.functional import FALLBACK_ROOT, child_call_guard
 from .layers.registry import CONVERSIONS
 
 LOW_BIT = (LowBitLinear, LowBitConv1d, LowBitConv2d, LowBitConv3d)
@@ -33,20 +34,33 @@ def export(model: nn.Module) -> nn.Module:
     for m in model.modules():
         if isinstance(m, PerturbedModule):
             m.free_memory()  # the noise is not part of the model (and not copied)
-    plain, rebuilt = copy.deepcopy(model), []
+    plain = copy.deepcopy(model)
     for m in plain.modules():  # PerturbedModel's hooks (master weights, input dtype) belong to the original
         for key, hook in list(m._forward_pre_hooks.items()):
             if getattr(hook, "__module__", "").startswith("nesgpu."):
                 del m._forward_pre_hooks[key]
-    for name, module in list(plain.named_modules())[1:]:
+    return unconvert(plain)
+
+
+def unconvert(model: nn.Module) -> nn.Module:
+    """``model`` made plain in place (what :func:`export` does to its copy): every nesgpu module back to its
+    torch or ``transformers`` module, with the same Parameter objects. Returns the model (a new object when the
+    model itself was a rebuilt perturbed module)."""
+    for m in model.modules():  # the exact fallback's guards on its children
+        m.__dict__.pop(FALLBACK_ROOT, None)
+        for key, hook in list(m._forward_pre_hooks.items()):
+            if hook is child_call_guard:
+                del m._forward_pre_hooks[key]
+    rebuilt = []
+    for name, module in list(model.named_modules())[1:]:
         if any(name.startswith(f"{done}.") for done in rebuilt) or not _is_ours(module):
             continue  # inside a module rebuilt whole (its children are plain), or plain already
         new = _plain(module)
         if new is not module:
             owner, _, leaf = name.rpartition(".")
-            setattr(plain.get_submodule(owner), leaf, new)
+            setattr(model.get_submodule(owner), leaf, new)
             rebuilt.append(name)
-    return _plain(plain) if _is_ours(plain) else plain
+    return _plain(model) if _is_ours(model) else model
 
 
 def _is_ours(module: nn.Module) -> bool:
@@ -86,4 +100,4 @@ def _perturbation_attributes() -> set[str]:
     return set(vars(PerturbedLinear(1, 1))) - set(vars(nn.Linear(1, 1)))
 
 
-__all__ = ["export"]
+__all__ = ["export", "unconvert"]

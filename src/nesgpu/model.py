@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 import weakref
 import zlib
 from collections.abc import Iterator
@@ -12,8 +13,11 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
 
-from .layers import HALF, PerturbedLinear, PerturbedModule, repeat_signs
+from .autofallback import fall_back
+from .layers import PerturbedLinear, PerturbedModule, repeat_signs
+from .layers.guard import NeedsFallback
 from .layers.layout import RowLayout
+from .masters import MasterWeights
 from .trainable import check_trainable, uncovered_parameters
 
 
@@ -21,20 +25,6 @@ def direction_blocks(directions: range, size: int | None) -> list[range]:
     """``directions`` cut into consecutive blocks of at most ``size`` (one block when size is None)."""
     size = size or len(directions)
     return [range(a, min(a + size, directions.stop)) for a in range(directions.start, directions.stop, size)]
-
-
-class _Master:
-    """A float32 master copy of a half-precision parameter, and the master's version last copied back."""
-
-    def __init__(self, param: nn.Parameter):
-        self.param = param
-        self.value = nn.Parameter(param.detach().float(), requires_grad=param.requires_grad)
-        self.version = self.value._version
-
-
-def _master_weights(layers: dict[str, PerturbedModule]) -> dict[int, _Master]:
-    return {id(p): _Master(p) for layer in layers.values() for p in layer.perturbed_parameters().values()
-            if p.dtype in HALF}
 
 
 class PerturbedModel:
@@ -79,6 +69,17 @@ class PerturbedModel:
             raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}")
         self.seed = int(seed)
         self.step = 0
+        self._wire()
+        if self._masters:  # plain calls of the model see the optimizer's latest step, on inputs of its dtype
+            this = weakref.ref(self)  # the hook must not keep this object (and its fp32 copy) alive
+            handle = model.register_forward_pre_hook(
+                lambda _, args, kwargs: None if this() is None else this()._before_call(args, kwargs), with_kwargs=True)
+            weakref.finalize(self, handle.remove)
+
+    def _wire(self) -> None:
+        """Find the perturbed modules, check that each trainable parameter is perturbed once, give every module
+        its key and name, and make the float32 master weights of half-precision parameters."""
+        model, directions = self.model, self.directions
         self.layers: dict[str, PerturbedModule] = {
             name: m for name, m in model.named_modules() if isinstance(m, PerturbedModule)
         }
@@ -106,13 +107,8 @@ class PerturbedModel:
             layer.directions = directions
             layer.layer_key = zlib.crc32(name.encode())  # stable across processes and runs
             layer.layer_name = name
-        self._masters = _master_weights(self.layers)
-        self._half = next(iter(self._masters.values())).param.dtype if self._masters else None
-        if self._masters:  # plain calls of the model see the optimizer's latest step, on inputs of its dtype
-            this = weakref.ref(self)  # the hook must not keep this object (and its fp32 copy) alive
-            handle = model.register_forward_pre_hook(
-                lambda _, args, kwargs: None if this() is None else this()._before_call(args, kwargs), with_kwargs=True)
-            weakref.finalize(self, handle.remove)
+        perturbed = (p for layer in self.layers.values() for p in layer.perturbed_parameters().values())
+        self._masters = MasterWeights(perturbed, getattr(self, "_masters", None))
 
     @property
     def sigma(self) -> float:
@@ -131,8 +127,7 @@ class PerturbedModel:
         writes their ``.grad`` in float32, and the model's own weights are refreshed from them (rounded to
         the model's dtype) before every call of the model, so a step below half-precision resolution is
         kept. The population forward runs in the model's dtype."""
-        return [self._masters[id(p)].value if id(p) in self._masters else p for layer in self.layers.values()
-                for p in layer.perturbed_parameters().values()]
+        return [self._masters.of(p) for layer in self.layers.values() for p in layer.perturbed_parameters().values()]
 
     def _check_frozen(self) -> None:
         """A parameter frozen (``requires_grad_(False)``) after convert() would still be perturbed and updated:
@@ -151,34 +146,23 @@ class PerturbedModel:
         return tuple(self._in_dtype(a) for a in args), {k: self._in_dtype(v) for k, v in kwargs.items()}
 
     def _in_dtype(self, value):
-        if self._half is not None and isinstance(value, torch.Tensor) and value.dtype == torch.float32:
-            return value.to(self._half)
+        if self._masters.dtype is not None and isinstance(value, torch.Tensor) and value.dtype == torch.float32:
+            return value.to(self._masters.dtype)
         return value
 
     def sync_weights(self) -> None:
         """Copy master weights that changed since the last copy into the model (nothing without masters)."""
-        for master in self._masters.values():
-            if master.version != master.value._version:
-                with torch.no_grad():
-                    master.param.copy_(master.value)
-                master.version = master.value._version
+        self._masters.sync()
 
     def master_state(self) -> dict[str, torch.Tensor]:
         """The float32 master weights by parameter name (empty without masters): what a checkpoint keeps, so
         that a resumed run goes on from the exact weights rather than from their half-precision rounding."""
-        names = {id(p): name for name, p in self.model.named_parameters()}
-        return {names[key]: master.value.detach().clone() for key, master in self._masters.items()}
+        return self._masters.state(self.model)
 
     def load_master_state(self, state: dict[str, torch.Tensor] | None) -> None:
         """Set the master weights from :meth:`master_state` (``None``, or a name it lacks: from the model's
         own weights, e.g. just loaded from a file) and the model's weights from them."""
-        names = {id(p): name for name, p in self.model.named_parameters()}
-        with torch.no_grad():
-            for key, master in self._masters.items():
-                value = (state or {}).get(names[key])
-                master.value.copy_(master.param if value is None else value)
-                master.param.copy_(master.value)
-                master.version = master.value._version
+        self._masters.load_state(self.model, state)
 
     # ----- noise -------------------------------------------------------------------------------------
     def set_noise(self, step: int | None = None, directions: range | None = None) -> None:
@@ -262,8 +246,29 @@ class PerturbedModel:
             layer.__dict__["population_layout"] = layout  # a plain attribute, without nn.Module.__setattr__
 
     def __call__(self, *args, **kwargs):
-        with self.perturbing():
-            return self.model(*args, **kwargs)
+        while True:  # each fallback takes more of the model, so it ends (fall_back refuses a second time)
+            try:
+                with self.perturbing():
+                    return self.model(*args, **kwargs)
+            except NeedsFallback as e:
+                self.fall_back(e)
+
+    def fall_back(self, error: NeedsFallback) -> None:
+        """Put the module ``error`` names into the exact fallback (with a warning) and redraw the current noise,
+        so that the population call can run again, exactly; ``error`` itself where that cannot be done. The
+        trainer's population and ``pm(...)`` call this for you at the first population call."""
+        label = f"{error.module or 'model'} ({type(self.model.get_submodule(error.module)).__name__})"
+        try:
+            fall_back(self.model, error.module, self.directions)
+        except ValueError as why:
+            raise error from why
+        current = self.noise_range
+        self._wire()
+        if current is not None:
+            for layer in self.layers.values():
+                layer.set_noise(self.seed, self.step, current.start, current.stop)
+        warnings.warn(f"{label} {error.reason}; it runs through the exact torch.func fallback from now on, member "
+                      f"by member (slow); convert(..., fallback=[{error.module!r}]) does this up front", stacklevel=3)
 
     def shared_input(self, x: torch.Tensor) -> torch.Tensor:
         """The population on one input x (B, ...) that every member sees: the same as calling this object
@@ -358,8 +363,8 @@ class PerturbedModel:
         coef = weights / (self.directions * self.sigma)
         for layer in self.layers.values():
             if layer.perturbs:
-                masters = {name: self._masters[id(p)].value for name, p in layer.perturbed_parameters().items()
-                           if id(p) in self._masters}
+                masters = {name: self._masters.of(p) for name, p in layer.perturbed_parameters().items()
+                           if self._masters.of(p) is not p}
                 layer.accumulate_grad(coef, masters or None)
 
     @property

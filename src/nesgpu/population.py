@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import torch
 
 from .distributed import Ranks
+from .layers.guard import NeedsFallback
 from .model import PerturbedModel, direction_blocks
 from .noise import BLOCK
 from .precision import autocast_dtype, slow_precision_note
@@ -157,9 +158,11 @@ class Population:
         halves the chunk and evaluates the step again."""
         if not self._sized:
             self._size_for(task)
-        while True:
+        while True:  # each fallback takes more of the model, so it ends (fall_back refuses a second time)
             try:
                 return self._evaluate(task, step, sigma, sq_norms)
+            except NeedsFallback as e:  # a module exact only in the fallback (once per module, at the first call)
+                self.pm.fall_back(e)
             except RuntimeError as e:  # torch.OutOfMemoryError is one too
                 if not out_of_memory(e) or not self.auto or self.chunk == 1:
                     raise

@@ -1,5 +1,6 @@
 """nesgpu.check proves exactness on the user's model, and catches what is not: it passes models that are
-exact, fails an injected flattened layout and an injected direct read, and the CLI exits accordingly."""
+exact, fails an injected layout bug, reports the fallback a direct read takes, refuses what it cannot make exact,
+and the CLI exits accordingly."""
 
 import subprocess
 import sys
@@ -61,12 +62,37 @@ def test_an_injected_layout_bug_is_a_difference_named_at_its_module():
     assert "DIFFERENT" in str(report) and "first differing module: 2 (Interleaved)" in str(report)
 
 
-def test_a_direct_read_is_refused_with_the_fallback_to_use_and_the_fallback_is_exact():
+def test_a_direct_read_takes_the_exact_fallback_named_in_the_report():
     report = nesgpu.check(Reader(), torch.randn(3, 4))
-    assert not report.exact and "convert(..., fallback=[''])" in report.refused and "a.weight" in report.refused
-    fixed = nesgpu.check(Reader(), torch.randn(3, 4), fallback=[""])
-    assert fixed.exact and fixed.fallback == {"": "is named in convert(..., fallback=[...])"}
-    assert fixed.fallback_share == 1.0
+    assert report.exact and report.fallback == {"": "computes with its child's parameter 'a.weight' (t)"}
+    assert report.fallback_share == 1.0 and "  model: computes with its child's parameter 'a.weight'" in str(report)
+    named = nesgpu.check(Reader(), torch.randn(3, 4), fallback=[""])
+    assert named.exact and named.fallback == {"": "is named in convert(..., fallback=[...])"}
+
+
+def test_a_population_call_nesgpu_cannot_make_exact_is_refused():
+    class State:
+        def __init__(self, x):
+            self.rows = x
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = Stateful()
+
+        def forward(self, x):
+            return self.layer(x, State(x))
+
+    class Stateful(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(4))
+
+        def forward(self, x, state):
+            return x * self.scale
+
+    report = nesgpu.check(Holder(), torch.randn(3, 4))
+    assert not report.exact and "was handed a State, an object that holds every row's state" in report.refused
 
 
 def test_bad_arguments_name_what_was_expected():
@@ -95,8 +121,9 @@ def test_the_cli_exits_0_when_exact_1_when_refused_and_2_for_a_bad_argument(tmp_
 
     ok = check("--model", f"{source}:exact")
     assert ok.returncode == 0 and ok.stdout.startswith("exact:"), ok.stderr
-    refused = check("--model", f"{source}:reader")
-    assert refused.returncode == 1 and "fallback=['']" in refused.stdout
+    fell_back = check("--model", f"{source}:reader")
+    assert fell_back.returncode == 0 and "  model: computes with its child's parameter 'a.weight'" in fell_back.stdout
+    assert "Traceback" not in fell_back.stderr
     assert check("--model", f"{source}:reader", "--fallback", "").returncode == 0
     bad = check("--model", f"{source}:missing")
     assert bad.returncode == 2 and "has no function 'missing'" in bad.stderr and "Traceback" not in bad.stderr

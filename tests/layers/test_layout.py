@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import nesgpu
+from nesgpu.layers.guard import NeedsFallback
 
 
 class Flattening(nn.Module):
@@ -83,34 +84,62 @@ def test_a_module_registered_twice_is_one_perturbed_module_in_both_slots():
     assert net[0] is net[2] and isinstance(net[0], nesgpu.PerturbedLinear)
 
 
-def test_a_first_dimension_that_is_neither_the_rows_nor_their_tokens_is_refused_naming_the_module():
-    class Regroups(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed, self.head = nn.Embedding(9, 4), nn.Linear(8, 3)
+class Regroups(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(9, 4), nn.Linear(8, 3)
 
-        def forward(self, input_ids):
-            h = self.embed(input_ids)  # (rows, T, 4) -> pairs of tokens as (rows * T / 2, 8)... of 3-D
-            return self.head(h.reshape(-1, 2, 8))
+    def forward(self, input_ids):
+        h = self.embed(input_ids)  # (rows, T, 4) -> pairs of tokens as (rows * T / 4, 2, 8)
+        return self.head(h.reshape(-1, 2, 8))
 
-    pm = nesgpu.PerturbedModel(nesgpu.convert(Regroups(), "lowrank"), 4, antithetic=True)
+
+class Sums(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x) * self.lin.weight.sum()
+
+
+def test_a_first_dimension_that_is_neither_the_rows_nor_their_tokens_names_the_parent_to_fall_back():
+    net = nesgpu.convert(Regroups(), "lowrank")
+    pm = nesgpu.PerturbedModel(net, 4, antithetic=True)
     pm.set_noise()
-    with pytest.raises(ValueError, match=r"head \(PerturbedLinear\): its input \(40, 2, 8\) has 40 rows on the first "
-                                         r"dimension, neither the population's 8 rows nor their tokens flattened"):
-        pm(input_ids=torch.randint(0, 9, (8, 20)))
+    with pytest.raises(NeedsFallback, match=r"head \(PerturbedLinear\): its input \(40, 2, 8\) has 40 rows on the first "
+                                            r"dimension, neither the population's 8 rows nor their 8 x 20 tokens "
+                                            r"flattened") as error, pm.perturbing():
+        net(input_ids=torch.randint(0, 9, (8, 20)))
+    assert error.value.module == ""
 
 
-def test_a_use_of_a_read_parameter_beyond_its_metadata_is_an_error_naming_it():
-    class Sums(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(4, 3)
-
-        def forward(self, x):
-            return self.lin(x) * self.lin.weight.sum()
-
-    pm = nesgpu.PerturbedModel(nesgpu.convert(Sums(), "lowrank"), 2)
+def test_a_use_of_a_read_parameter_beyond_its_metadata_names_the_parent_to_fall_back():
+    net = nesgpu.convert(Sums(), "lowrank")
+    pm = nesgpu.PerturbedModel(net, 2)
     pm.set_noise()
     with pytest.raises(RuntimeError, match=r"parameter 'lin.weight' of PerturbedLinear was read directly and used by "
-                                           r"sum .*convert\(\.\.\., fallback=\[''\]\)"):
-        pm(torch.randn(2, 4))
+                                           r"sum .*convert\(\.\.\., fallback=\[''\]\)"), pm.perturbing():
+        net(torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("make, example, says", [
+    (Sums, lambda: torch.randn(3, 4), r"model \(Sums\) computes with its child's parameter 'lin.weight' \(sum\)"),
+    (Regroups, lambda: {"input_ids": torch.randint(0, 9, (3, 20))},
+     r"model \(Regroups\) hands head \(PerturbedLinear\) its rows regrouped \(input \(120, 2, 8\)\)"),
+])
+def test_the_first_population_call_puts_the_parent_into_the_exact_fallback_with_a_warning(make, example, says):
+    torch.manual_seed(0)
+    model = nesgpu.convert(make(), "lowrank")
+    pm = nesgpu.PerturbedModel(model, 4, antithetic=True)
+    before = [id(p) for p in pm.parameters()]
+    pm.set_noise()
+    rows = example()
+    rows = {k: pm.member_rows(v) for k, v in rows.items()} if isinstance(rows, dict) else pm.member_rows(rows)
+    with pytest.warns(UserWarning, match=says + r"; it runs through the exact torch.func fallback from now on"):
+        pm(**rows) if isinstance(rows, dict) else pm(rows)
+    assert isinstance(model, nesgpu.layers.FunctionalPerturbed)
+    assert sorted(id(p) for p in pm.parameters()) == sorted(before)  # an optimizer built before still trains
+    torch.manual_seed(0)
+    report = nesgpu.check(make(), example())
+    assert report.exact and list(report.fallback) == [""], str(report)

@@ -216,8 +216,9 @@ def test_a_layer_whose_parent_bypasses_its_forward_is_an_error():
     net = nesgpu.convert(ReadsWeight(), "lowrank")
     pm = nesgpu.PerturbedModel(net, 2)
     pm.set_noise()
-    with pytest.raises(RuntimeError, match=r"parameter 'lin.weight' of PerturbedLinear was read directly"):
-        pm(torch.randn(2, 3))
+    with pytest.raises(RuntimeError, match=r"parameter 'lin.weight' of PerturbedLinear was read directly"), \
+            pm.perturbing():
+        net(torch.randn(2, 3))  # pm(...) puts the parent into the exact fallback (tests/layers/test_layout.py)
     # the exact fallback handles such a parent
     net = nesgpu.convert(nesgpu.layers.functional_fallback(ReadsWeight()), "lowrank")
     pm = nesgpu.PerturbedModel(net, 2)
@@ -380,10 +381,11 @@ def test_bypass_of_the_only_perturbed_module_is_an_error():
         def forward(self, x):
             return torch.nn.functional.linear(x, self.lin.weight, self.lin.bias)
 
-    pm = nesgpu.PerturbedModel(nesgpu.convert(ReadsWeight(), "lowrank"), 2)
+    net = nesgpu.convert(ReadsWeight(), "lowrank")
+    pm = nesgpu.PerturbedModel(net, 2)
     pm.set_noise()
-    with pytest.raises(RuntimeError, match=r"'lin.weight' of PerturbedLinear was read directly"):
-        pm(torch.randn(2, 3))
+    with pytest.raises(RuntimeError, match=r"'lin.weight' of PerturbedLinear was read directly"), pm.perturbing():
+        net(torch.randn(2, 3))
 
 
 def test_tied_weights_parametrized_modules_and_custom_forwards():

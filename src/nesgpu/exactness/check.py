@@ -16,6 +16,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from ..conversion import convert
 from ..layers import FunctionalPerturbed, PerturbedModule
@@ -23,9 +25,14 @@ from ..model import PerturbedModel
 from .report import CheckReport, ModuleError
 from .rows import Inputs, compare_rows, first_tensor, member_index
 
+FLOAT32_TOLERANCE = 1e-5
+"""The tolerance where a module computes in float32 (an MoE router, a norm) even in the float64 copy: its
+rounding is float32's; a silent layout or perturbation bug is orders of magnitude larger (0.01-1)."""
+
 
 def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lowrank", sigma: float = 0.05,
-          seed: int = 0, tolerance: float = 1e-9, max_new_tokens: int = 0, **convert_options) -> CheckReport:
+          seed: int = 0, tolerance: float = 1e-9, max_new_tokens: int = 0, dtype: torch.dtype = torch.float64,
+          **convert_options) -> CheckReport:
     """Whether the population of ``model`` is exact on ``example_inputs``: every population row equals the
     output of its member's own model, in float64, module by module.
 
@@ -36,8 +43,11 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         directions: directions D; the check evaluates 2 D members (antithetic pairs).
         kind, **convert_options: as :func:`nesgpu.convert` (``fallback=[...]``, ``freeze=[...]``, ``rank=...``).
         sigma: the noise scale (large enough for every parameter's noise to show in the outputs).
-        tolerance: the largest relative difference that counts as exact (float64 rounding is ~1e-15).
+        tolerance: the largest relative difference that counts as exact (float64 rounding is ~1e-15); where
+            a module computes in float32 by design, at least ``FLOAT32_TOLERANCE``, and the report says which.
         max_new_tokens: also compare greedy ``generate()`` over this many new tokens (models with ``generate``).
+        dtype: the precision of the check: float64, or float32 for a model that does not run in float64 (the
+            tolerance is then at least ``FLOAT32_TOLERANCE``).
 
     Returns:
         a :class:`CheckReport`: ``exact``, the worst relative error of every module, which modules take the
@@ -51,60 +61,116 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         raise ValueError(f"directions must be a positive int; got {directions!r}")
     if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 < sigma < math.inf:
         raise ValueError(f"sigma must be a positive finite number; got {sigma!r}")
-    inputs = Inputs.of(example_inputs)
-    reference = _float64_copy(model)
-    net, notes = _float64_copy(model), []
+    if dtype not in (torch.float64, torch.float32):
+        raise ValueError(f"dtype must be torch.float64 or torch.float32; got {dtype}")
+    inputs = Inputs.of(example_inputs, dtype)
+    reference = _copy(model, dtype)
+    try:  # the plain model first: one that fails on its own is not nesgpu's to judge
+        low_precision_ops = _low_precision_ops(reference, inputs, dtype)
+    except Exception as e:  # noqa: BLE001 - whatever the user's model raises
+        return CheckReport.refusal(f"the model itself fails in {str(dtype).removeprefix('torch.')} on these inputs "
+                                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                                   f"check(..., dtype=torch.float32) checks it in float32", tolerance)
+    net, notes = _copy(model, dtype), []
     try:
         if not any(isinstance(m, PerturbedModule) for m in net.modules()):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+            with _noted(notes):
                 net = convert(net, kind, **convert_options)
-            notes = [str(w.message) for w in caught]
         pm = PerturbedModel(net, directions, sigma=sigma, antithetic=True, seed=seed)
     except (ValueError, TypeError, RuntimeError) as e:
         return CheckReport.refusal(f"convert: {e}", tolerance)
-    fallback = _fallback_modules(net, notes)
     pm.set_noise(step=1)
     rows = inputs.member_rows(pm)
     try:
-        with _recording(net, population=True) as population:
+        with _noted(notes):
+            pm(*rows.args, **rows.kwargs)  # a module found to need the exact fallback goes there first
+        skip = _inner_modules(net)
+        with _recording(net, skip, population=True) as population:
             pm(*rows.args, **rows.kwargs)
     except (ValueError, RuntimeError) as e:
-        return CheckReport.refusal(f"population call: {e}", tolerance, fallback)
-    errors = _compare_members(reference, pm, inputs, population)
+        return CheckReport.refusal(f"population call: {e}", tolerance, _fallback_modules(net, notes))
+    fallback = _fallback_modules(net, notes)
+    errors, low_precision = _compare_members(reference, pm, inputs, population, skip)
+    low_precision |= low_precision_ops
     generate = _compare_generate(reference, pm, inputs, rows, max_new_tokens) if max_new_tokens else None
-    return CheckReport.of(errors, list(population), tolerance, fallback, _fallback_share(net), generate)
-
-
-def _float64_copy(model: nn.Module) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
-    return copy.deepcopy(model).to(torch.float64).eval()
+    if low_precision or dtype != torch.float64:  # float32 (the model's on purpose, or the check's) rounds there
+        tolerance = max(tolerance, FLOAT32_TOLERANCE)
+    return CheckReport.of(errors, list(population), tolerance, fallback, _fallback_share(net), generate,
+                          sorted(low_precision))
 
 
 @contextmanager
-def _recording(model: nn.Module, population: bool = False, on_output=None):
-    """Record the first tensor of every module's output, call by call: {name: [tensor, ...]} (or hand each
-    to ``on_output(name, call, tensor)``). In a ``population`` call, the calls inside the exact fallback (under
-    vmap, member by member) are not recorded."""
+def _noted(notes: list[str]):
+    """Collect the warnings of the block (convert's notes, the fallbacks a population call takes) into
+    ``notes``, also when the block raises."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            notes += [str(w.message) for w in caught]
+
+
+def _copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
+    model = copy.deepcopy(model).to(dtype).eval()
+    if hasattr(model, "set_experts_implementation"):  # transformers' grouped_mm MoE kernels refuse float64
+        try:
+            model.set_experts_implementation("eager")
+        except (ValueError, TypeError, AttributeError):
+            pass
+    return model
+
+
+class _LowPrecisionOps(TorchDispatchMode):
+    """Collects the operations that produce float32 or half tensors (a model that computes parts in float32
+    on purpose: an MoE router, a norm, a softmax), down to torch's own (aten) operations."""
+
+    def __init__(self, lower: tuple[torch.dtype, ...]):
+        super().__init__()
+        self.ops: set[str] = set()
+        self.lower = lower
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if any(isinstance(t, torch.Tensor) and t.dtype in self.lower for t in tree_flatten(out)[0]):
+            self.ops.add(str(func.overloadpacket.__name__))
+        return out
+
+
+def _low_precision_ops(reference: nn.Module, inputs: Inputs, dtype: torch.dtype) -> set[str]:
+    """The operations of the reference model that compute in a lower precision than ``dtype``."""
+    lower = (torch.float16, torch.bfloat16) + ((torch.float32,) if dtype == torch.float64 else ())
+    with torch.no_grad(), _LowPrecisionOps(lower) as mode:
+        reference(*inputs.args, **inputs.kwargs)
+    return {f"{op} (an operation)" for op in mode.ops}
+
+
+def _inner_modules(net: nn.Module) -> set[str]:
+    """Names of the modules inside a perturbed module (an MoE bank's activation, the fallback's children):
+    the perturbed module computes them its own way (all members' tokens at once, or under vmap), so only its
+    own output is compared."""
+    return {f"{name}.{child}" if name else child for name, m in net.named_modules() if isinstance(m, PerturbedModule)
+            for child, _ in m.named_modules() if child}
+
+
+@contextmanager
+def _recording(model: nn.Module, skip: set[str], population: bool = False):
+    """Record the first tensor of every module's output (but those in ``skip``), call by call:
+    {name: [tensor, ...]}, in the order the modules first finish (children before their parents). In a
+    ``population`` call, the exact fallback's inner calls (member by member, under vmap) are not recorded."""
     outputs: dict[str, list[torch.Tensor]] = {}
-    skipped = {id(c) for m in model.modules() if population and isinstance(m, FunctionalPerturbed)
-               for c in m.modules() if c is not m}
 
     def hook(name):
         def record(module, args, output):
             t = first_tensor(output)
-            if t is None or (population and isinstance(module, PerturbedModule) and not module.is_perturbing):
-                return  # a fallback's inner (per-member) call
-            calls = outputs.setdefault(name, [])
-            if on_output is None:
-                calls.append(t.detach().clone())
-            else:
-                on_output(name, len(calls), t)
-                calls.append(None)
+            inner = population and isinstance(module, PerturbedModule) and not module.is_perturbing
+            if t is not None and not inner:
+                outputs.setdefault(name, []).append(t.detach().clone())
         return record
 
-    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if id(m) not in skipped]
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n not in skip]
     try:
         yield outputs
     finally:
@@ -120,29 +186,33 @@ def _set_member(reference: nn.Module, base: dict[str, torch.Tensor], noise: dict
 
 
 def _compare_members(reference: nn.Module, pm: PerturbedModel, inputs: Inputs,
-                     population: dict[str, list[torch.Tensor]]) -> dict[str, ModuleError]:
-    """Each module's worst relative difference between the population rows and the members' own outputs."""
+                     population: dict[str, list[torch.Tensor]], skip: set[str]) -> tuple[dict[str, ModuleError], set]:
+    """Each module's worst relative difference between the population rows and the members' own outputs,
+    and the modules whose own output is in a lower precision than float64 (they compute in float32)."""
     noise = pm.dense_noise()
     base = {name: reference.get_parameter(name).detach().clone() for name in noise}
     types = {n: type(m).__name__ for n, m in pm.model.named_modules()}
     errors: dict[str, ModuleError] = {}
+    low_precision = set()
     for s, sign in enumerate((1.0, -1.0)):
         for d in range(pm.directions):
             index = member_index(s, d, inputs.samples, pm.directions)
-
-            def compare(name, call, own):
+            _set_member(reference, base, noise, sign, d, pm.sigma)
+            with torch.no_grad(), _recording(reference, skip) as own:
+                reference(*inputs.args, **inputs.kwargs)
+            for name, calls in own.items():
                 pop = population.get(name, [])
-                if call < len(pop):
-                    err = compare_rows(pop[call], own, index, 2 * inputs.samples * pm.directions)
+                if len(pop) != len(calls):  # called another number of times: its calls do not line up
+                    continue
+                for mine, theirs in zip(pop, calls):
+                    err = compare_rows(mine, theirs, index, 2 * inputs.samples * pm.directions)
                     if err is not None:
                         old = errors.get(name)
                         errors[name] = ModuleError(name, types.get(name, "?"), max(err, old.error if old else 0.0))
-
-            _set_member(reference, base, noise, sign, d, pm.sigma)
-            with torch.no_grad(), _recording(reference, on_output=compare):
-                reference(*inputs.args, **inputs.kwargs)
+                        if theirs.dtype in (torch.float32, torch.float16, torch.bfloat16):
+                            low_precision.add(name)
     _set_member(reference, base, {n: torch.zeros_like(z) for n, z in noise.items()}, 0.0, 0, 0.0)
-    return errors
+    return errors, low_precision
 
 
 def _compare_generate(reference, pm: PerturbedModel, inputs: Inputs, rows: Inputs, max_new_tokens: int) -> str:
@@ -166,7 +236,8 @@ def _compare_generate(reference, pm: PerturbedModel, inputs: Inputs, rows: Input
             own = reference.generate(*inputs.args, **inputs.kwargs, **options)
             mine = population[member_index(s, d, inputs.samples, pm.directions)]
             if mine.shape != own.shape or not torch.equal(mine, own):
-                return f"differs: member (sign {'+-'[s]}, direction {d}) generates {mine.tolist()} instead of {own.tolist()}"
+                return (f"differs: member (sign {'+-'[s]}, direction {d}) generates {mine.tolist()} instead of "
+                        f"{own.tolist()}")
     return f"exact ({max_new_tokens} greedy tokens, {2 * pm.directions} members)"
 
 
@@ -177,13 +248,15 @@ def _fallback_modules(net: nn.Module, notes: list[str]) -> dict[str, str]:
         if isinstance(m, FunctionalPerturbed):
             label = f"{name or 'model'} ("
             note = next((n for n in notes if n.startswith(label)), "")
-            found[name] = note[len(label):].split(")", 1)[-1].split(";")[0].strip() or "the exact fallback"
+            found[name] = note[len(label):].split(")", 1)[-1].split("; it runs through the exact")[0].strip() or (
+                "the exact fallback")
     return found
 
 
 def _fallback_share(net: nn.Module) -> float:
     """The share of the trainable parameters that the exact fallback perturbs."""
     params = {id(p): p for p in net.parameters() if p.requires_grad}
-    inside = {id(p) for m in net.modules() if isinstance(m, FunctionalPerturbed) for p in m.perturbed_parameters().values()}
+    inside = {id(p) for m in net.modules() if isinstance(m, FunctionalPerturbed)
+              for p in m.perturbed_parameters().values()}
     total = sum(p.numel() for p in params.values())
     return sum(params[i].numel() for i in inside if i in params) / max(total, 1)

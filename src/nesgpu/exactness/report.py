@@ -29,6 +29,8 @@ class CheckReport:
         generate: what the greedy ``generate()`` comparison found (None: not asked).
         first_difference: the first module, in the order the modules finished, whose output differs: where
             the difference starts (None: none differs).
+        low_precision: modules whose output is float32 (or half) in the float64 check: they compute at that
+            precision by design, and ``tolerance`` was raised to it.
     """
 
     exact: bool
@@ -40,6 +42,7 @@ class CheckReport:
     refused: str | None = None
     generate: str | None = None
     first_difference: ModuleError | None = None
+    low_precision: tuple[str, ...] = ()
 
     @classmethod
     def refusal(cls, why: str, tolerance: float, fallback: dict[str, str] | None = None) -> CheckReport:
@@ -47,7 +50,7 @@ class CheckReport:
 
     @classmethod
     def of(cls, errors: dict[str, ModuleError], order: list[str], tolerance: float, fallback: dict[str, str],
-           share: float, generate: str | None) -> CheckReport:
+           share: float, generate: str | None, low_precision: list[str] = ()) -> CheckReport:
         """``errors`` by module name, ``order``: the names in the order the modules finished."""
         modules = tuple(sorted(errors.values(), key=lambda m: -m.error))
         first = next((errors[n] for n in order if n in errors and errors[n].error > tolerance), None)
@@ -55,7 +58,7 @@ class CheckReport:
         worst = root.error if root is not None else float("nan")
         exact = (root is not None and all(m.error <= tolerance for m in modules)
                  and (generate is None or generate.startswith("exact")))
-        return cls(exact, tolerance, worst, modules, fallback, share, None, generate, first)
+        return cls(exact, tolerance, worst, modules, fallback, share, None, generate, first, tuple(low_precision))
 
     def __str__(self) -> str:
         if self.refused is not None:
@@ -63,6 +66,10 @@ class CheckReport:
         verdict = "exact" if self.exact else "DIFFERENT"
         lines = [f"{verdict}: the model's output differs from its members' own by at most {self.worst:.2e} "
                  f"(relative; tolerance {self.tolerance:.0e})"]
+        if self.low_precision:
+            shown = ", ".join(n or "model" for n in self.low_precision[:3])
+            more = " ..." if len(self.low_precision) > 3 else ""
+            lines.append(f"computed in float32 by the model itself: {shown}{more} (tolerance raised to float32's)")
         first = self.first_difference
         if first is not None:
             lines.append(f"first differing module: {first.name or 'model'} ({first.type}), {first.error:.2e}")

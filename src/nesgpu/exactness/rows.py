@@ -16,8 +16,8 @@ class Inputs(NamedTuple):
     samples: int
 
     @classmethod
-    def of(cls, example) -> Inputs:
-        """A tensor, a tuple of arguments or a dict of keyword arguments, floating tensors in float64."""
+    def of(cls, example, dtype: torch.dtype = torch.float64) -> Inputs:
+        """A tensor, a tuple of arguments or a dict of keyword arguments, floating tensors in ``dtype``."""
         if isinstance(example, torch.Tensor):
             args, kwargs = (example,), {}
         elif isinstance(example, (tuple, list)):
@@ -30,7 +30,7 @@ class Inputs(NamedTuple):
         first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() >= 1), None)
         if first is None:
             raise ValueError("example_inputs holds no tensor with samples on its first dimension")
-        as64 = (lambda t: t.to(torch.float64) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)
+        as64 = (lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t)
         return cls(tuple(map(as64, args)), {k: as64(v) for k, v in kwargs.items()}, first.shape[0])
 
     def member_rows(self, pm) -> Inputs:
@@ -70,6 +70,10 @@ def compare_rows(population: torch.Tensor, own: torch.Tensor, index: torch.Tenso
         return None
     if not own.is_floating_point():
         return 0.0 if torch.equal(mine, own) else 1.0
-    scale = own.double().norm()
-    diff = (mine.double() - own.double()).norm()
+    mine, own = mine.double(), own.double()
+    both_nan = mine.isnan() & own.isnan()  # NaN where the member's own model has NaN too (a row all masked)
+    if (mine.isnan() ^ own.isnan()).any():
+        return float("inf")
+    diff = torch.where(both_nan, 0.0, mine - own).norm()
+    scale = torch.where(both_nan, 0.0, own).norm()
     return float(diff / scale) if scale > 0 else float(diff)

@@ -254,7 +254,7 @@ class PerturbedModule(SharedParameters):
         ``dtype``, the dtype the perturbation is added in (see :func:`compute_dtype`)."""
         self._require_noise()
         if not self.ROW_WISE:
-            check_rows(self.__dict__["population_layout"], rows, self.label)
+            check_rows(self.__dict__["population_layout"], rows, self.label, self.layer_name)
         d = self.local_directions
         if rows % d:
             raise ValueError(f"{type(self).__name__}: input has {rows} rows; expected a multiple of directions={d} "
@@ -374,7 +374,7 @@ class PerturbedModule(SharedParameters):
         with self.own_call():
             x = args[0] if args else None
             if self.ROW_WISE and isinstance(x, torch.Tensor):
-                tokens = tokens_per_row(self.__dict__["population_layout"], x, self.label)
+                tokens = tokens_per_row(self.__dict__["population_layout"], x, self.label, self.layer_name)
                 if tokens:  # (rows * T, ...) as (rows, T, ...): token j belongs to row j // T
                     out = self.population_forward(x.view(-1, tokens, *x.shape[1:]), *args[1:], **kwargs)
                     return out.flatten(0, 1)

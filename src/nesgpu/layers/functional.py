@@ -22,6 +22,8 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..kinds import Gaussian
 from .base import PerturbedModule
+from .guard import NeedsFallback, parent_name
+from .layout import member_tokens
 from .swap import swap_class
 
 
@@ -33,15 +35,17 @@ class FunctionalPerturbed(PerturbedModule):
         if first is None or first.dim() < 1:
             raise ValueError(f"{type(self).__name__}: a population call needs a tensor argument whose first "
                              f"dimension is the rows (repeats * directions); got {[type(a).__name__ for a in args]}")
-        n, rows = first.shape[0], self.population_rows or first.shape[0]
-        if n % rows or (n != rows and first.dim() != 2):  # flattened tokens are (rows * T, features)
-            raise ValueError(f"{type(self).__name__}: its input has {n} rows on the first dimension, neither the "
-                             f"population's {rows} rows nor their tokens flattened (rows x T), so the exact "
-                             f"fallback cannot tell which member each row belongs to; freeze it with "
-                             f"convert(..., freeze=[...])")
-        tokens = n // rows if n != rows else None  # rows * T tokens: member i owns tokens [i T, (i + 1) T)
-        pop = self._population(rows, first.dtype if first.is_floating_point() else torch.get_default_dtype(),
-                               first.device)
+        state = next((a for a in (*args, *kwargs.values()) if _holds_state(a)), None)
+        if state is not None:
+            raise ValueError(f"{self.label}: the exact fallback was handed a {type(state).__name__}, an object that "
+                             f"holds every row's state (a KV or recurrent cache), which it cannot split member by "
+                             f"member; call the model without a cache (use_cache=False), or freeze this module")
+        layout, n = self.population_layout, first.shape[0]
+        rows = n if layout is None else layout.rows  # unknown (a sequence-first model): its first dimension
+        tokens = None if layout is None else member_tokens(layout, first, self.label, self.layer_name)
+        tokens = None if tokens == 1 else tokens  # rows * T tokens: member i owns tokens [i T, (i + 1) T)
+        dtype = next((p.dtype for p in self.perturbed_parameters().values()), torch.get_default_dtype())
+        pop = self._population(rows, dtype, first.device)  # each member's parameters in their own dtype
         params = {name: self._member_values(name, pop, p.dtype).reshape(rows, *p.shape)
                   for name, p in self.perturbed_parameters().items()}
         names = list(kwargs)
@@ -52,18 +56,27 @@ class FunctionalPerturbed(PerturbedModule):
         def member(member_params, *member_args):
             member_args = [a.unsqueeze(0) if b and not tokens else a for a, b in zip(member_args, batched)]
             positional, keywords = member_args[:len(args)], dict(zip(names, member_args[len(args):]))
-            out = functional_call(self, member_params, tuple(positional), keywords)
-            return out if tokens else tree_map(lambda t: t.squeeze(0) if isinstance(t, torch.Tensor) else t, out)
+            return functional_call(self, member_params, tuple(positional), keywords)
 
         active, self._active = self._active, None  # the inner calls run the plain forward
         try:
             out = _per_member(member, params, inputs, batched, rows)
         finally:
             self._active = active
-        if tokens:  # (rows, T, ...) back to the flattened tokens
-            out = tree_map(lambda t: t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() >= 2
-                           and t.shape[1] == tokens else t, out)
-        return out
+        # each member ran on its own rows, a batch of 1 (or of its T tokens): its outputs, stacked (rows, batch,
+        # ...), are the population's output (rows * batch, ...) as the plain module's would be for all rows
+        return tree_map(lambda t: t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() >= 2 else t, out)
+
+
+def _holds_state(value) -> bool:
+    """Whether ``value`` is an object holding tensors (a transformers Cache, a state object), not a tensor,
+    a plain value or a container of them."""
+    if value is None or isinstance(value, (torch.Tensor, int, float, bool, str, torch.dtype, torch.device, tuple,
+                                           list, dict)):
+        return False
+    return type(value).__name__.endswith("Cache") or any(
+        isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in v))
+        for v in getattr(value, "__dict__", {}).values())
 
 
 def _per_member(member, params, inputs, batched, rows):
@@ -85,7 +98,30 @@ def _per_member(member, params, inputs, batched, rows):
 def functional_fallback(module: nn.Module, directions: int | None = None) -> nn.Module:
     """Turn ``module`` (in place) into its population-aware version that perturbs every trainable parameter
     of it and of its children exactly, through torch.func. Its class becomes a subclass of its own, so its
-    state_dict, parameters and plain forward stay the same."""
+    state_dict, parameters and plain forward stay the same. A child called in a population call other than
+    through the module's forward (a method of the module, or a parent calling the child itself) would compute
+    with unperturbed weights: it raises :class:`nesgpu.layers.guard.NeedsFallback`."""
     swap_class(module, FunctionalPerturbed, "Functional")
     module._init_perturbation(Gaussian(), directions, {}, "elementwise", recurse=True)
+    for child in module.modules():
+        if child is not module:
+            child.__dict__[FALLBACK_ROOT] = module  # a plain attribute: not a submodule (deepcopy follows it)
+            child.register_forward_pre_hook(child_call_guard)
     return module
+
+
+FALLBACK_ROOT = "nesgpu_fallback_root"
+"""The attribute through which a fallback module's children know it."""
+
+
+def child_call_guard(child: nn.Module, args) -> None:
+    """The forward pre-hook on a fallback module's children: a child called while the fallback module is
+    perturbing, but not inside its own forward, raises."""
+    root = child.__dict__.get(FALLBACK_ROOT)
+    if root is not None and root.is_perturbing and not root.own_call_running:
+        name, parent = root.layer_name, parent_name(root.layer_name)
+        raise NeedsFallback(f"{root.label}: its child {type(child).__name__} was called in a population call other "
+                            f"than through {name or 'the model'}'s forward (a method of it, or its parent calling the "
+                            f"child), which would compute with unperturbed weights; run its parent through the exact "
+                            f"fallback: convert(..., fallback=[{parent!r}])", parent,
+                            f"calls {root.label}'s child {type(child).__name__} outside its forward")

@@ -21,6 +21,22 @@ _METHODS = frozenset({_T.dim, _T.size, _T.numel, _T.nelement, _T.element_size, _
                       _T.get_device, _T.stride, _T.is_contiguous, _T.__len__, _T.data_ptr})
 
 
+class NeedsFallback(ValueError, RuntimeError):
+    """A population call found a module whose rows nesgpu cannot place, or a parent that computes with a
+    perturbed parameter it read: exact only with ``module`` (a module name; "" is the whole model) in the exact
+    fallback. :class:`nesgpu.PerturbedModel` puts it there and runs the call again (with a warning);
+    ``convert(..., fallback=[module])`` does it up front."""
+
+    def __init__(self, message: str, module: str, reason: str):
+        super().__init__(message)
+        self.module, self.reason = module, reason  # reason: what the module does, as a short clause
+
+
+def parent_name(name: str) -> str:
+    """The name of the module that holds ``name`` ("" for a child of the model itself)."""
+    return name.rpartition(".")[0]
+
+
 def is_metadata(func) -> bool:
     """Whether ``func`` (as ``__torch_function__`` sees it) reads only a tensor's metadata, not its values."""
     return getattr(func, "__self__", None) in _PROPERTIES or func in _METHODS
@@ -67,10 +83,11 @@ class GuardedValue(torch.Tensor):
         if result is not NotImplemented:
             return result
         owner = guard.owner.layer_name
-        full, parent = (f"{owner}.{guard.attr}", owner.rpartition(".")[0]) if owner else (guard.attr, "")
-        raise RuntimeError(
+        full, parent = (f"{owner}.{guard.attr}", parent_name(owner)) if owner else (guard.attr, "")
+        raise NeedsFallback(
             f"parameter {full!r} of {type(guard.owner).__name__} was read directly and used by "
             f"{getattr(func, '__name__', func)} during a population call: it holds the unperturbed weights, so the "
             f"result would ignore every member's noise. Run the module that reads it (its parent {parent or 'model'!r}"
             f"?) through the exact fallback: convert(..., fallback=[{parent!r}]); or call the submodule instead of "
-            f"reading its parameter, or freeze the parameter")
+            f"reading its parameter, or freeze the parameter", parent,
+            f"computes with its child's parameter {full!r} ({getattr(func, '__name__', func)})")

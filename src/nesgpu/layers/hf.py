@@ -31,8 +31,8 @@ from torch import nn
 
 from ..kinds import Gaussian, Geometry, Kind
 from .base import PerturbedModule
-from .layout import compute_dtype
 from .embedding import PerturbedEmbedding
+from .layout import compute_dtype, member_tokens
 from .swap import swap_class
 
 
@@ -70,18 +70,17 @@ class PerturbedHFRMSNorm(PerturbedModule):
         h = x.float()
         h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.rms_eps)).contiguous()  # x may be a strided view
         k = x.shape[-1]
-        if self.rms_offset:  # Gemma's form: the product in float32
-            pop = self._population(x.shape[0], torch.float32, x.device)
-            w = self._member_values("weight", pop, torch.float32) + self.rms_offset
-            out = h.view(pop.repeats, pop.directions, -1, k) * w.view(w.shape[0], w.shape[1], 1, k)
-            return out.to(x.dtype).view(x.shape)
-        pop = self._population(x.shape[0], self.weight.dtype, x.device)
+        pop = self._population(x.shape[0], self.weight.dtype, x.device)  # members in the weight's dtype
         w = self._member_values("weight", pop, self.weight.dtype)
-        out = h.to(x.dtype).view(pop.repeats, pop.directions, -1, k) * w.view(w.shape[0], w.shape[1], 1, k)
-        return out.view(x.shape)
+        w = w.view(w.shape[0], w.shape[1], 1, k)
+        h4 = h.view(pop.repeats, pop.directions, -1, k)
+        if self.rms_product == "input":  # Llama's: normalised, cast back to the input's dtype, then the product
+            return (h4.to(x.dtype) * (w + self.rms_offset if self.rms_offset else w)).view(x.shape)
+        scale = w.float() + self.rms_offset if self.rms_product == "float32" else w + self.rms_offset  # Gemma's; Olmo2's
+        return (h4 * scale).to(x.dtype).view(x.shape)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, eps={self.rms_eps}, offset={self.rms_offset}"
+        return f"{super().extra_repr()}, eps={self.rms_eps}, offset={self.rms_offset}, product={self.rms_product!r}"
 
 
 class PerturbedExperts(PerturbedModule):
@@ -91,12 +90,9 @@ class PerturbedExperts(PerturbedModule):
 
     def population_forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
                            top_k_weights: torch.Tensor) -> torch.Tensor:
-        rows, n = self.population_rows, hidden.shape[0]
-        if rows is None or n % rows:
-            raise ValueError(f"{type(self).__name__}: {n} tokens are not the population's rows ({rows}) times a "
-                             f"sequence length; call the model through nesgpu.PerturbedModel")
-        pop = self._population(rows, compute_dtype(hidden), hidden.device)
-        row = torch.arange(n, device=hidden.device) // (n // rows)
+        n, tokens = hidden.shape[0], member_tokens(self.population_layout, hidden, self.label, self.layer_name)
+        pop = self._population(n // tokens, compute_dtype(hidden), hidden.device)
+        row = torch.arange(n, device=hidden.device) // tokens
         direction, scale = row % pop.directions, pop.scale[row // pop.directions]
         out = torch.zeros_like(hidden)
         for expert in range(self.num_experts):
@@ -122,7 +118,9 @@ class PerturbedScaledEmbedding(PerturbedEmbedding):
     scaled word embedding), with the kind's noise on the table."""
 
     def population_forward(self, index: torch.Tensor) -> torch.Tensor:
-        return super().population_forward(index) * self.embed_scale.to(self.weight.dtype)
+        scale = self.embed_scale
+        return super().population_forward(index) * (scale.to(self.weight.dtype) if isinstance(scale, torch.Tensor)
+                                                     else scale)
 
 
 _CASTS = frozenset({torch.Tensor.to, torch.Tensor.type, torch.Tensor.type_as, torch.Tensor.float, torch.Tensor.double,
@@ -168,11 +166,9 @@ class PerturbedRouter(PerturbedModule):
     def token_linear(self, x: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """``F.linear(x, weight.to(dtype), bias)`` for every member over its own tokens."""
         with self.own_call():
-            n, rows = x.shape[0], self.population_rows
-            if rows is None or n % rows or (n != rows and x.dim() != 2):
-                raise ValueError(f"{type(self).__name__}: {n} tokens are neither the population's rows ({rows}) nor "
-                                 f"their tokens flattened; call the model through nesgpu.PerturbedModel")
-            per_row = x if n == rows else x.view(rows, n // rows, x.shape[-1])
+            n, tokens = x.shape[0], member_tokens(self.population_layout, x, self.label, self.layer_name)
+            rows = n // tokens
+            per_row = x if tokens == 1 else x.view(rows, tokens, x.shape[-1])
             pop = self._population(rows, compute_dtype(per_row), x.device)
             y = F.linear(per_row, self.weight.to(dtype), bias)
             y = self._perturbed_linear(per_row, pop, "weight", None, y=y)
@@ -186,21 +182,19 @@ def _is_router(module: nn.Module) -> bool:
 
 
 def _is_scaled_embedding(module: nn.Module) -> bool:
-    """An nn.Embedding subclass computing ``F.embedding(ids, weight, padding_idx) * embed_scale`` (probed)."""
+    """An nn.Embedding subclass computing ``F.embedding(ids, weight, padding_idx) * embed_scale`` (probed on a
+    small table), the scale a number or a one-element tensor."""
     scale = getattr(module, "embed_scale", None)
     if (not isinstance(module, nn.Embedding) or type(module).forward is nn.Embedding.forward or module.max_norm
-            or not isinstance(scale, torch.Tensor) or scale.numel() != 1 or module.weight.device.type == "meta"):
+            or not (isinstance(scale, (int, float)) or isinstance(scale, torch.Tensor) and scale.numel() == 1)
+            or module.weight.device.type == "meta"):
         return False
-    probe = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, module.num_embeddings, (2, 5), generator=gen)
-    with torch.no_grad():
-        probe.weight.copy_(torch.randn(probe.weight.shape, generator=gen, dtype=torch.float64))
-        try:
-            y = probe(ids)
-        except Exception:  # another signature: not this form
-            return False
-    expected = F.embedding(ids, probe.weight, module.padding_idx) * probe.embed_scale.double()
+    rows = max(8, (module.padding_idx or 0) + 1)
+    table = torch.randn(rows, module.embedding_dim, generator=gen, dtype=torch.float64)
+    ids = torch.randint(0, rows, (2, 5), generator=gen)
+    y = _probe(module, table, ids, torch.float64)
+    expected = F.embedding(ids, table, module.padding_idx) * (torch.as_tensor(scale).double())
     return isinstance(y, torch.Tensor) and y.shape == expected.shape and torch.allclose(y.double(), expected,
                                                                                        rtol=1e-6, atol=1e-9)
 
@@ -225,9 +219,18 @@ def _is_expert_bank(module: nn.Module) -> bool:
         experts, hidden, two_inter // 2) and two_inter % 2 == 0
 
 
-def rms_norm_offset(module: nn.Module) -> float | None:
-    """0.0 or 1.0 when ``module`` is an RMSNorm of the form ``(offset + w) * x / rms(x)`` (checked on its
-    own forward in float64 with random weights and inputs), else None."""
+class RMSForm(NamedTuple):
+    """An RMSNorm's form: ``(offset + w) * x / rms(x)``, normalised in float32, the product taken in the input's
+    dtype (``"input"``: cast back first, Llama's order), in float32 (``"float32"``: Gemma's ``w.float()``) or in
+    the promoted dtype of float32 and the weight's (``"promoted"``: Olmo2's), then cast to the input's dtype."""
+
+    offset: float
+    product: str
+
+
+def rms_norm_form(module: nn.Module) -> RMSForm | None:
+    """The form of ``module`` when it is an RMSNorm (checked on its own forward: the offset in float64 with
+    random weights and inputs, the order of the product bit for bit in bfloat16), else None."""
     params = dict(module.named_parameters())
     if "rmsnorm" not in type(module).__name__.lower() or list(params) != ["weight"] or list(module.children()):
         return None
@@ -235,30 +238,57 @@ def rms_norm_offset(module: nn.Module) -> float | None:
     if weight.dim() != 1 or not isinstance(eps, float) or weight.device.type == "meta":
         return None
     gen = torch.Generator().manual_seed(0)
-    probe = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
     w = torch.randn(weight.numel(), generator=gen, dtype=torch.float64)
     x = 3 * torch.randn(3, 2, weight.numel(), generator=gen, dtype=torch.float64)
-    with torch.no_grad():
-        probe.weight.copy_(w)
-        try:
-            y = probe(x)
-        except Exception:  # another signature (a gated norm): not this form
-            return None
+    y = _probe(module, w, x)
     normalised = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     for offset in (0.0, 1.0):  # the library normalises in float32: compare at its precision
         if isinstance(y, torch.Tensor) and y.shape == x.shape and torch.allclose(
                 y.double(), normalised * (offset + w), rtol=1e-5, atol=1e-6):
-            return offset
+            return RMSForm(offset, _rms_product(module, offset, eps, w, x, y))
     return None
+
+
+def _rms_product(module: nn.Module, offset: float, eps: float, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> str:
+    """Where an RMSNorm takes its product, told apart bit for bit: in float64 (float32 vs the rest), then in
+    bfloat16 (the input's dtype vs the promoted one)."""
+    h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    if torch.equal(y, (h * (w.float() + offset)).to(x.dtype)):
+        return "float32"
+    w16, x16 = w.bfloat16(), x.bfloat16()
+    h = x16.float() * torch.rsqrt(x16.float().pow(2).mean(-1, keepdim=True) + eps)
+    y16 = _probe(module, w16, x16)
+    return "input" if isinstance(y16, torch.Tensor) and torch.equal(y16, h.to(torch.bfloat16) * (w16 + offset)) else (
+        "promoted")
+
+
+def _probe(module: nn.Module, weight: torch.Tensor, x: torch.Tensor, dtype: torch.dtype | None = None):
+    """``module``'s own forward on ``x`` with ``weight`` in place of its own, run on a shallow copy (its
+    parameters, buffers and children dicts its own; never a copy of a large table), or None if it fails."""
+    dtype = dtype or x.dtype
+    probe = copy.copy(module)
+    probe._parameters = {"weight": nn.Parameter(weight, requires_grad=False)}
+    probe._buffers = {k: None if b is None else b.detach().to("cpu", dtype if b.is_floating_point() else b.dtype)
+                      for k, b in module._buffers.items()}
+    probe._modules = {}
+    probe._forward_hooks, probe._forward_pre_hooks = type(module._forward_hooks)(), type(module._forward_pre_hooks)()
+    for key, value in module.__dict__.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():  # e.g. embed_scale as a plain tensor
+            probe.__dict__[key] = value.detach().to("cpu", dtype)
+    try:
+        with torch.no_grad():
+            return probe(x)
+    except Exception:  # another signature (a gated norm): not this form
+        return None
 
 
 class Recognised(NamedTuple):
     """A transformers module type nesgpu has a batched version of: its form, the product it needs from a
-    kind (None: elementwise noise only) and, for an RMSNorm, the weight's offset (0 or 1)."""
+    kind (None: elementwise noise only) and, for an RMSNorm, its form."""
 
     form: str
     product: str | None
-    offset: float | None = None
+    rms: RMSForm | None = None
 
 
 def recognise(module: nn.Module) -> Recognised | None:
@@ -271,8 +301,8 @@ def recognise(module: nn.Module) -> Recognised | None:
         return Recognised("router", "linear")
     if _is_expert_bank(module):
         return Recognised("experts", "experts")
-    offset = rms_norm_offset(module)
-    return None if offset is None else Recognised("rms_norm", None, offset)
+    rms = rms_norm_form(module)
+    return None if rms is None else Recognised("rms_norm", None, rms)
 
 
 def adopt(module: nn.Module, found: Recognised, kind: Kind, directions: int | None) -> nn.Module:
@@ -299,6 +329,6 @@ def adopt(module: nn.Module, found: Recognised, kind: Kind, directions: int | No
     else:
         eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
         swap_class(module, PerturbedHFRMSNorm, "Perturbed")
-        module.rms_eps, module.rms_offset = float(eps), found.offset
+        module.rms_eps, module.rms_offset, module.rms_product = float(eps), *found.rms
         module._init_perturbation(Gaussian(), directions, {}, "elementwise")
     return module

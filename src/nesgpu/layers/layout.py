@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from .guard import NeedsFallback, parent_name
+
 
 class RowLayout(NamedTuple):
     """The model's population input as one call sees it: its rows, the length of its second dimension (None
@@ -30,31 +32,62 @@ class RowLayout(NamedTuple):
     certain: bool
 
 
-def tokens_per_row(layout: RowLayout | None, x: torch.Tensor, label: str) -> int:
-    """T when ``x`` (a row-wise module's input) holds the rows' tokens flattened, (rows * T, ...) on at most 2
-    dimensions; 0 when its first dimension is the rows, or 1 (shared by every row), or the layout is unknown.
-    Raises where the rows are certain and ``x`` is neither."""
+def flattened_length(layout: RowLayout, x: torch.Tensor) -> int | None:
+    """1 when ``x``'s first dimension is the population's rows; T when it holds their tokens flattened, (rows * T,
+    ...) on at most 2 dimensions with T the model input's length; None for anything else (a tiling, ``x.repeat(E,
+    1)``, or a regrouping: the same count of rows in another order, which nesgpu must not guess)."""
+    n = x.shape[0] if x.dim() else 0
+    if n == layout.rows:
+        return 1
+    if x.dim() <= 2 and layout.length is not None and n == layout.rows * layout.length:
+        return layout.length
+    return None
+
+
+def _unplaced(label: str, name: str, x: torch.Tensor, layout: RowLayout) -> NeedsFallback:
+    return NeedsFallback(f"{label}: its input {tuple(x.shape)} has {x.shape[0] if x.dim() else 0} rows on the first "
+                      f"dimension, neither the population's {layout.rows} rows nor their {layout.rows} x "
+                      f"{layout.length} tokens flattened to 2-D, so nesgpu cannot tell which member each row belongs "
+                      f"to; run the module that reshapes or repeats its input through the exact fallback "
+                      f"(convert(..., fallback=[{parent_name(name)!r}])), or freeze it", parent_name(name),
+                      f"hands {label} its rows regrouped (input {tuple(x.shape)})")
+
+
+def tokens_per_row(layout: RowLayout | None, x: torch.Tensor, label: str, name: str) -> int:
+    """T when ``x`` (a row-wise module's input) holds the rows' tokens flattened (see :func:`flattened_length`);
+    0 when its first dimension is the rows, or 1 (shared by every row), or the layout is unknown. Raises where
+    the rows are certain and ``x`` is neither."""
     if layout is None or x.dim() == 0 or x.shape[0] in (1, layout.rows):  # 1: shared by every row (position ids)
         return 0
-    n = x.shape[0]
-    tokens = n // layout.rows if n % layout.rows == 0 and x.dim() <= 2 else 0
-    if tokens and (layout.certain or tokens == layout.length):
+    tokens = flattened_length(layout, x)
+    if tokens is not None:
         return tokens
     if layout.certain:
-        raise ValueError(f"{label}: its input {tuple(x.shape)} has {n} rows on the first dimension, neither the "
-                         f"population's {layout.rows} rows nor their tokens flattened to 2-D (rows x T, features), so "
-                         f"nesgpu cannot tell which member each row belongs to; run the module that reshapes its "
-                         f"input through the exact fallback (convert(..., fallback=[...])) or freeze it")
+        raise _unplaced(label, name, x, layout)
     return 0
 
 
-def check_rows(layout: RowLayout | None, n: int, label: str) -> None:
+def member_tokens(layout: RowLayout | None, x: torch.Tensor, label: str, name: str) -> int:
+    """For a module that must find each row's member (the exact fallback, MoE routers and expert banks): 1 when
+    ``x`` has the population's rows first, T when it holds their tokens flattened; raises otherwise."""
+    if layout is None:
+        raise ValueError(f"{label}: a population call of this module needs the model's population rows; call the "
+                         f"model through nesgpu.PerturbedModel")
+    tokens = flattened_length(layout, x)
+    if tokens is None:
+        raise _unplaced(label, name, x, layout)
+    return tokens
+
+
+def check_rows(layout: RowLayout | None, n: int, label: str, name: str) -> None:
     """A module that is not row-wise (convolutions, recurrent and attention layers, batch norms) takes the
     population's rows first: a flattened or regrouped first dimension is an error where the rows are certain."""
     if layout is not None and layout.certain and n != layout.rows:
-        raise ValueError(f"{label}: its input has {n} rows on the first dimension; expected the population's "
-                         f"{layout.rows} rows first, as the model's input has them. A parent that regroups its "
-                         f"input rows should run through the exact fallback (convert(..., fallback=[...]))")
+        raise NeedsFallback(f"{label}: its input has {n} rows on the first dimension; expected the population's "
+                            f"{layout.rows} rows first, as the model's input has them. A parent that regroups its "
+                            f"input rows should run through the exact fallback (convert(..., "
+                            f"fallback=[{parent_name(name)!r}]))", parent_name(name),
+                            f"hands {label} its rows regrouped ({n} rows)")
 
 
 def rows_view(t: torch.Tensor, repeats: int, directions: int) -> torch.Tensor:

@@ -57,6 +57,16 @@ class SharedParameters(nn.Module):
                     f"for tied weights")
         return None
 
+    @property
+    def own_call_running(self) -> bool:
+        """Whether the module is inside :meth:`own_call` (its own population forward)."""
+        return self.__dict__["_inside"]
+
+    @property
+    def ties(self) -> dict[str, Borrowed]:
+        """The parameters this module borrows from another module (tied weights), by attribute name."""
+        return dict(self._borrowed)
+
     @contextmanager
     def own_call(self):
         """Within this block the module reads its own perturbed parameters (its population forward, or

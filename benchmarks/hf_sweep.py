@@ -1,0 +1,125 @@
+"""Every causal-LM type transformers maps, built small with random weights, put through ``nesgpu.check``.
+
+For each type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (nesgpu.bench.hf_zoo builds it from its own config
+class, its sizes shrunk), in its own process with a time limit: the population's forward is compared with
+every member's own model, module by module, in float64, and so is greedy KV-cache ``generate()``. Each type
+ends as one of
+
+    exact          forward and greedy generate equal every member's own model
+    refused        convert or the first population call refuses it with a one-line reason (never silent)
+    DIFFERENT      a silent difference: the worst outcome, the target is none
+    generate fails the forward is exact, generate() raises
+    not built      the type cannot be built small (a vision tower's input, an optional package, ...)
+
+with the share of its trainable parameters that the exact (slow) torch.func fallback takes.
+
+    python benchmarks/hf_sweep.py --json benchmarks/results/hf_sweep.json --markdown docs/hf_zoo.md
+    python benchmarks/hf_sweep.py --types llama gpt2 mamba        # a few types
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POPULAR = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "olmo", "olmo2",
+           "gpt2", "opt", "falcon", "deepseek_v3", "gpt_oss", "mamba", "mamba2"]
+
+
+def one(model_type: str) -> dict:
+    """The check of one type, as a JSON-ready dict."""
+    import warnings
+
+    import torch
+
+    import nesgpu
+    from nesgpu.bench.hf_zoo import build_small, example_inputs
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    start = time.perf_counter()
+    model, why = build_small(model_type)
+    if model is None:
+        return {"type": model_type, "outcome": "not built", "why": why}
+    params = sum(p.numel() for p in model.parameters())
+    report = nesgpu.check(model, example_inputs(model, 2), directions=2, max_new_tokens=3)
+    if report.refused and report.refused.startswith("the model itself fails"):  # e.g. not written for float64
+        report = nesgpu.check(model, example_inputs(model, 2), directions=2, max_new_tokens=3, dtype=torch.float32)
+    if report.refused is not None:
+        outcome, why = "refused", report.refused.splitlines()[0]
+    elif report.exact:
+        outcome, why = "exact", ""
+    elif report.first_difference is None and report.generate and report.generate.startswith("fails"):
+        outcome, why = "generate fails", report.generate
+    else:
+        first = report.first_difference
+        outcome = "DIFFERENT"
+        why = (f"{first.name} ({first.type}) {first.error:.1e}" if first else f"generate {report.generate}")
+    return {"type": model_type, "outcome": outcome, "why": why[:300], "parameters": params,
+            "worst": report.worst, "fallback_share": report.fallback_share, "fallback": sorted(report.fallback),
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+def sweep(types: list[str], timeout: float) -> list[dict]:
+    """Each type in its own process (a crash or a hang costs that type only)."""
+    results = []
+    for t in types:
+        try:
+            done = subprocess.run([sys.executable, __file__, "--one", t], capture_output=True, text=True,
+                                  timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+            result = json.loads(line) if line.startswith("{") else {
+                "type": t, "outcome": "crashed", "why": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
+        except subprocess.TimeoutExpired:
+            result = {"type": t, "outcome": "timed out", "why": f"over {timeout:.0f} s"}
+        print(f"{t:<32} {result['outcome']:<15} {result.get('why', '')[:100]}", flush=True)
+        results.append(result)
+    return results
+
+
+def markdown(results: list[dict]) -> str:
+    built = [r for r in results if r["outcome"] != "not built"]
+    count = {o: sum(r["outcome"] == o for r in results) for o in
+             ("exact", "refused", "DIFFERENT", "generate fails", "crashed", "timed out", "not built")}
+    lines = [f"{len(results)} types; {len(built)} build small; of those: " + ", ".join(
+        f"{o} {n} ({100 * n / max(len(built), 1):.0f}%)" for o, n in count.items() if n and o != "not built"),
+        f"; not built {count['not built']}.", "",
+        "| type | outcome | fallback share | why |", "|---|---|---:|---|"]
+    for r in results:
+        share = f"{100 * r['fallback_share']:.1f}%" if "fallback_share" in r else ""
+        why = r.get("why", "").replace("|", "\\|")
+        lines.append(f"| {r['type']}{' (popular)' if r['type'] in POPULAR else ''} | {r['outcome']} | {share} | "
+                     f"{why} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--types", nargs="*", help="model types (default: every causal-LM type)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per type")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one)))
+        return
+    from nesgpu.bench.hf_zoo import causal_lm_types
+
+    results = sweep(args.types or causal_lm_types(), args.timeout)
+    table = markdown(results)
+    print(table)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(table)
+
+
+if __name__ == "__main__":
+    main()

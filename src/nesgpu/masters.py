@@ -1,0 +1,63 @@
+"""Float32 master weights of a half-precision model's perturbed parameters (see
+:meth:`nesgpu.PerturbedModel.parameters`): the optimizer steps them, the model's own weights are their
+rounding, refreshed before each call of the model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from .layers import HALF
+
+
+class _Master:
+    """A float32 master copy of a half-precision parameter, and the master's version last copied back."""
+
+    def __init__(self, param: nn.Parameter):
+        self.param = param
+        self.value = nn.Parameter(param.detach().float(), requires_grad=param.requires_grad)
+        self.version = self.value._version
+
+
+class MasterWeights:
+    """The masters of the half-precision ones among ``params``; those ``previous`` holds already are kept (an
+    optimizer may hold them)."""
+
+    def __init__(self, params: Iterable[nn.Parameter], previous: MasterWeights | None = None):
+        old = {} if previous is None else previous._by_id
+        self._by_id = {id(p): old.get(id(p)) or _Master(p) for p in params if p.dtype in HALF}
+        self.dtype = next(iter(self._by_id.values())).param.dtype if self._by_id else None  # the model's half
+
+    def __bool__(self) -> bool:
+        return bool(self._by_id)
+
+    def of(self, param: nn.Parameter) -> nn.Parameter:
+        """The master of ``param`` (``param`` itself when it has none)."""
+        master = self._by_id.get(id(param))
+        return param if master is None else master.value
+
+    def sync(self) -> None:
+        """Copy master weights that changed since the last copy into the model."""
+        for master in self._by_id.values():
+            if master.version != master.value._version:
+                with torch.no_grad():
+                    master.param.copy_(master.value)
+                master.version = master.value._version
+
+    def state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The master weights by ``model``'s parameter names."""
+        names = {id(p): name for name, p in model.named_parameters()}
+        return {names[key]: master.value.detach().clone() for key, master in self._by_id.items()}
+
+    def load_state(self, model: nn.Module, state: dict[str, torch.Tensor] | None) -> None:
+        """The masters from :meth:`state` (``None``, or a name it lacks: from the model's own weights), and the
+        model's weights from them."""
+        names = {id(p): name for name, p in model.named_parameters()}
+        with torch.no_grad():
+            for key, master in self._by_id.items():
+                value = (state or {}).get(names[key])
+                master.value.copy_(master.param if value is None else value)
+                master.param.copy_(master.value)
+                master.version = master.value._version
