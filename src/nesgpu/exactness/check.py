@@ -57,12 +57,7 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         >>> report = nesgpu.check(model, {"input_ids": ids, "attention_mask": mask})
         >>> print(report); assert report.exact
     """
-    if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
-        raise ValueError(f"directions must be a positive int; got {directions!r}")
-    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 < sigma < math.inf:
-        raise ValueError(f"sigma must be a positive finite number; got {sigma!r}")
-    if dtype not in (torch.float64, torch.float32):
-        raise ValueError(f"dtype must be torch.float64 or torch.float32; got {dtype}")
+    _check_arguments(directions, sigma, dtype)
     inputs = Inputs.of(example_inputs, dtype)
     reference = _copy(model, dtype)
     try:  # the plain model first: one that fails on its own is not nesgpu's to judge
@@ -97,6 +92,15 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         tolerance = max(tolerance, FLOAT32_TOLERANCE)
     return CheckReport.of(errors, list(population), tolerance, fallback, _fallback_share(net), generate,
                           sorted(low_precision))
+
+
+def _check_arguments(directions, sigma, dtype) -> None:
+    if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
+        raise ValueError(f"directions must be a positive int; got {directions!r}")
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 < sigma < math.inf:
+        raise ValueError(f"sigma must be a positive finite number; got {sigma!r}")
+    if dtype not in (torch.float64, torch.float32):
+        raise ValueError(f"dtype must be torch.float64 or torch.float32; got {dtype}")
 
 
 @contextmanager
