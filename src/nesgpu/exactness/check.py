@@ -60,12 +60,9 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
     _check_arguments(directions, sigma, dtype)
     inputs = Inputs.of(example_inputs, dtype)
     reference = _copy(model, dtype)
-    try:  # the plain model first: one that fails on its own is not nesgpu's to judge
-        low_precision_ops = _low_precision_ops(reference, inputs, dtype)
-    except Exception as e:  # noqa: BLE001 - whatever the user's model raises
-        return CheckReport.refusal(f"the model itself fails in {str(dtype).removeprefix('torch.')} on these inputs "
-                                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                                   f"check(..., dtype=torch.float32) checks it in float32", tolerance)
+    low_precision_ops = _low_precision_ops(reference, inputs, dtype)  # the plain model first
+    if isinstance(low_precision_ops, str):
+        return CheckReport.refusal(low_precision_ops, tolerance)
     net, notes = _copy(model, dtype), []
     try:
         if not any(isinstance(m, PerturbedModule) for m in net.modules()):
@@ -143,11 +140,16 @@ class _LowPrecisionOps(TorchDispatchMode):
         return out
 
 
-def _low_precision_ops(reference: nn.Module, inputs: Inputs, dtype: torch.dtype) -> set[str]:
-    """The operations of the reference model that compute in a lower precision than ``dtype``."""
+def _low_precision_ops(reference: nn.Module, inputs: Inputs, dtype: torch.dtype) -> set[str] | str:
+    """The operations of the reference model that compute in a lower precision than ``dtype``; or, where the
+    plain model itself fails on the inputs (not nesgpu's to judge), why."""
     lower = (torch.float16, torch.bfloat16) + ((torch.float32,) if dtype == torch.float64 else ())
-    with torch.no_grad(), _LowPrecisionOps(lower) as mode:
-        reference(*inputs.args, **inputs.kwargs)
+    try:
+        with torch.no_grad(), _LowPrecisionOps(lower) as mode:
+            reference(*inputs.args, **inputs.kwargs)
+    except Exception as e:  # noqa: BLE001 - whatever the user's model raises
+        return (f"the model itself fails in {str(dtype).removeprefix('torch.')} on these inputs ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); check(..., dtype=torch.float32) checks it in float32")
     return {f"{op} (an operation)" for op in mode.ops}
 
 
