@@ -65,21 +65,32 @@ def one(model_type: str) -> dict:
             "seconds": round(time.perf_counter() - start, 2)}
 
 
-def sweep(types: list[str], timeout: float) -> list[dict]:
-    """Each type in its own process (a crash or a hang costs that type only)."""
-    results = []
-    for t in types:
-        try:
-            done = subprocess.run([sys.executable, __file__, "--one", t], capture_output=True, text=True,
-                                  timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-            line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-            result = json.loads(line) if line.startswith("{") else {
-                "type": t, "outcome": "crashed", "why": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
-        except subprocess.TimeoutExpired:
-            result = {"type": t, "outcome": "timed out", "why": f"over {timeout:.0f} s"}
-        print(f"{t:<32} {result['outcome']:<15} {result.get('why', '')[:100]}", flush=True)
-        results.append(result)
-    return results
+def sweep(types: list[str], timeout: float, chunk: int = 16) -> list[dict]:
+    """The types in worker processes of ``chunk`` types each (imports are paid once per process); the types of
+    a worker that crashed or hung run again one per process, so that one crash or hang costs that type only."""
+    results = {}
+    for start in range(0, len(types), chunk):
+        part = types[start:start + chunk]
+        results.update(_run(part, timeout * len(part)))
+        for t in part:
+            if t not in results:
+                results.update(_run([t], timeout) or {t: {"type": t, "outcome": "crashed or hung", "why": "?"}})
+        for t in part:
+            r = results[t]
+            print(f"{t:<32} {r['outcome']:<15} {r.get('why', '')[:100]}", flush=True)
+    return [results[t] for t in types]
+
+
+def _run(types: list[str], timeout: float) -> dict[str, dict]:
+    """{type: result} of the types one worker process finished."""
+    try:
+        done = subprocess.run([sys.executable, __file__, "--one", *types], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        out = done.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    found = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return {r["type"]: r for r in found}
 
 
 def markdown(results: list[dict]) -> str:
@@ -101,14 +112,15 @@ def markdown(results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
-    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--types", nargs="*", help="model types (default: every causal-LM type)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per type")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one)))
+        for t in args.one:
+            print(json.dumps(one(t)), flush=True)
         return
     from nesgpu.bench.hf_zoo import causal_lm_types
 

@@ -10,6 +10,14 @@ from .export import unconvert
 from .layers import FunctionalPerturbed, PerturbedModule, functional_fallback
 
 
+def fallback_root(model: nn.Module, name: str) -> str:
+    """``name``, or its nearest parent with a forward of its own where it is a container (a ModuleList's
+    children are called by its parent)."""
+    while name and isinstance(model.get_submodule(name), (nn.ModuleList, nn.ModuleDict)):
+        name = name.rpartition(".")[0]
+    return name
+
+
 def fall_back(model: nn.Module, name: str, directions: int | None) -> nn.Module:
     """Module ``name`` of the converted ``model`` (in place; "" is the model itself) with its children plain
     again and the whole in the exact fallback, the same Parameter objects throughout. Raises ValueError where
@@ -34,4 +42,4 @@ def fall_back(model: nn.Module, name: str, directions: int | None) -> nn.Module:
     return functional_fallback(plain, directions)
 
 
-__all__ = ["fall_back"]
+__all__ = ["fall_back", "fallback_root"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 import warnings
 
@@ -86,14 +87,33 @@ def _asked(e: BaseException) -> str:
     return found.group(0) if found else text.splitlines()[0][:120] if text else type(e).__name__
 
 
+def _build_parser_answering_ctrl_c() -> argparse.ArgumentParser | None:
+    """The parser (it imports torch and the commands: seconds), or None after a Ctrl-C in that time. The
+    Ctrl-C is held until the imports end: a KeyboardInterrupt inside numpy's import comes out as another
+    error (an ImportError, an AttributeError), which would be a traceback."""
+    interrupted = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    except ValueError:  # not the main thread: no handler can be set, Ctrl-C is the caller's
+        return build_parser()
+    try:
+        parser = build_parser()
+    except BaseException:
+        if interrupted:
+            return None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return None if interrupted else parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nesgpu`` console script and ``python -m nesgpu``."""
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # at once: without torch and the commands
         print(f"nesgpu {__version__}")
         return 0
-    try:
-        parser = build_parser()  # imports torch and the commands: seconds, in which Ctrl-C is one line too
-    except KeyboardInterrupt:
+    parser = _build_parser_answering_ctrl_c()
+    if parser is None:
         print("nesgpu: interrupted", file=sys.stderr)
         return 130
     args = parser.parse_args(argv)

@@ -22,6 +22,7 @@ from .layers import PerturbedModule, functional_fallback, hf
 from .layers.functional import FunctionalPerturbed
 from .layers.lowbit import check_low_bit_options
 from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
+from .layers.sharing import ALIASES, AliasHolder
 from .layers.swap import swap_class
 from .trainable import check_trainable, uncovered_parameters
 
@@ -94,6 +95,7 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
     ties = tied_uses(model)
     model = _swap(model, "", opts)
     _retie(model, ties)
+    _guard_aliases(model)
     for note in opts.notes:
         warnings.warn(note, stacklevel=2)
     missing = uncovered_parameters(model)
@@ -129,7 +131,7 @@ def _swap_new(module: nn.Module, name: str, opts: _Options) -> nn.Module:
         return _fallback(module, name, label, opts, "has parametrized weights (weight_norm, spectral_norm, ...)")
     _swap_path(module, label)
     converted = _rebuild_known(module, name, label, opts)
-    if converted is None and any(p.requires_grad for p in module.parameters(recurse=False)):
+    if converted is None and any(p.requires_grad for p in own_parameters(module).values()):
         converted = _adopt_or_fallback(module, name, label, opts)
     if converted is not None:
         return converted
@@ -264,14 +266,40 @@ def _rebuild(cls, module, args, directions):
 
 
 # ----- tied parameters -------------------------------------------------------------------------------
+def own_parameters(module: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters ``module`` holds itself, by attribute, without those a child of it holds too (BERT's
+    LM-head bias, registered on the head and on its decoder: the decoder's, which perturbs it)."""
+    inner = {id(p) for child in module.children() for p in child.parameters()}
+    return {name: p for name, p in module.named_parameters(recurse=False) if id(p) not in inner}
+
+
 def tied_uses(model: nn.Module) -> list[list[tuple[str, str]]]:
-    """The trainable parameters used by several modules, each as its (module name, attribute) uses."""
+    """The trainable parameters used by several modules, each as its (module name, attribute) uses; a
+    module holding a parameter that a child of it holds too is not a use (see :func:`own_parameters`)."""
     uses: dict[int, list[tuple[str, str]]] = {}
     for module_name, module in model.named_modules():
-        for attr, p in module.named_parameters(recurse=False):
+        for attr, p in own_parameters(module).items():
             if p.requires_grad:
                 uses.setdefault(id(p), []).append((module_name, attr))
     return [group for group in uses.values() if len(group) > 1]
+
+
+def _guard_aliases(model: nn.Module) -> None:
+    """A module holding a parameter that a perturbed child of it perturbs reads it as that child's, guarded:
+    its metadata passes, any other use in a population call needs the module in the exact fallback."""
+    for module in model.modules():
+        if isinstance(module, PerturbedModule):
+            continue
+        aliases = {}
+        for attr, p in module.named_parameters(recurse=False):
+            if attr in own_parameters(module):
+                continue
+            aliases[attr] = next(((m, name) for m in module.modules() if isinstance(m, PerturbedModule)
+                                  for name, q in m.perturbed_parameters().items() if q is p), None)
+        aliases = {attr: owner for attr, owner in aliases.items() if owner is not None}
+        if aliases:
+            swap_class(module, AliasHolder, "Aliased")
+            module.__dict__[ALIASES] = aliases
 
 
 def _retie(model: nn.Module, ties: list[list[tuple[str, str]]]) -> None:

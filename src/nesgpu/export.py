@@ -17,6 +17,7 @@ from .conversion import rebuilt_as
 from .layers import LowBitConv1d, LowBitConv2d, LowBitConv3d, LowBitLinear, PerturbedLinear, PerturbedModule
 from .layers.functional import FALLBACK_ROOT, child_call_guard
 from .layers.registry import CONVERSIONS
+from .layers.sharing import ALIASES
 
 LOW_BIT = (LowBitLinear, LowBitConv1d, LowBitConv2d, LowBitConv3d)
 
@@ -46,8 +47,9 @@ def unconvert(model: nn.Module) -> nn.Module:
     """``model`` made plain in place (what :func:`export` does to its copy): every nesgpu module back to its
     torch or ``transformers`` module, with the same Parameter objects. Returns the model (a new object when the
     model itself was a rebuilt perturbed module)."""
-    for m in model.modules():  # the exact fallback's guards on its children
+    for m in model.modules():  # the exact fallback's guards on its children, the guards of aliases
         m.__dict__.pop(FALLBACK_ROOT, None)
+        m.__dict__.pop(ALIASES, None)
         for key, hook in list(m._forward_pre_hooks.items()):
             if hook is child_call_guard:
                 del m._forward_pre_hooks[key]

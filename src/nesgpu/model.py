@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
 
-from .autofallback import fall_back
+from .autofallback import fall_back, fallback_root
 from .layers import PerturbedLinear, PerturbedModule, repeat_signs
 from .layers.guard import NeedsFallback
 from .layers.layout import RowLayout
@@ -257,18 +257,18 @@ class PerturbedModel:
         """Put the module ``error`` names into the exact fallback (with a warning) and redraw the current noise,
         so that the population call can run again, exactly; ``error`` itself where that cannot be done. The
         trainer's population and ``pm(...)`` call this for you at the first population call."""
-        label = f"{error.module or 'model'} ({type(self.model.get_submodule(error.module)).__name__})"
+        name, current = fallback_root(self.model, error.module), self.noise_range
+        label = f"{name or 'model'} ({type(self.model.get_submodule(name)).__name__})"
         try:
-            fall_back(self.model, error.module, self.directions)
+            fall_back(self.model, name, self.directions)
         except ValueError as why:
             raise error from why
-        current = self.noise_range
         self._wire()
         if current is not None:
             for layer in self.layers.values():
                 layer.set_noise(self.seed, self.step, current.start, current.stop)
         warnings.warn(f"{label} {error.reason}; it runs through the exact torch.func fallback from now on, member "
-                      f"by member (slow); convert(..., fallback=[{error.module!r}]) does this up front", stacklevel=3)
+                      f"by member (slow); convert(..., fallback=[{name!r}]) does this up front", stacklevel=3)
 
     def shared_input(self, x: torch.Tensor) -> torch.Tensor:
         """The population on one input x (B, ...) that every member sees: the same as calling this object

@@ -71,28 +71,25 @@ def test_a_direct_read_takes_the_exact_fallback_named_in_the_report():
 
 
 def test_a_population_call_nesgpu_cannot_make_exact_is_refused():
-    class State:
-        def __init__(self, x):
-            self.rows = x
-
-    class Holder(nn.Module):
+    class Head(nn.Module):  # computes with its child's weight, which is tied to an embedding outside it
         def __init__(self):
             super().__init__()
-            self.layer = Stateful()
+            self.out = nn.Linear(4, 9)
 
-        def forward(self, x):
-            return self.layer(x, State(x))
+        def forward(self, h):
+            return self.out(h) * self.out.weight.mean()
 
-    class Stateful(nn.Module):
+    class Tied(nn.Module):
         def __init__(self):
             super().__init__()
-            self.scale = nn.Parameter(torch.ones(4))
+            self.embed, self.head = nn.Embedding(9, 4), Head()
+            self.head.out.weight = self.embed.weight
 
-        def forward(self, x, state):
-            return x * self.scale
+        def forward(self, ids):
+            return self.head(self.embed(ids))
 
-    report = nesgpu.check(Holder(), torch.randn(3, 4))
-    assert not report.exact and "was handed a State, an object that holds every row's state" in report.refused
+    report = nesgpu.check(Tied(), torch.randint(0, 9, (3, 5)))
+    assert not report.exact and report.refused.startswith("population call: parameter 'head.out.weight'")
 
 
 def test_bad_arguments_name_what_was_expected():

@@ -10,7 +10,8 @@ products, so keep it for small modules (``nesgpu bench layers`` measures it).
 Its input is the population rows (the model's input rows), or those rows' tokens flattened to 2-D,
 (rows * T, features), as an MoE router sees them: member i then owns tokens [i T, (i + 1) T). Any other
 first dimension is an error naming the module, never a guess. A module vmap cannot run (data-dependent
-control flow) runs member by member in a loop.
+control flow) runs member by member in a loop, and so does a module handed a state object (a KV or recurrent
+cache): each member with its own view of the state, merged back afterwards (:mod:`.member_state`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..kinds import Gaussian
 from .base import PerturbedModule
 from .guard import NeedsFallback, parent_name
 from .layout import member_tokens
+from .member_state import holds_state, member_view, merge_members
 from .swap import swap_class
 
 
@@ -35,11 +37,6 @@ class FunctionalPerturbed(PerturbedModule):
         if first is None or first.dim() < 1:
             raise ValueError(f"{type(self).__name__}: a population call needs a tensor argument whose first "
                              f"dimension is the rows (repeats * directions); got {[type(a).__name__ for a in args]}")
-        state = next((a for a in (*args, *kwargs.values()) if _holds_state(a)), None)
-        if state is not None:
-            raise ValueError(f"{self.label}: the exact fallback was handed a {type(state).__name__}, an object that "
-                             f"holds every row's state (a KV or recurrent cache), which it cannot split member by "
-                             f"member; call the model without a cache (use_cache=False), or freeze this module")
         layout, n = self.population_layout, first.shape[0]
         rows = n if layout is None else layout.rows  # unknown (a sequence-first model): its first dimension
         tokens = None if layout is None else member_tokens(layout, first, self.label, self.layer_name)
@@ -48,35 +45,28 @@ class FunctionalPerturbed(PerturbedModule):
         pop = self._population(rows, dtype, first.device)  # each member's parameters in their own dtype
         params = {name: self._member_values(name, pop, p.dtype).reshape(rows, *p.shape)
                   for name, p in self.perturbed_parameters().items()}
-        names = list(kwargs)
-        values = [kwargs[k] for k in names]
-        batched = [isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == n for a in (*args, *values)]
-        inputs = [a.view(rows, tokens, *a.shape[1:]) if b and tokens else a for a, b in zip((*args, *values), batched)]
+        leaves, spec = tree_flatten((args, kwargs))  # per-row tensors inside tuples too (cos, sin of the rows)
+        batched = [isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == n for a in leaves]
+        inputs = [a.view(rows, tokens, *a.shape[1:]) if b and tokens else a for a, b in zip(leaves, batched)]
 
-        def member(member_params, *member_args):
-            member_args = [a.unsqueeze(0) if b and not tokens else a for a, b in zip(member_args, batched)]
-            positional, keywords = member_args[:len(args)], dict(zip(names, member_args[len(args):]))
+        def member(member_params, *member_leaves):
+            member_leaves = [a.unsqueeze(0) if b and not tokens else a for a, b in zip(member_leaves, batched)]
+            positional, keywords = tree_unflatten(member_leaves, spec)
             return functional_call(self, member_params, tuple(positional), keywords)
 
+        stateful = [holds_state(a) for a in inputs]
+        if any(stateful) and tokens:
+            raise ValueError(f"{self.label}: the exact fallback was handed a state object (a cache) together with its "
+                             f"rows' tokens flattened, which it cannot split member by member; freeze this module")
         active, self._active = self._active, None  # the inner calls run the plain forward
         try:
-            out = _per_member(member, params, inputs, batched, rows)
+            out = (_per_member_with_state(member, params, inputs, batched, stateful, rows) if any(stateful)
+                   else _per_member(member, params, inputs, batched, rows))
         finally:
             self._active = active
         # each member ran on its own rows, a batch of 1 (or of its T tokens): its outputs, stacked (rows, batch,
         # ...), are the population's output (rows * batch, ...) as the plain module's would be for all rows
         return tree_map(lambda t: t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() >= 2 else t, out)
-
-
-def _holds_state(value) -> bool:
-    """Whether ``value`` is an object holding tensors (a transformers Cache, a state object), not a tensor,
-    a plain value or a container of them."""
-    if value is None or isinstance(value, (torch.Tensor, int, float, bool, str, torch.dtype, torch.device, tuple,
-                                           list, dict)):
-        return False
-    return type(value).__name__.endswith("Cache") or any(
-        isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in v))
-        for v in getattr(value, "__dict__", {}).values())
 
 
 def _per_member(member, params, inputs, batched, rows):
@@ -89,10 +79,31 @@ def _per_member(member, params, inputs, batched, rows):
     except RuntimeError:
         outs = [member({k: v[i] for k, v in params.items()}, *[a[i] if b else a for a, b in zip(inputs, batched)])
                 for i in range(rows)]
-        flat = [tree_flatten(o)[0] for o in outs]
-        spec = tree_flatten(outs[0])[1]
-        return tree_unflatten([torch.stack(leaves) if isinstance(leaves[0], torch.Tensor) else leaves[0]
-                               for leaves in zip(*flat)], spec)
+        return _stacked(outs)
+
+
+def _per_member_with_state(member, params, inputs, batched, stateful, rows):
+    """``member`` row by row, each handed its own view of the state objects (caches), which are merged back
+    afterwards (see :mod:`nesgpu.layers.member_state`); an output that is a member's view is the state itself."""
+    views = {k: [] for k, s in enumerate(stateful) if s}
+    outs = []
+    for i in range(rows):
+        own = [member_view(a, i, rows) if s else a[i] if b else a for a, b, s in zip(inputs, batched, stateful)]
+        for k in views:
+            views[k].append(own[k])
+        outs.append(member({k: v[i] for k, v in params.items()}, *own))
+    for k, member_views in views.items():
+        merge_members(inputs[k], member_views, rows)
+    originals = {id(member_views[0]): inputs[k] for k, member_views in views.items()}
+    return tree_map(lambda leaf: originals.get(id(leaf), leaf), _stacked(outs))
+
+
+def _stacked(outs: list):
+    """The members' outputs stacked leaf by leaf (rows, ...); a leaf that is not a tensor: the first member's."""
+    flat = [tree_flatten(o)[0] for o in outs]
+    spec = tree_flatten(outs[0])[1]
+    return tree_unflatten([torch.stack(leaves) if isinstance(leaves[0], torch.Tensor) else leaves[0]
+                           for leaves in zip(*flat)], spec)
 
 
 def functional_fallback(module: nn.Module, directions: int | None = None) -> nn.Module:

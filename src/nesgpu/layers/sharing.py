@@ -92,3 +92,19 @@ class SharedParameters(nn.Module):
         call, computed per member, or NotImplemented (then the use is an error). A module type that can
         compute a use (an MoE router's ``F.linear``) overrides this."""
         return NotImplemented
+
+
+ALIASES = "nesgpu_aliases"
+"""The attribute of an :class:`AliasHolder`: {its attribute: (the perturbed module, its attribute there)}."""
+
+
+class AliasHolder(nn.Module):
+    """Mixin of a module that holds, as its own, a parameter a perturbed child of it perturbs (BERT's LM-head
+    bias, tied to its decoder's): read during a population call, it is that child's guarded value."""
+
+    def __getattr__(self, name: str):
+        value = super().__getattr__(name)
+        owner = self.__dict__.get(ALIASES, {}).get(name)
+        if owner is not None and owner[0].is_perturbing and not owner[0].own_call_running:
+            return GuardedValue(value, owner[0], owner[1])
+        return value
