@@ -79,8 +79,9 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         skip = _inner_modules(net)
         with _recording(net, skip, population=True) as population:
             pm(*rows.args, **rows.kwargs)
-    except (ValueError, RuntimeError) as e:
-        return CheckReport.refusal(f"population call: {e}", tolerance, _fallback_modules(net, notes))
+    except Exception as e:  # noqa: BLE001 - ours are ValueError/RuntimeError; the model's own code may raise any
+        why = e if isinstance(e, (ValueError, RuntimeError)) else f"{type(e).__name__}: {e}"
+        return CheckReport.refusal(f"population call: {why}", tolerance, _fallback_modules(net, notes))
     fallback = _fallback_modules(net, notes)
     errors, low_precision = _compare_members(reference, pm, inputs, population, skip)
     low_precision |= low_precision_ops
@@ -228,7 +229,7 @@ def _compare_generate(reference, pm: PerturbedModel, inputs: Inputs, rows: Input
     options = dict(max_new_tokens=max_new_tokens, do_sample=False)
     pad = getattr(getattr(pm.model, "generation_config", None), "pad_token_id", None)
     if pad is None:
-        options["pad_token_id"] = getattr(getattr(pm.model, "config", None), "eos_token_id", 0) or 0
+        pad = options["pad_token_id"] = getattr(getattr(pm.model, "config", None), "eos_token_id", 0) or 0
     try:
         with pm.perturbing():
             population = pm.model.generate(*rows.args, **rows.kwargs, **options)
@@ -241,7 +242,8 @@ def _compare_generate(reference, pm: PerturbedModel, inputs: Inputs, rows: Input
             _set_member(reference, base, noise, sign, d, pm.sigma)
             own = reference.generate(*inputs.args, **inputs.kwargs, **options)
             mine = population[member_index(s, d, inputs.samples, pm.directions)]
-            if mine.shape != own.shape or not torch.equal(mine, own):
+            length = own.shape[-1]  # the member's own run stops when all its samples end; the population's pads them
+            if mine.shape[-1] < length or not torch.equal(mine[:, :length], own) or (mine[:, length:] != pad).any():
                 return (f"differs: member (sign {'+-'[s]}, direction {d}) generates {mine.tolist()} instead of "
                         f"{own.tolist()}")
     return f"exact ({max_new_tokens} greedy tokens, {2 * pm.directions} members)"

@@ -45,7 +45,11 @@ class FunctionalPerturbed(PerturbedModule):
         pop = self._population(rows, dtype, first.device)  # each member's parameters in their own dtype
         params = {name: self._member_values(name, pop, p.dtype).reshape(rows, *p.shape)
                   for name, p in self.perturbed_parameters().items()}
-        leaves, spec = tree_flatten((args, kwargs))  # per-row tensors inside tuples too (cos, sin of the rows)
+        # per-row tensors inside tuples too (cos, sin of the rows); a list or dict argument holding them is a state
+        # a member may change (RWKV's list of states), handed over whole, as a cache is
+        mutable = {id(a) for a in (*args, *kwargs.values()) if isinstance(a, (list, dict)) and any(
+            isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == n for t in tree_flatten(a)[0])}
+        leaves, spec = tree_flatten((args, kwargs), is_leaf=lambda a: id(a) in mutable)
         batched = [isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == n for a in leaves]
         inputs = [a.view(rows, tokens, *a.shape[1:]) if b and tokens else a for a, b in zip(leaves, batched)]
 
@@ -54,7 +58,7 @@ class FunctionalPerturbed(PerturbedModule):
             positional, keywords = tree_unflatten(member_leaves, spec)
             return functional_call(self, member_params, tuple(positional), keywords)
 
-        stateful = [holds_state(a) for a in inputs]
+        stateful = [holds_state(a) or id(a) in mutable for a in inputs]
         if any(stateful) and tokens:
             raise ValueError(f"{self.label}: the exact fallback was handed a state object (a cache) together with its "
                              f"rows' tokens flattened, which it cannot split member by member; freeze this module")

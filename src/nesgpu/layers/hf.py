@@ -33,6 +33,7 @@ from ..kinds import Gaussian, Geometry, Kind
 from .base import PerturbedModule
 from .embedding import PerturbedEmbedding
 from .layout import compute_dtype, member_tokens
+from .linear import PerturbedLinear
 from .swap import swap_class
 
 
@@ -76,7 +77,8 @@ class PerturbedHFRMSNorm(PerturbedModule):
         h4 = h.view(pop.repeats, pop.directions, -1, k)
         if self.rms_product == "input":  # Llama's: normalised, cast back to the input's dtype, then the product
             return (h4.to(x.dtype) * (w + self.rms_offset if self.rms_offset else w)).view(x.shape)
-        scale = w.float() + self.rms_offset if self.rms_product == "float32" else w + self.rms_offset  # Gemma's; Olmo2's
+        # Gemma's product in float32; Olmo2's in the promoted dtype
+        scale = w.float() + self.rms_offset if self.rms_product == "float32" else w + self.rms_offset
         return (h4 * scale).to(x.dtype).view(x.shape)
 
     def extra_repr(self) -> str:
@@ -199,6 +201,28 @@ def _is_scaled_embedding(module: nn.Module) -> bool:
                                                                                        rtol=1e-6, atol=1e-9)
 
 
+def _is_linear_subclass(module: nn.Module) -> bool:
+    """An nn.Linear subclass whose own forward computes ``F.linear(x, weight, bias)`` (Falcon's ``x @ W.T + b``),
+    probed bit for bit in float64 on a small copy."""
+    if not isinstance(module, nn.Linear) or type(module).forward is nn.Linear.forward or module.weight.is_meta:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(3, module.in_features, generator=gen, dtype=torch.float64)
+    x = torch.randn(2, 5, module.in_features, generator=gen, dtype=torch.float64)
+    probe = copy.copy(module)
+    probe._parameters = {"weight": nn.Parameter(w, requires_grad=False), "bias": None if module.bias is None else
+                         nn.Parameter(torch.randn(3, generator=gen, dtype=torch.float64), requires_grad=False)}
+    probe._forward_hooks, probe._forward_pre_hooks = type(module._forward_hooks)(), type(module._forward_pre_hooks)()
+    try:
+        with torch.no_grad():
+            y = probe(x)
+    except Exception:  # another signature: not this form
+        return False
+    expected = F.linear(x, w, probe._parameters["bias"])
+    return isinstance(y, torch.Tensor) and y.shape == expected.shape and torch.allclose(y, expected, rtol=1e-12,
+                                                                                       atol=1e-12)
+
+
 def _is_conv1d(module: nn.Module) -> bool:
     utils = sys.modules.get("transformers.pytorch_utils")  # only if the user's program imported transformers
     conv1d = getattr(utils, "Conv1D", None)
@@ -249,7 +273,8 @@ def rms_norm_form(module: nn.Module) -> RMSForm | None:
     return None
 
 
-def _rms_product(module: nn.Module, offset: float, eps: float, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> str:
+def _rms_product(module: nn.Module, offset: float, eps: float, w: torch.Tensor, x: torch.Tensor,
+                 y: torch.Tensor) -> str:
     """Where an RMSNorm takes its product, told apart bit for bit: in float64 (float32 vs the rest), then in
     bfloat16 (the input's dtype vs the promoted one)."""
     h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
@@ -295,6 +320,8 @@ def recognise(module: nn.Module) -> Recognised | None:
     """What :func:`adopt` would make of ``module`` (each check, and each probe, runs once), or None."""
     if _is_conv1d(module):
         return Recognised("conv1d", "linear")
+    if _is_linear_subclass(module):
+        return Recognised("linear", "linear")
     if _is_scaled_embedding(module):
         return Recognised("scaled_embedding", "embedding")
     if _is_router(module):
@@ -313,6 +340,10 @@ def adopt(module: nn.Module, found: Recognised, kind: Kind, directions: int | No
         swap_class(module, PerturbedConv1D, "Perturbed")
         module._init_perturbation(kind, directions, {"weight": Geometry(nf, nx)}, "linear",
                                   transposed=frozenset({"weight"}))
+    elif found.form == "linear":  # its own class kept: the plain path is its own forward
+        swap_class(module, PerturbedLinear, "Perturbed")
+        module._init_perturbation(kind, directions, {"weight": Geometry(module.out_features, module.in_features)},
+                                  "linear")
     elif found.form == "scaled_embedding":
         swap_class(module, PerturbedScaledEmbedding, "Perturbed")
         module._init_perturbation(kind, directions, {"weight": Geometry(module.num_embeddings, module.embedding_dim)},
