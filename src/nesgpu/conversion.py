@@ -18,7 +18,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .kinds import Gaussian, Kind, make_kind
-from .layers import PerturbedModule, functional_fallback, hf
+from .layers import PerturbedModule, functional_fallback
+from .layers.forms import recognise
 from .layers.functional import FunctionalPerturbed
 from .layers.lowbit import check_low_bit_options
 from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
@@ -199,15 +200,17 @@ def _kind_for(product: str | None, label: str, opts: _Options) -> Kind:
 
 
 def _adopt_or_fallback(module: nn.Module, name: str, label: str, opts: _Options) -> nn.Module:
-    """A transformers module type in its batched version, else the exact torch.func fallback."""
-    found = hf.recognise(module)
-    if opts.bits is not None and (found is None or found.product is not None):
+    """A module form's batched version (transformers' types, the user's registered ones), else the exact
+    torch.func fallback."""
+    found = recognise(module)
+    if opts.bits is not None and (found is None or found[0].product is not None):
         reason = ("has no low-bit version" if found else
                   "would need the torch.func fallback, which has no low-bit version")
         raise ValueError(f"bits={opts.bits}: {label} {reason}; expected only Linear and Conv1d/2d/3d to hold "
                          f"trainable matrices, or freeze it with convert(..., freeze=[{name!r}])")
     if found is not None:
-        return hf.adopt(module, found, _kind_for(found.product, label, opts), opts.directions)
+        form, what = found
+        return form.adopt(module, what, _kind_for(form.product, label, opts), opts.directions)
     return _fallback(module, name, label, opts, "has no batched perturbed version")
 
 

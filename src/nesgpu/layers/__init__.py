@@ -5,11 +5,13 @@ import typing
 from ..kinds import KINDS
 from .attention import PerturbedMultiheadAttention, PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer
 from .base import PerturbedModule, Slot
-from .layout import repeat_signs
 from .conv import FlipoutConv2d, LowRankConv2d, PermutedConv2d, PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .drawing import HALF
 from .embedding import PerturbedEmbedding
+from .form import Form
+from .forms import register_form
 from .functional import FunctionalPerturbed, functional_fallback
+from .layout import repeat_signs
 from .linear import FlipoutLinear, LowRankLinear, PermutedLinear, PerturbedLinear, SparsePerturbedLinear
 from .lowbit import LowBitConv1d, LowBitConv2d, LowBitConv3d, LowBitLinear
 from .norm import (
@@ -26,8 +28,8 @@ from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
 Slot.__new__.__annotations__ = typing.get_type_hints(Slot)
 
 __all__ = [
-    "HALF", "KINDS", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed", "LowBitConv1d", "LowBitConv2d",
-    "LowBitConv3d", "LowBitLinear", "LowRankConv2d", "LowRankLinear",
+    "Form", "HALF", "KINDS", "register_form", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed",
+    "LowBitConv1d", "LowBitConv2d", "LowBitConv3d", "LowBitLinear", "LowRankConv2d", "LowRankLinear",
     "PermutedConv2d", "PermutedLinear", "PerturbedBatchNorm1d", "PerturbedBatchNorm2d", "PerturbedBatchNorm3d",
     "PerturbedConv1d", "PerturbedConv2d", "PerturbedConv3d", "PerturbedEmbedding", "PerturbedGRU",
     "PerturbedGroupNorm", "PerturbedLSTM", "PerturbedLayerNorm", "PerturbedLinear", "PerturbedModule",

@@ -28,9 +28,9 @@ from torch import nn
 
 from ..kinds import LINEAR, LinearOp, Op, make_kind
 from ..quantize import check_bits, codes, int8_linear, quantize
-from .layout import Cached, compute_dtype, rows_view
 from .conv import PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .drawing import unshared
+from .layout import Cached, compute_dtype, rows_view
 from .linear import PerturbedLinear
 
 NOISE_ON = ("latent", "quantized")
