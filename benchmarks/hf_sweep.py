@@ -53,7 +53,9 @@ def one(model_type: str) -> dict:
     if report.refused is not None:
         outcome, why = "refused", report.refused.splitlines()[0]
     elif report.exact:
-        outcome, why = "exact", ""
+        outcome = "exact"
+        why = (f"{len(report.unused)} modules a text-only call never reaches (a vision tower, cross-attention): "
+               f"freeze them to train" if report.unused else "")
     elif report.first_difference is None and report.generate and report.generate.startswith("fails"):
         outcome, why = "generate fails", report.generate
     elif report.first_difference is None and not _per_sample(model, example_inputs(model, 2)) and nesgpu.check(
@@ -65,6 +67,7 @@ def one(model_type: str) -> dict:
         outcome = "DIFFERENT"
         why = (f"{first.name} ({first.type}) {first.error:.1e}" if first else f"generate {report.generate}")
     return {"type": model_type, "outcome": outcome, "why": why[:300], "parameters": params,
+            "unused": list(report.unused),
             "worst": report.worst, "fallback_share": report.fallback_share, "fallback": sorted(report.fallback),
             "seconds": round(time.perf_counter() - start, 2)}
 

@@ -209,26 +209,37 @@ class PerturbedModel:
 
     # ----- population forward ------------------------------------------------------------------------
     @contextmanager
-    def perturbing(self) -> Iterator[None]:
+    def perturbing(self, unused: list[str] | None = None) -> Iterator[None]:
         """Inside this block (and without autograd), calls of the model, or of any of its methods,
         evaluate the population. On leaving it, every perturbed module must have used its noise: a module
-        whose parent reads its parameters directly (bypassing its forward) is an error, not a silent
-        random walk."""
+        never reached (its noise never reaches the output, and ES would random-walk its weights) is an error,
+        or, given a list ``unused``, named in it (:func:`nesgpu.check` reports them)."""
         with ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             for layer in self.layers.values():
                 stack.enter_context(layer.perturbing(self.sigma, self.antithetic))
             stack.callback(self.model.register_forward_pre_hook(self._see_rows, with_kwargs=True).remove)
             yield
-            unused = [name for name, layer in self.layers.items()
-                      if layer.perturbs and layer.population_calls == 0]
-            if unused:
+            found = [name for name, layer in self.layers.items() if layer.perturbs and layer.population_calls == 0]
+            if found and unused is not None:
+                unused += [name for name in found if name not in unused]
+            elif found:
                 raise RuntimeError(
-                    f"perturbed modules {unused} were not used by this population call: a parent module reads their "
-                    f"parameters without calling them, so their noise never reaches the output. Convert the parent "
-                    f"with nesgpu.layers.functional_fallback before convert(), or freeze them "
-                    f"(convert(..., freeze=[...])); a method that uses only part of the model should run with the "
-                    f"unused part frozen")
+                    f"perturbed modules {found} were not used by this population call: their noise never reaches "
+                    f"the output (a parent reads their parameters without calling them, or the call does not use "
+                    f"them, as an encoder-decoder's cross-attention in a causal LM), and ES would random-walk their "
+                    f"weights; freeze them (convert(..., freeze=[...])), or run a parent that reads them through the "
+                    f"exact fallback (convert(..., fallback=[...]))")
+
+    def population_call(self, *args, unused: list[str] | None = None, **kwargs):
+        """``pm(*args, **kwargs)``: the model's population call, a module found to need the exact fallback put
+        there first (with a warning, see :meth:`fall_back`); ``unused`` as in :meth:`perturbing`."""
+        while True:  # each fallback takes more of the model, so it ends (fall_back refuses a second time)
+            try:
+                with self.perturbing(unused):
+                    return self.model(*args, **kwargs)
+            except NeedsFallback as e:
+                self.fall_back(e)
 
     def _see_rows(self, module, args, kwargs) -> None:
         """Tell every module how the model's input lays out the population rows (input_ids, inputs_embeds or
@@ -246,12 +257,7 @@ class PerturbedModel:
             layer.__dict__["population_layout"] = layout  # a plain attribute, without nn.Module.__setattr__
 
     def __call__(self, *args, **kwargs):
-        while True:  # each fallback takes more of the model, so it ends (fall_back refuses a second time)
-            try:
-                with self.perturbing():
-                    return self.model(*args, **kwargs)
-            except NeedsFallback as e:
-                self.fall_back(e)
+        return self.population_call(*args, **kwargs)
 
     def fall_back(self, error: NeedsFallback) -> None:
         """Put the module ``error`` names into the exact fallback (with a warning) and redraw the current noise,

@@ -143,3 +143,20 @@ def test_the_first_population_call_puts_the_parent_into_the_exact_fallback_with_
     torch.manual_seed(0)
     report = nesgpu.check(make(), example())
     assert report.exact and list(report.fallback) == [""], str(report)
+
+
+def test_a_module_the_call_never_reaches_is_an_error_for_training_and_reported_by_check():
+    class Unused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.spare = nn.Linear(4, 3), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    pm = nesgpu.PerturbedModel(nesgpu.convert(Unused(), "lowrank"), 2)
+    pm.set_noise()
+    with pytest.raises(RuntimeError, match=r"perturbed modules \['spare'\] were not used by this population call"):
+        pm(torch.randn(2, 4))
+    report = nesgpu.check(Unused(), torch.randn(3, 4))
+    assert report.exact and report.unused == ("spare",) and "1 perturbed modules these inputs never reach" in str(report)

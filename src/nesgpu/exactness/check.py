@@ -73,23 +73,24 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         return CheckReport.refusal(f"convert: {e}", tolerance)
     pm.set_noise(step=1)
     rows = inputs.member_rows(pm)
+    unused: list[str] = []
     try:
         with _noted(notes):
-            pm(*rows.args, **rows.kwargs)  # a module found to need the exact fallback goes there first
+            pm.population_call(*rows.args, unused=unused, **rows.kwargs)  # a module needing the fallback goes there
         skip = _inner_modules(net)
         with _recording(net, skip, population=True) as population:
-            pm(*rows.args, **rows.kwargs)
+            pm.population_call(*rows.args, unused=unused, **rows.kwargs)
     except Exception as e:  # noqa: BLE001 - ours are ValueError/RuntimeError; the model's own code may raise any
         why = e if isinstance(e, (ValueError, RuntimeError)) else f"{type(e).__name__}: {e}"
         return CheckReport.refusal(f"population call: {why}", tolerance, _fallback_modules(net, notes))
     fallback = _fallback_modules(net, notes)
     errors, low_precision = _compare_members(reference, pm, inputs, population, skip)
     low_precision |= low_precision_ops
-    generate = _compare_generate(reference, pm, inputs, rows, max_new_tokens) if max_new_tokens else None
+    generate = _compare_generate(reference, pm, inputs, rows, max_new_tokens, unused) if max_new_tokens else None
     if low_precision or dtype != torch.float64:  # float32 (the model's on purpose, or the check's) rounds there
         tolerance = max(tolerance, FLOAT32_TOLERANCE)
     return CheckReport.of(errors, list(population), tolerance, fallback, _fallback_share(net), generate,
-                          sorted(low_precision))
+                          sorted(low_precision), unused)
 
 
 def _check_arguments(directions, sigma, dtype) -> None:
@@ -222,7 +223,8 @@ def _compare_members(reference: nn.Module, pm: PerturbedModel, inputs: Inputs,
     return errors, low_precision
 
 
-def _compare_generate(reference, pm: PerturbedModel, inputs: Inputs, rows: Inputs, max_new_tokens: int) -> str:
+def _compare_generate(reference, pm: PerturbedModel, inputs: Inputs, rows: Inputs, max_new_tokens: int,
+                      unused: list[str]) -> str:
     """"exact" when every member's greedy generate() equals its population rows', else where they differ."""
     if not hasattr(pm.model, "generate"):
         return "not checked: the model has no generate()"
@@ -231,10 +233,10 @@ def _compare_generate(reference, pm: PerturbedModel, inputs: Inputs, rows: Input
     if pad is None:
         pad = options["pad_token_id"] = getattr(getattr(pm.model, "config", None), "eos_token_id", 0) or 0
     try:
-        with pm.perturbing():
+        with pm.perturbing(unused):
             population = pm.model.generate(*rows.args, **rows.kwargs, **options)
-    except (ValueError, RuntimeError) as e:
-        return f"fails: {str(e).splitlines()[0]}"
+    except Exception as e:  # noqa: BLE001 - the model's own generate() may raise anything
+        return f"fails: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     noise = pm.dense_noise()
     base = {name: reference.get_parameter(name).detach().clone() for name in noise}
     for s, sign in enumerate((1.0, -1.0)):

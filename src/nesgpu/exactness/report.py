@@ -31,6 +31,8 @@ class CheckReport:
             the difference starts (None: none differs).
         low_precision: modules whose output is float32 (or half) in the float64 check: they compute at that
             precision by design, and ``tolerance`` was raised to it.
+        unused: perturbed modules these inputs never reach (an encoder-decoder's cross-attention, a vision
+            tower in a text-only call): exact but irrelevant here; freeze them to train with these inputs.
     """
 
     exact: bool
@@ -43,6 +45,7 @@ class CheckReport:
     generate: str | None = None
     first_difference: ModuleError | None = None
     low_precision: tuple[str, ...] = ()
+    unused: tuple[str, ...] = ()
 
     @classmethod
     def refusal(cls, why: str, tolerance: float, fallback: dict[str, str] | None = None) -> CheckReport:
@@ -50,7 +53,7 @@ class CheckReport:
 
     @classmethod
     def of(cls, errors: dict[str, ModuleError], order: list[str], tolerance: float, fallback: dict[str, str],
-           share: float, generate: str | None, low_precision: list[str] = ()) -> CheckReport:
+           share: float, generate: str | None, low_precision: list[str] = (), unused: list[str] = ()) -> CheckReport:
         """``errors`` by module name, ``order``: the names in the order the modules finished."""
         modules = tuple(sorted(errors.values(), key=lambda m: -m.error))
         first = next((errors[n] for n in order if n in errors and errors[n].error > tolerance), None)
@@ -58,7 +61,8 @@ class CheckReport:
         worst = root.error if root is not None else float("nan")
         exact = (root is not None and all(m.error <= tolerance for m in modules)
                  and (generate is None or generate.startswith("exact")))
-        return cls(exact, tolerance, worst, modules, fallback, share, None, generate, first, tuple(low_precision))
+        return cls(exact, tolerance, worst, modules, fallback, share, None, generate, first, tuple(low_precision),
+                   tuple(unused))
 
     def __str__(self) -> str:
         if self.refused is not None:
@@ -70,6 +74,10 @@ class CheckReport:
             shown = ", ".join(n or "model" for n in self.low_precision[:3])
             more = " ..." if len(self.low_precision) > 3 else ""
             lines.append(f"computed in float32 by the model itself: {shown}{more} (tolerance raised to float32's)")
+        if self.unused:
+            shown = ", ".join(self.unused[:3]) + (" ..." if len(self.unused) > 3 else "")
+            lines.append(f"{len(self.unused)} perturbed modules these inputs never reach: {shown}; freeze them "
+                         f"(convert(..., freeze=[...])) to train with such inputs")
         first = self.first_difference
         if first is not None:
             lines.append(f"first differing module: {first.name or 'model'} ({first.type}), {first.error:.2e}")

@@ -374,7 +374,11 @@ class PerturbedModule(SharedParameters):
         with self.own_call():
             x = args[0] if args else None
             if self.ROW_WISE and isinstance(x, torch.Tensor):
-                tokens = tokens_per_row(self.__dict__["population_layout"], x, self.label, self.layer_name)
+                layout = self.__dict__["population_layout"]
+                if layout is not None and x.dim() and x.shape[0] == 1 < layout.rows:  # one row every member shares
+                    x = x.expand(layout.rows, *x.shape[1:])
+                    args = (x, *args[1:])
+                tokens = tokens_per_row(layout, x, self.label, self.layer_name)
                 if tokens:  # (rows * T, ...) as (rows, T, ...): token j belongs to row j // T
                     out = self.population_forward(x.view(-1, tokens, *x.shape[1:]), *args[1:], **kwargs)
                     return out.flatten(0, 1)
