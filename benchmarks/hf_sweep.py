@@ -66,10 +66,59 @@ def one(model_type: str) -> dict:
         first = report.first_difference
         outcome = "DIFFERENT"
         why = (f"{first.name} ({first.type}) {first.error:.1e}" if first else f"generate {report.generate}")
-    return {"type": model_type, "outcome": outcome, "why": why[:300], "parameters": params,
+    train_too = os.environ.get("NESGPU_SWEEP_TRAIN") == "1"  # set by the parent's --train
+    trained = trains(model, model_type, list(report.unused)) if train_too and outcome == "exact" else None
+    return {"type": model_type, "outcome": outcome, "why": why[:300], "parameters": params, "trains": trained,
             "unused": list(report.unused),
             "worst": report.worst, "fallback_share": report.fallback_share, "fallback": sorted(report.fallback),
             "seconds": round(time.perf_counter() - start, 2)}
+
+
+def trains(model, model_type: str, unused: list[str]) -> str:
+    """"yes" when one ES step through the trainer (the arithmetic task, from a local directory), a
+    checkpoint, a resume to a second step and the saved RUN/hf reloaded by transformers all work; else why.
+    The ``unused`` modules (a text-only call never reaches them) are frozen first, as a user would."""
+    import copy
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    import tokenizers
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    from nesgpu.bench.hf_zoo import VOCAB
+    from nesgpu.train import TrainConfig, train
+
+    chars = list("0123456789+-*/()=>: \n")
+    vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    vocab.update({f"[X{i}]": i for i in range(len(vocab), VOCAB)})
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[PAD]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    tok.decoder = tokenizers.decoders.Fuse()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", eos_token="[EOS]")
+    with tempfile.TemporaryDirectory() as tmp:
+        directory, run = Path(tmp) / model_type, Path(tmp) / "run"
+        try:
+            model.save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+            cfg = TrainConfig(task="arithmetic", model=f"hf:{directory}", steps=1, population=4, batch_size=2,
+                              eval_every=1, checkpoint_every=1, log="none", out=str(run))
+            for name in unused:
+                for p in model.get_submodule(name).parameters():
+                    p.requires_grad_(False)
+            train(cfg, model=copy.deepcopy(model) if unused else None, log=lambda *a, **k: None)
+            train(dataclasses.replace(cfg, steps=2), model=copy.deepcopy(model) if unused else None, resume=True,
+                  log=lambda *a, **k: None)
+            back = transformers.AutoModelForCausalLM.from_pretrained(run / "hf", local_files_only=True)
+            saved = load_file(run / "model.safetensors")
+            own = back.state_dict()
+            if not all(torch.equal(own[k].to(v.dtype), v) for k, v in saved.items() if k in own):
+                return "RUN/hf does not hold the trained weights"
+        except Exception as e:  # noqa: BLE001 - any family's failure is a row of the table
+            return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+    return "yes"
 
 
 def _per_sample(model, inputs: dict) -> bool:
@@ -119,12 +168,13 @@ def markdown(results: list[dict]) -> str:
     lines = [f"{len(results)} types; {len(built)} build small; of those: " + ", ".join(
         f"{o} {n} ({100 * n / max(len(built), 1):.0f}%)" for o, n in count.items() if n and o != "not built"),
         f"; not built {count['not built']}.", "",
-        "| type | outcome | fallback share | why |", "|---|---|---:|---|"]
+        "| type | outcome | fallback share | trains | why |", "|---|---|---:|---|---|"]
     for r in results:
         share = f"{100 * r['fallback_share']:.1f}%" if "fallback_share" in r else ""
         why = r.get("why", "").replace("|", "\\|")
+        trained = {None: "", "yes": "yes"}.get(r.get("trains"), f"no: {r.get('trains', '')}".replace("|", "\\|"))
         lines.append(f"| {r['type']}{' (popular)' if r['type'] in POPULAR else ''} | {r['outcome']} | {share} | "
-                     f"{why} |")
+                     f"{trained} | {why} |")
     return "\n".join(lines) + "\n"
 
 
@@ -134,6 +184,8 @@ def main() -> None:
     parser.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--types", nargs="*", help="model types (default: every causal-LM type)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per type")
+    parser.add_argument("--train", action="store_true", help="also train every exact type one ES step through the "
+                        "trainer, checkpoint, resume and reload RUN/hf")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
@@ -143,6 +195,8 @@ def main() -> None:
         return
     from nesgpu.bench.hf_zoo import causal_lm_types
 
+    if args.train:
+        os.environ["NESGPU_SWEEP_TRAIN"] = "1"  # for the worker processes
     results = sweep(args.types or causal_lm_types(), args.timeout)
     table = markdown(results)
     print(table)
