@@ -160,3 +160,25 @@ def test_a_module_the_call_never_reaches_is_an_error_for_training_and_reported_b
         pm(torch.randn(2, 4))
     report = nesgpu.check(Unused(), torch.randn(3, 4))
     assert report.exact and report.unused == ("spare",) and "1 perturbed modules these inputs never reach" in str(report)
+
+
+def test_a_fallback_module_whose_input_no_row_holds_runs_every_member_on_it():
+    class Positions(nn.Module):  # a learned positional table, called with the sequence's positions only
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(10, 4))
+
+        def forward(self, positions):
+            return self.table[positions]
+
+    class WithPositions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.positions, self.head = nn.Embedding(9, 4), Positions(), nn.Linear(4, 2)
+
+        def forward(self, input_ids):
+            return self.head(self.embed(input_ids) + self.positions(torch.arange(input_ids.shape[1])))
+
+    torch.manual_seed(0)
+    report = nesgpu.check(WithPositions(), {"input_ids": torch.randint(0, 9, (3, 6))})
+    assert report.exact and list(report.fallback) == ["positions"], str(report)

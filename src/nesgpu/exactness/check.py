@@ -87,8 +87,7 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
     errors, low_precision = _compare_members(reference, pm, inputs, population, skip)
     low_precision |= low_precision_ops
     generate = _compare_generate(reference, pm, inputs, rows, max_new_tokens, unused) if max_new_tokens else None
-    if low_precision or dtype != torch.float64:  # float32 (the model's on purpose, or the check's) rounds there
-        tolerance = max(tolerance, FLOAT32_TOLERANCE)
+    tolerance = max(tolerance, FLOAT32_TOLERANCE) if low_precision or dtype != torch.float64 else tolerance
     return CheckReport.of(errors, list(population), tolerance, fallback, _fallback_share(net), generate,
                           sorted(low_precision), unused)
 

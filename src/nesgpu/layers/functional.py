@@ -33,6 +33,8 @@ class FunctionalPerturbed(PerturbedModule):
     """Mixin of the fallback: use :func:`functional_fallback` to apply it to a module."""
 
     def population_forward(self, *args, **kwargs):
+        if self._shares_its_input(args, kwargs):
+            return self._shared_input_call(args, kwargs)
         first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
         if first is None or first.dim() < 1:
             raise ValueError(f"{type(self).__name__}: a population call needs a tensor argument whose first "
@@ -71,6 +73,37 @@ class FunctionalPerturbed(PerturbedModule):
         # each member ran on its own rows, a batch of 1 (or of its T tokens): its outputs, stacked (rows, batch,
         # ...), are the population's output (rows * batch, ...) as the plain module's would be for all rows
         return tree_map(lambda t: t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() >= 2 else t, out)
+
+
+    def _shares_its_input(self, args, kwargs) -> bool:
+        """Whether no argument can hold the population's rows (no dimension of any tensor a multiple of them):
+        every member sees the same input (a positional embedding of the sequence's positions, computed once a
+        call). Where a dimension could be the rows, the module's own checks decide (never a guess)."""
+        layout = self.population_layout
+        if layout is None or not self.perturbs:
+            return False
+        return not any(holds_state(a) or isinstance(a, torch.Tensor) and any(n % layout.rows == 0 for n in a.shape)
+                       for a in tree_flatten((args, kwargs))[0])
+
+    def _shared_input_call(self, args, kwargs):
+        """Every member on the same input: the outputs stacked as (rows, ...), a leading dimension of members
+        that broadcasts against the rows where the plain output broadcast against the batch."""
+        rows, own = self.population_layout.rows, self.perturbed_parameters()
+        first = next(iter(own.values()))
+        pop = self._population(rows, first.dtype, first.device)
+        params = {name: self._member_values(name, pop, p.dtype).reshape(rows, *p.shape) for name, p in own.items()}
+
+        def member(member_params):
+            return functional_call(self, member_params, tuple(args), kwargs)
+
+        active, self._active = self._active, None  # the inner calls run the plain forward
+        try:
+            try:
+                return vmap(member, randomness="different")(params)
+            except RuntimeError:
+                return _stacked([member({k: v[i] for k, v in params.items()}) for i in range(rows)])
+        finally:
+            self._active = active
 
 
 def _per_member(member, params, inputs, batched, rows):
