@@ -107,9 +107,9 @@ def test_a_first_dimension_that_is_neither_the_rows_nor_their_tokens_names_the_p
     net = nesgpu.convert(Regroups(), "lowrank")
     pm = nesgpu.PerturbedModel(net, 4, antithetic=True)
     pm.set_noise()
-    with pytest.raises(NeedsFallback, match=r"head \(PerturbedLinear\): its input \(40, 2, 8\) has 40 rows on the first "
-                                            r"dimension, neither the population's 8 rows nor their 8 x 20 tokens "
-                                            r"flattened") as error, pm.perturbing():
+    message = (r"head \(PerturbedLinear\): its input \(40, 2, 8\) has 40 rows on the first dimension, neither the "
+               r"population's 8 rows nor their 8 x 20 tokens flattened")
+    with pytest.raises(NeedsFallback, match=message) as error, pm.perturbing():
         net(input_ids=torch.randint(0, 9, (8, 20)))
     assert error.value.module == ""
 
@@ -159,7 +159,8 @@ def test_a_module_the_call_never_reaches_is_an_error_for_training_and_reported_b
     with pytest.raises(RuntimeError, match=r"perturbed modules \['spare'\] were not used by this population call"):
         pm(torch.randn(2, 4))
     report = nesgpu.check(Unused(), torch.randn(3, 4))
-    assert report.exact and report.unused == ("spare",) and "1 perturbed modules these inputs never reach" in str(report)
+    assert report.exact and report.unused == ("spare",)
+    assert "1 perturbed modules these inputs never reach" in str(report)
 
 
 def test_a_fallback_module_whose_input_no_row_holds_runs_every_member_on_it():
