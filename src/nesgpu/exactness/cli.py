@@ -13,6 +13,8 @@ import argparse
 import importlib.util
 from pathlib import Path
 
+from ..kinds import KINDS
+
 PROMPTS = ("The quick brown fox jumps over", "1 + 2 =")
 
 
@@ -25,7 +27,8 @@ def add_parser(commands) -> None:
     p.add_argument("--prompt", action="append", default=None, help=f"an example prompt for hf:DIR (repeatable; "
                    f"default: {list(PROMPTS)})")
     p.add_argument("--directions", type=int, default=4, help="directions (2x as many members are checked)")
-    p.add_argument("--kind", default="lowrank", help="perturbation kind (as nesgpu train --kind)")
+    p.add_argument("--kind", default="lowrank", choices=sorted(KINDS),
+                   help="perturbation kind of the matrices (as nesgpu train --layer)")
     p.add_argument("--new-tokens", type=int, default=4, help="greedy generate() tokens to compare (0: forward only)")
     p.add_argument("--fallback", action="append", default=[], metavar="MODULE",
                    help="a module to run through the exact fallback (repeatable), as convert(fallback=[...])")
