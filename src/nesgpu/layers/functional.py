@@ -68,12 +68,25 @@ class FunctionalPerturbed(PerturbedModule):
         try:
             out = (_per_member_with_state(member, params, inputs, batched, stateful, rows) if any(stateful)
                    else _per_member(member, params, inputs, batched, rows))
+        except (RuntimeError, IndexError, TypeError, ValueError) as e:
+            raise self._cannot_run(e) from e
         finally:
             self._active = active
         # each member ran on its own rows, a batch of 1 (or of its T tokens): its outputs, stacked (rows, batch,
         # ...), are the population's output (rows * batch, ...) as the plain module's would be for all rows
         return tree_map(lambda t: t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() >= 2 else t, out)
 
+
+    def _cannot_run(self, error: Exception) -> Exception:
+        """``error`` of the module's own code run member by member, named: the module, why, what to do (an
+        error of ours, or an allocation failure, as it is)."""
+        text = str(error).splitlines()[0] if str(error) else ""
+        if isinstance(error, NeedsFallback) or "memory" in text or text.startswith(self.label):
+            return error
+        return RuntimeError(f"{self.label}: the exact fallback cannot run this module member by member "
+                            f"({type(error).__name__}: {text[:200]}), perhaps because its code mixes or regroups its "
+                            f"rows. Freeze it (convert(..., freeze=[{self.layer_name!r}])), or run its parent through "
+                            f"the fallback (convert(..., fallback=[...]))")
 
     def _shares_its_input(self, args, kwargs) -> bool:
         """Whether no argument can hold the population's rows (no dimension of any tensor a multiple of them):
