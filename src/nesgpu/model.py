@@ -16,7 +16,7 @@ from torch import nn
 from .autofallback import fall_back, fallback_root
 from .layers import PerturbedLinear, PerturbedModule, repeat_signs
 from .layers.guard import NeedsFallback
-from .layers.layout import RowLayout
+from .layers.layout import RowLayout, one_sequence_per_row
 from .masters import MasterWeights
 from .trainable import check_trainable, uncovered_parameters
 
@@ -219,6 +219,7 @@ class PerturbedModel:
             for layer in self.layers.values():
                 stack.enter_context(layer.perturbing(self.sigma, self.antithetic))
             stack.callback(self.model.register_forward_pre_hook(self._see_rows, with_kwargs=True).remove)
+            stack.enter_context(one_sequence_per_row(self.model))
             yield
             found = [name for name, layer in self.layers.items() if layer.perturbs and layer.population_calls == 0]
             if found and unused is not None:

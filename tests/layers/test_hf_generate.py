@@ -7,7 +7,7 @@ import torch
 import nesgpu
 
 tf = pytest.importorskip("transformers")
-from test_hf import SIGMA, make, member  # noqa: E402  (tests/layers is on sys.path)
+from test_hf import SIGMA, VOCAB, make, member  # noqa: E402  (tests/layers is on sys.path)
 
 PAD = 0
 
@@ -58,3 +58,16 @@ def test_sampling_draws_each_row_from_its_own_members_distribution():
         own = member(net, pm, row % 4 + 4 * (row // 12))
         ref = own(input_ids=out.sequences[row : row + 1], attention_mask=full_mask[row : row + 1]).logits[0]
         torch.testing.assert_close(logits[row], ref[ids.shape[1] - 1 : -1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("option", [{"num_beams": 2}, {"num_beams": 2, "num_return_sequences": 2}])
+def test_generate_options_that_repeat_the_rows_are_refused_in_a_population_call(option):
+    net = nesgpu.convert(make("llama"), "lowrank")
+    pm = nesgpu.PerturbedModel(net, 2, sigma=SIGMA, antithetic=True)
+    pm.set_noise()
+    rows = pm.member_rows(torch.randint(3, VOCAB, (1, 5)))
+    refused = r"generate\(num_beams=2\) in a population call: transformers repeats each row"
+    with pytest.raises(ValueError, match=refused), pm.perturbing():
+        net.generate(input_ids=rows, max_new_tokens=2, do_sample=False, pad_token_id=0, **option)
+    assert "generate" not in net.__dict__  # the guard ends with the block
+    net.generate(input_ids=rows[:1], max_new_tokens=2, do_sample=False, pad_token_id=0, **option)  # plain: as ever

@@ -16,6 +16,7 @@ anything else is left to the module's own checks (a multiple of the directions).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -128,3 +129,32 @@ class Population(NamedTuple):
     repeats: int
     directions: int
     scale: torch.Tensor
+
+
+@contextmanager
+def one_sequence_per_row(model):
+    """Within the block, ``model.generate`` refuses options that expand the rows (``num_beams`` or
+    ``num_return_sequences`` above 1): transformers repeats each row k times, so a beam would take another
+    member's noise."""
+    generate = getattr(type(model), "generate", None)
+    if generate is None or "generate" in model.__dict__:
+        yield
+        return
+
+    def guarded(*args, **kwargs):
+        config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+        for key in ("num_beams", "num_return_sequences"):
+            value = kwargs.get(key, getattr(config, key, 1))
+            if value not in (None, 1):
+                raise ValueError(f"generate({key}={value}) in a population call: transformers repeats each row "
+                                 f"{value} times, so the copies would take other members' noise; expected num_beams=1 "
+                                 f"and num_return_sequences=1: give every member its prompts with pm.member_rows "
+                                 f"(several answers to one prompt: repeat the prompt in the batch)")
+        return generate(model, *args, **kwargs)
+
+    model.__dict__["generate"] = guarded  # an instance attribute, found before the class's method
+    try:
+        yield
+    finally:
+        model.__dict__.pop("generate", None)
+
