@@ -76,7 +76,6 @@ class FunctionalPerturbed(PerturbedModule):
         # ...), are the population's output (rows * batch, ...) as the plain module's would be for all rows
         return tree_map(lambda t: t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() >= 2 else t, out)
 
-
     def _cannot_run(self, error: Exception) -> Exception:
         """``error`` of the module's own code run member by member, named: the module, why, what to do (an
         error of ours, or an allocation failure, as it is)."""
