@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -23,13 +24,20 @@ from .layers.forms import recognise
 from .layers.functional import FunctionalPerturbed
 from .layers.lowbit import check_low_bit_options
 from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
-from .layers.sharing import ALIASES, AliasHolder
+from .layers.sharing import ALIASES, Alias, AliasHolder
 from .layers.swap import swap_class
 from .trainable import check_trainable, uncovered_parameters
 
 EVOLVE = ("all", "matrices")
 """What evolves: every trainable parameter, or only the weight matrices (2-D and higher: linear, attention,
 convolution and expert weights), with embedding tables, norms and biases frozen (EGGROLL's default)."""
+
+
+class Converted(NamedTuple):
+    """A module and what convert made of it (the original is kept, so that its id is not reused meanwhile)."""
+
+    original: nn.Module
+    result: nn.Module
 
 
 @dataclass
@@ -41,7 +49,7 @@ class _Options:
     act_bits: int | None
     fallback: frozenset[str] = frozenset()
     notes: list[str] = field(default_factory=list)
-    converted: dict[int, tuple[nn.Module, nn.Module]] = field(default_factory=dict)  # id -> (module, its result)
+    converted: dict[int, Converted] = field(default_factory=dict)  # by id(original)
 
 
 def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | None = None,
@@ -111,8 +119,8 @@ def _swap(module: nn.Module, name: str, opts: _Options) -> nn.Module:
     object registered under several names (``nn.Sequential(l, act, l)``) becomes one converted object."""
     done = opts.converted.get(id(module))
     if done is None:
-        done = opts.converted[id(module)] = (module, _swap_new(module, name, opts))
-    return done[1]
+        done = opts.converted[id(module)] = Converted(module, _swap_new(module, name, opts))
+    return done.result
 
 
 def _swap_new(module: nn.Module, name: str, opts: _Options) -> nn.Module:
@@ -293,13 +301,10 @@ def _guard_aliases(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, PerturbedModule):
             continue
-        aliases = {}
-        for attr, p in module.named_parameters(recurse=False):
-            if attr in own_parameters(module):
-                continue
-            aliases[attr] = next(((m, name) for m in module.modules() if isinstance(m, PerturbedModule)
-                                  for name, q in m.perturbed_parameters().items() if q is p), None)
-        aliases = {attr: owner for attr, owner in aliases.items() if owner is not None}
+        own = own_parameters(module)
+        held = {id(p): attr for attr, p in module.named_parameters(recurse=False) if attr not in own}
+        aliases = {held[id(q)]: Alias(m, name) for m in module.modules() if held and isinstance(m, PerturbedModule)
+                   for name, q in m.perturbed_parameters().items() if id(q) in held}
         if aliases:
             swap_class(module, AliasHolder, "Aliased")
             module.__dict__[ALIASES] = aliases

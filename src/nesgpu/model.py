@@ -370,8 +370,8 @@ class PerturbedModel:
         coef = weights / (self.directions * self.sigma)
         for layer in self.layers.values():
             if layer.perturbs:
-                masters = {name: self._masters.of(p) for name, p in layer.perturbed_parameters().items()
-                           if self._masters.of(p) is not p}
+                masters = {name: master for name, p in layer.perturbed_parameters().items()
+                           if (master := self._masters.of(p)) is not p}
                 layer.accumulate_grad(coef, masters or None)
 
     @property

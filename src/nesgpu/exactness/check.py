@@ -185,40 +185,46 @@ def _recording(model: nn.Module, skip: set[str], population: bool = False):
             h.remove()
 
 
-def _set_member(reference: nn.Module, base: dict[str, torch.Tensor], noise: dict[str, torch.Tensor], sign: float,
-                d: int, sigma: float) -> None:
-    with torch.no_grad():
-        for name, z in noise.items():
-            reference.get_parameter(name).copy_(base[name] + sign * sigma * z[d])
+def _each_member(reference: nn.Module, pm: PerturbedModel):
+    """(sign index, direction) of every member, ``reference`` holding that member's weights theta + s sigma z_d
+    meanwhile; its own weights again afterwards."""
+    noise = pm.dense_noise()
+    base = {name: reference.get_parameter(name).detach().clone() for name in noise}
+    try:
+        for s, sign in enumerate((1.0, -1.0)):
+            for d in range(pm.directions):
+                with torch.no_grad():
+                    for name, z in noise.items():
+                        reference.get_parameter(name).copy_(base[name] + sign * pm.sigma * z[d])
+                yield s, d
+    finally:
+        with torch.no_grad():
+            for name, value in base.items():
+                reference.get_parameter(name).copy_(value)
 
 
 def _compare_members(reference: nn.Module, pm: PerturbedModel, inputs: Inputs,
                      population: dict[str, list[torch.Tensor]], skip: set[str]) -> tuple[dict[str, ModuleError], set]:
     """Each module's worst relative difference between the population rows and the members' own outputs,
     and the modules whose own output is in a lower precision than float64 (they compute in float32)."""
-    noise = pm.dense_noise()
-    base = {name: reference.get_parameter(name).detach().clone() for name in noise}
     types = {n: type(m).__name__ for n, m in pm.model.named_modules()}
     errors: dict[str, ModuleError] = {}
     low_precision = set()
-    for s, sign in enumerate((1.0, -1.0)):
-        for d in range(pm.directions):
-            index = member_index(s, d, inputs.samples, pm.directions)
-            _set_member(reference, base, noise, sign, d, pm.sigma)
-            with torch.no_grad(), _recording(reference, skip) as own:
-                reference(*inputs.args, **inputs.kwargs)
-            for name, calls in own.items():
-                pop = population.get(name, [])
-                if len(pop) != len(calls):  # called another number of times: its calls do not line up
-                    continue
-                for mine, theirs in zip(pop, calls):
-                    err = compare_rows(mine, theirs, index, 2 * inputs.samples * pm.directions)
-                    if err is not None:
-                        old = errors.get(name)
-                        errors[name] = ModuleError(name, types.get(name, "?"), max(err, old.error if old else 0.0))
-                        if theirs.dtype in (torch.float32, torch.float16, torch.bfloat16):
-                            low_precision.add(name)
-    _set_member(reference, base, {n: torch.zeros_like(z) for n, z in noise.items()}, 0.0, 0, 0.0)
+    for s, d in _each_member(reference, pm):
+        index = member_index(s, d, inputs.samples, pm.directions)
+        with torch.no_grad(), _recording(reference, skip) as own:
+            reference(*inputs.args, **inputs.kwargs)
+        for name, calls in own.items():
+            pop = population.get(name, [])
+            if len(pop) != len(calls):  # called another number of times: its calls do not line up
+                continue
+            for mine, theirs in zip(pop, calls):
+                err = compare_rows(mine, theirs, index, 2 * inputs.samples * pm.directions)
+                if err is not None:
+                    old = errors.get(name)
+                    errors[name] = ModuleError(name, types.get(name, "?"), max(err, old.error if old else 0.0))
+                    if theirs.dtype in (torch.float32, torch.float16, torch.bfloat16):
+                        low_precision.add(name)
     return errors, low_precision
 
 
@@ -236,17 +242,13 @@ def _compare_generate(reference, pm: PerturbedModel, inputs: Inputs, rows: Input
             population = pm.model.generate(*rows.args, **rows.kwargs, **options)
     except Exception as e:  # noqa: BLE001 - the model's own generate() may raise anything
         return f"fails: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    noise = pm.dense_noise()
-    base = {name: reference.get_parameter(name).detach().clone() for name in noise}
-    for s, sign in enumerate((1.0, -1.0)):
-        for d in range(pm.directions):
-            _set_member(reference, base, noise, sign, d, pm.sigma)
-            own = reference.generate(*inputs.args, **inputs.kwargs, **options)
-            mine = population[member_index(s, d, inputs.samples, pm.directions)]
-            length = own.shape[-1]  # the member's own run stops when all its samples end; the population's pads them
-            if mine.shape[-1] < length or not torch.equal(mine[:, :length], own) or (mine[:, length:] != pad).any():
-                return (f"differs: member (sign {'+-'[s]}, direction {d}) generates {mine.tolist()} instead of "
-                        f"{own.tolist()}")
+    for s, d in _each_member(reference, pm):
+        own = reference.generate(*inputs.args, **inputs.kwargs, **options)
+        mine = population[member_index(s, d, inputs.samples, pm.directions)]
+        length = own.shape[-1]  # the member's own run stops when all its samples end; the population's pads them
+        if mine.shape[-1] < length or not torch.equal(mine[:, :length], own) or (mine[:, length:] != pad).any():
+            return (f"differs: member (sign {'+-'[s]}, direction {d}) generates {mine.tolist()} instead of "
+                    f"{own.tolist()}")
     return f"exact ({max_new_tokens} greedy tokens, {2 * pm.directions} members)"
 
 

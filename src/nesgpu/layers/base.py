@@ -239,12 +239,6 @@ class PerturbedModule(SharedParameters):
         return self._active is not None
 
     @property
-    def population_rows(self) -> int | None:
-        """Rows of the model's population input in the current call (None: not seen)."""
-        layout = self.__dict__["population_layout"]
-        return None if layout is None else layout.rows
-
-    @property
     def label(self) -> str:
         """The module as errors name it: its name in the model and its class."""
         return f"{self.layer_name or 'module'} ({type(self).__name__})"

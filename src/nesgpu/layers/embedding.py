@@ -48,8 +48,6 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
         noise = self._noise_of("weight", self.weight.dtype)
         if noise is None:
             return F.embedding(index, self.weight, self.padding_idx)
-        if index.shape[0] == 1 and (self.population_rows or 1) > 1:  # ids shared by every row
-            index = index.expand(self.population_rows, *index.shape[1:])
         y = F.embedding(index, self.weight, self.padding_idx)
         pop = self._population(index.shape[0], y.dtype, y.device)
         rows = index.reshape(pop.repeats, pop.directions, -1)

@@ -16,6 +16,8 @@ cache): each member with its own view of the state, merged back afterwards (:mod
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
@@ -43,10 +45,7 @@ class FunctionalPerturbed(PerturbedModule):
         rows = n if layout is None else layout.rows  # unknown (a sequence-first model): its first dimension
         tokens = None if layout is None else member_tokens(layout, first, self.label, self.layer_name)
         tokens = None if tokens == 1 else tokens  # rows * T tokens: member i owns tokens [i T, (i + 1) T)
-        dtype = next((p.dtype for p in self.perturbed_parameters().values()), torch.get_default_dtype())
-        pop = self._population(rows, dtype, first.device)  # each member's parameters in their own dtype
-        params = {name: self._member_values(name, pop, p.dtype).reshape(rows, *p.shape)
-                  for name, p in self.perturbed_parameters().items()}
+        params = self._member_parameters(rows, first.device)
         # per-row tensors inside tuples too (cos, sin of the rows); a list or dict argument holding them is a state
         # a member may change (RWKV's list of states), handed over whole, as a cache is
         mutable = {id(a) for a in (*args, *kwargs.values()) if isinstance(a, (list, dict)) and any(
@@ -64,14 +63,9 @@ class FunctionalPerturbed(PerturbedModule):
         if any(stateful) and tokens:
             raise ValueError(f"{self.label}: the exact fallback was handed a state object (a cache) together with its "
                              f"rows' tokens flattened, which it cannot split member by member; freeze this module")
-        active, self._active = self._active, None  # the inner calls run the plain forward
-        try:
+        with self._member_calls():
             out = (_per_member_with_state(member, params, inputs, batched, stateful, rows) if any(stateful)
                    else _per_member(member, params, inputs, batched, rows))
-        except (RuntimeError, IndexError, TypeError, ValueError) as e:
-            raise self._cannot_run(e) from e
-        finally:
-            self._active = active
         # each member ran on its own rows, a batch of 1 (or of its T tokens): its outputs, stacked (rows, batch,
         # ...), are the population's output (rows * batch, ...) as the plain module's would be for all rows
         return tree_map(lambda t: t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() >= 2 else t, out)
@@ -100,20 +94,34 @@ class FunctionalPerturbed(PerturbedModule):
     def _shared_input_call(self, args, kwargs):
         """Every member on the same input: the outputs stacked as (rows, ...), a leading dimension of members
         that broadcasts against the rows where the plain output broadcast against the batch."""
-        rows, own = self.population_layout.rows, self.perturbed_parameters()
-        first = next(iter(own.values()))
-        pop = self._population(rows, first.dtype, first.device)
-        params = {name: self._member_values(name, pop, p.dtype).reshape(rows, *p.shape) for name, p in own.items()}
+        rows = self.population_layout.rows
+        params = self._member_parameters(rows, next(iter(self.perturbed_parameters().values())).device)
 
         def member(member_params):
             return functional_call(self, member_params, tuple(args), kwargs)
 
-        active, self._active = self._active, None  # the inner calls run the plain forward
-        try:
+        with self._member_calls():
             try:
                 return vmap(member, randomness="different")(params)
             except RuntimeError:
                 return _stacked([member({k: v[i] for k, v in params.items()}) for i in range(rows)])
+
+    def _member_parameters(self, rows: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """Every row's member's values of each perturbed parameter, (rows, *shape), in the parameter's dtype."""
+        own = self.perturbed_parameters()
+        dtype = next((p.dtype for p in own.values()), torch.get_default_dtype())
+        pop = self._population(rows, dtype, device)
+        return {name: self._member_values(name, pop, p.dtype).reshape(rows, *p.shape) for name, p in own.items()}
+
+    @contextmanager
+    def _member_calls(self):
+        """The members' calls: the module's inner calls run its plain forward; an error of the module's own code
+        names the module (see :meth:`_cannot_run`)."""
+        active, self._active = self._active, None
+        try:
+            yield
+        except (RuntimeError, IndexError, TypeError, ValueError) as e:
+            raise self._cannot_run(e) from e
         finally:
             self._active = active
 

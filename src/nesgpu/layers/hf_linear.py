@@ -100,7 +100,8 @@ def is_scaled_embedding(module: nn.Module) -> bool:
 def _adopt_conv1d(module: nn.Module, found, kind: Kind, directions: int | None) -> nn.Module:
     nx, nf = module.weight.shape
     swap_class(module, PerturbedConv1D, "Perturbed")
-    module._init_perturbation(kind, directions, {"weight": Geometry(nf, nx)}, "linear", transposed=frozenset({"weight"}))
+    module._init_perturbation(kind, directions, {"weight": Geometry(nf, nx)}, "linear",
+                              transposed=frozenset({"weight"}))
     return module
 
 

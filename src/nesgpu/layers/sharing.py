@@ -95,7 +95,14 @@ class SharedParameters(nn.Module):
 
 
 ALIASES = "nesgpu_aliases"
-"""The attribute of an :class:`AliasHolder`: {its attribute: (the perturbed module, its attribute there)}."""
+"""The attribute of an :class:`AliasHolder`: {its attribute: :class:`Alias`}."""
+
+
+class Alias(NamedTuple):
+    """The perturbed module that perturbs a parameter another module holds too, and its attribute there."""
+
+    owner: nn.Module
+    attr: str
 
 
 class AliasHolder(nn.Module):
@@ -104,7 +111,7 @@ class AliasHolder(nn.Module):
 
     def __getattr__(self, name: str):
         value = super().__getattr__(name)
-        owner = self.__dict__.get(ALIASES, {}).get(name)
-        if owner is not None and owner[0].is_perturbing and not owner[0].own_call_running:
-            return GuardedValue(value, owner[0], owner[1])
+        alias = self.__dict__.get(ALIASES, {}).get(name)
+        if alias is not None and alias.owner.is_perturbing and not alias.owner.own_call_running:
+            return GuardedValue(value, alias.owner, alias.attr)
         return value
