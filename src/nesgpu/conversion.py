@@ -142,6 +142,8 @@ def _swap_new(module: nn.Module, name: str, opts: _Options) -> nn.Module:
     converted = _rebuild_known(module, name, label, opts)
     if converted is None and any(p.requires_grad for p in own_parameters(module).values()):
         converted = _adopt_or_fallback(module, name, label, opts)
+        if converted is module and not converted.owns_children:  # a form took its own parameters: children follow
+            converted = None
     if converted is not None:
         return converted
     # every slot, even a module registered twice (named_children yields it once)

@@ -13,7 +13,7 @@ GUIDES = sorted(p for p in DOCS.glob("*.md") if "```python" in p.read_text())
 # what each guide says its snippets print
 PRINTS = {"own_model.md": ["custom:toy test_accuracy"], "own_env.md": ["custom:reach eval_return", "gym:Hold-v0"],
           "hf_models.md": ["custom:sevens mean_reward", "LlamaForCausalLM {\"step\": ",
-                           "True exact (3 greedy tokens, 8 members)"]}
+                           "True exact (3 greedy tokens, and 3 sampled within"]}
 
 
 def test_the_guides_are_found():

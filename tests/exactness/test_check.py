@@ -2,6 +2,7 @@
 exact, fails an injected layout bug, reports the fallback a direct read takes, refuses what it cannot make exact,
 and the CLI exits accordingly."""
 
+import copy
 import subprocess
 import sys
 
@@ -125,3 +126,26 @@ def test_the_cli_exits_0_when_exact_1_when_refused_and_2_for_a_bad_argument(tmp_
     bad = check("--model", f"{source}:missing")
     assert bad.returncode == 2 and "has no function 'missing'" in bad.stderr and "Traceback" not in bad.stderr
     assert check("--model", "hf:/no/such/dir").returncode == 2
+
+
+def test_sampled_generate_is_compared_by_its_logits_and_a_difference_is_found():
+    tf = pytest.importorskip("transformers")
+    from nesgpu.exactness.generation import compare_generate
+    from nesgpu.exactness.rows import Inputs
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=1, pad_token_id=0, eos_token_id=2)
+    model = tf.LlamaForCausalLM(config).double().eval()
+    ids = {"input_ids": torch.randint(3, 40, (2, 5)), "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    report = nesgpu.check(model, ids, directions=2, max_new_tokens=3)
+    assert report.exact and "3 greedy tokens, and 3 sampled" in report.generate, str(report)
+
+    pm = nesgpu.PerturbedModel(nesgpu.convert(copy.deepcopy(model), "lowrank"), 2, sigma=0.05, antithetic=True)
+    pm.set_noise(step=1)
+    inputs = Inputs.of(ids)
+    scaled = copy.deepcopy(model)  # logits 1% larger: the same greedy tokens, another sampling distribution
+    with torch.no_grad():
+        scaled.lm_head.weight.mul_(1.01)
+    found = compare_generate(scaled, pm, inputs, inputs.member_rows(pm), 3, [], 1e-9)
+    assert found.startswith("differs: sampled"), found

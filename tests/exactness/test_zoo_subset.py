@@ -1,8 +1,9 @@
 """A fixed representative subset of the causal-LM sweep (benchmarks/hf_sweep.py): every family is exact
-(forward and greedy KV-cache generate, module by module in float64) or refused with one line; none differs.
-The families cover the mechanisms of the sweep: tied embeddings, Conv1D, fused QKV, RMSNorm forms, scaled
-embeddings, MoE routers and expert banks, parents reading a child's weight, rows regrouped, tied biases, state-space
-mixers and gated delta nets whose caches the fallback splits member by member."""
+(forward, and greedy and sampled KV-cache generate, module by module in float64) or refused with one line;
+none differs. The families cover the mechanisms of the sweep: tied embeddings, Conv1D, fused QKV, RMSNorm
+forms, scaled embeddings, MoE routers and expert banks (stored (in, out), with biases), attention sinks,
+parents reading a child's weight, rows regrouped, tied biases, state-space mixers and gated delta nets whose
+caches the fallback splits member by member."""
 
 import warnings
 
@@ -17,9 +18,10 @@ from nesgpu.bench.hf_zoo import build_small, example_inputs  # noqa: E402
 EXACT = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "olmo", "olmo2",
          "gpt2", "opt", "falcon", "deepseek_v3", "qwen3_moe", "mixtral", "gpt_neox", "gptj", "bloom", "starcoder2",
          "cohere", "stablelm", "granite", "codegen", "gpt_bigcode", "qwen2_moe", "smollm3", "xglm", "biogpt",
-         "llama4_text", "gpt_oss", "mamba", "qwen3_next", "bamba", "bert", "roberta"]
+         "llama4_text", "gpt_oss", "granite_swa", "mamba", "qwen3_next", "bamba", "bert", "roberta"]
+# popular decoder-only families (and the sink-attention ones): no module in the slow fallback
 BATCHED = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi", "phi3", "olmo", "olmo2", "gpt2", "falcon",
-           "deepseek_v3", "qwen3_moe", "mixtral"]  # popular decoder-only families: no module in the slow fallback
+           "deepseek_v3", "qwen3_moe", "mixtral", "gpt_oss", "granite_swa"]
 FLOAT32 = ["xglm"]  # its attention mask overflows in float64 (transformers' code): checked in float32
 REFUSED = ["gemma3n_text"]  # a tie across the module the fallback would need
 UNUSED = ["bart"]  # exact; its decoder's cross-attention, which a causal LM never calls, is reported unused

@@ -35,6 +35,10 @@ FAMILIES = {
     "qwen3_moe": lambda: tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
         **COMMON, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)),
     "mixtral": lambda: tf.MixtralForCausalLM(tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)),
+    # experts stored (in, out) with biases and a clamped interleaved GLU, a router with a bias, attention sinks
+    "gpt_oss": lambda: tf.GptOssForCausalLM(tf.GptOssConfig(**COMMON, head_dim=8, num_local_experts=4,
+                                                            num_experts_per_tok=2, layer_types=["sliding_attention",
+                                                                                                "full_attention"])),
 }
 TIED = {"gpt2": ("transformer.wte.weight", "lm_head.weight"), "qwen2": ("model.embed_tokens.weight", "lm_head.weight"),
         "gemma": ("model.embed_tokens.weight", "lm_head.weight")}
@@ -96,6 +100,24 @@ def test_module_types_of_transformers_get_batched_versions():
     moe, _ = convert_quietly(make("qwen3_moe"))
     assert type(moe.model.layers[0].mlp.experts).__name__ == "PerturbedQwen3MoeExperts"
     assert type(moe.model.layers[0].mlp.gate).__name__ == "PerturbedQwen3MoeTopKRouter"
+    oss, _ = convert_quietly(make("gpt_oss"))
+    layer = oss.model.layers[0]
+    modules = (layer.mlp.experts, layer.mlp.router, layer.self_attn, layer.self_attn.q_proj)
+    assert [type(m).__name__ for m in modules] == ["PerturbedGptOssExperts", "PerturbedGptOssTopKRouter",
+                                                   "PerturbedGptOssAttention", "PerturbedLinear"]
+
+
+def test_a_bank_stored_in_out_gets_its_update_in_its_own_layout():
+    net, _ = convert_quietly(make("gpt_oss"), "lowrank", rank=2)
+    pm = nesgpu.PerturbedModel(net, 3, sigma=SIGMA, antithetic=True, seed=1)
+    pm.set_noise()
+    experts = net.model.layers[0].mlp.experts
+    coef = torch.tensor([0.5, -1.0, 2.0])
+    dense = experts.dense_noise()
+    experts.accumulate_grad(coef)
+    for name in ("gate_up_proj", "down_proj", "gate_up_proj_bias"):
+        assert dense[name].shape[1:] == experts.get_parameter(name).shape
+        torch.testing.assert_close(experts.get_parameter(name).grad, torch.tensordot(coef, dense[name], dims=1))
 
 
 def test_a_router_that_uses_its_matrix_beyond_a_linear_product_is_an_error():

@@ -22,8 +22,9 @@ from torch.utils._pytree import tree_flatten
 from ..conversion import convert
 from ..layers import FunctionalPerturbed, PerturbedModule
 from ..model import PerturbedModel
+from .generation import compare_generate
 from .report import CheckReport, ModuleError
-from .rows import Inputs, compare_rows, first_tensor, member_index
+from .rows import Inputs, compare_rows, each_member, first_tensor, member_index
 
 FLOAT32_TOLERANCE = 1e-5
 """The tolerance where a module computes in float32 (an MoE router, a norm) even in the float64 copy: its
@@ -45,7 +46,9 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         sigma: the noise scale (large enough for every parameter's noise to show in the outputs).
         tolerance: the largest relative difference that counts as exact (float64 rounding is ~1e-15); where
             a module computes in float32 by design, at least ``FLOAT32_TOLERANCE``, and the report says which.
-        max_new_tokens: also compare greedy ``generate()`` over this many new tokens (models with ``generate``).
+        max_new_tokens: also compare ``generate()`` over this many new tokens (models with ``generate``): greedy
+            (the same tokens as every member's own) and sampled (each sampled row's logits equal its member's own
+            along the same tokens, so it samples from its member's distribution).
         dtype: the precision of the check: float64, or float32 for a model that does not run in float64 (the
             tolerance is then at least ``FLOAT32_TOLERANCE``).
 
@@ -63,15 +66,11 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
     low_precision_ops = _low_precision_ops(reference, inputs, dtype)  # the plain model first
     if isinstance(low_precision_ops, str):
         return CheckReport.refusal(low_precision_ops, tolerance)
-    net, notes = _copy(model, dtype), []
-    try:
-        if not any(isinstance(m, PerturbedModule) for m in net.modules()):
-            with _noted(notes):
-                net = convert(net, kind, **convert_options)
-        pm = PerturbedModel(net, directions, sigma=sigma, antithetic=True, seed=seed)
-    except (ValueError, TypeError, RuntimeError) as e:
-        return CheckReport.refusal(f"convert: {e}", tolerance)
-    pm.set_noise(step=1)
+    notes: list[str] = []
+    pm = _population_of(_copy(model, dtype), kind, directions, sigma, seed, notes, convert_options)
+    if isinstance(pm, str):
+        return CheckReport.refusal(f"convert: {pm}", tolerance)
+    net = pm.model
     rows = inputs.member_rows(pm)
     unused: list[str] = []
     try:
@@ -86,10 +85,25 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
     fallback = _fallback_modules(net, notes)
     errors, low_precision = _compare_members(reference, pm, inputs, population, skip)
     low_precision |= low_precision_ops
-    generate = _compare_generate(reference, pm, inputs, rows, max_new_tokens, unused) if max_new_tokens else None
     tolerance = max(tolerance, FLOAT32_TOLERANCE) if low_precision or dtype != torch.float64 else tolerance
+    generate = compare_generate(reference, pm, inputs, rows, max_new_tokens, unused, tolerance) if (
+        max_new_tokens) else None
     return CheckReport.of(errors, list(population), tolerance, fallback, _fallback_share(net), generate,
                           sorted(low_precision), unused)
+
+
+def _population_of(net: nn.Module, kind: str, directions: int, sigma: float, seed: int, notes: list[str],
+                   convert_options: dict) -> PerturbedModel | str:
+    """``net`` converted (unless it is already) as a population with its noise drawn; or why convert refused."""
+    try:
+        if not any(isinstance(m, PerturbedModule) for m in net.modules()):
+            with _noted(notes):
+                net = convert(net, kind, **convert_options)
+        pm = PerturbedModel(net, directions, sigma=sigma, antithetic=True, seed=seed)
+    except (ValueError, TypeError, RuntimeError) as e:
+        return str(e)
+    pm.set_noise(step=1)
+    return pm
 
 
 def _check_arguments(directions, sigma, dtype) -> None:
@@ -185,24 +199,6 @@ def _recording(model: nn.Module, skip: set[str], population: bool = False):
             h.remove()
 
 
-def _each_member(reference: nn.Module, pm: PerturbedModel):
-    """(sign index, direction) of every member, ``reference`` holding that member's weights theta + s sigma z_d
-    meanwhile; its own weights again afterwards."""
-    noise = pm.dense_noise()
-    base = {name: reference.get_parameter(name).detach().clone() for name in noise}
-    try:
-        for s, sign in enumerate((1.0, -1.0)):
-            for d in range(pm.directions):
-                with torch.no_grad():
-                    for name, z in noise.items():
-                        reference.get_parameter(name).copy_(base[name] + sign * pm.sigma * z[d])
-                yield s, d
-    finally:
-        with torch.no_grad():
-            for name, value in base.items():
-                reference.get_parameter(name).copy_(value)
-
-
 def _compare_members(reference: nn.Module, pm: PerturbedModel, inputs: Inputs,
                      population: dict[str, list[torch.Tensor]], skip: set[str]) -> tuple[dict[str, ModuleError], set]:
     """Each module's worst relative difference between the population rows and the members' own outputs,
@@ -210,7 +206,7 @@ def _compare_members(reference: nn.Module, pm: PerturbedModel, inputs: Inputs,
     types = {n: type(m).__name__ for n, m in pm.model.named_modules()}
     errors: dict[str, ModuleError] = {}
     low_precision = set()
-    for s, d in _each_member(reference, pm):
+    for s, d in each_member(reference, pm):
         index = member_index(s, d, inputs.samples, pm.directions)
         with torch.no_grad(), _recording(reference, skip) as own:
             reference(*inputs.args, **inputs.kwargs)
@@ -226,30 +222,6 @@ def _compare_members(reference: nn.Module, pm: PerturbedModel, inputs: Inputs,
                     if theirs.dtype in (torch.float32, torch.float16, torch.bfloat16):
                         low_precision.add(name)
     return errors, low_precision
-
-
-def _compare_generate(reference, pm: PerturbedModel, inputs: Inputs, rows: Inputs, max_new_tokens: int,
-                      unused: list[str]) -> str:
-    """"exact" when every member's greedy generate() equals its population rows', else where they differ."""
-    if not hasattr(pm.model, "generate"):
-        return "not checked: the model has no generate()"
-    options = dict(max_new_tokens=max_new_tokens, do_sample=False)
-    pad = getattr(getattr(pm.model, "generation_config", None), "pad_token_id", None)
-    if pad is None:
-        pad = options["pad_token_id"] = getattr(getattr(pm.model, "config", None), "eos_token_id", 0) or 0
-    try:
-        with pm.perturbing(unused):
-            population = pm.model.generate(*rows.args, **rows.kwargs, **options)
-    except Exception as e:  # noqa: BLE001 - the model's own generate() may raise anything
-        return f"fails: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    for s, d in _each_member(reference, pm):
-        own = reference.generate(*inputs.args, **inputs.kwargs, **options)
-        mine = population[member_index(s, d, inputs.samples, pm.directions)]
-        length = own.shape[-1]  # the member's own run stops when all its samples end; the population's pads them
-        if mine.shape[-1] < length or not torch.equal(mine[:, :length], own) or (mine[:, length:] != pad).any():
-            return (f"differs: member (sign {'+-'[s]}, direction {d}) generates {mine.tolist()} instead of "
-                    f"{own.tolist()}")
-    return f"exact ({max_new_tokens} greedy tokens, {2 * pm.directions} members)"
 
 
 def _fallback_modules(net: nn.Module, notes: list[str]) -> dict[str, str]:

@@ -19,14 +19,14 @@ class CheckReport:
     """The result of :func:`nesgpu.check`.
 
     Attributes:
-        exact: every compared module, the model's output among them, is within ``tolerance`` (and greedy
-            generation, when checked, is the same), and nothing was refused.
+        exact: every compared module, the model's output among them, is within ``tolerance`` (and generation,
+            when checked, is the same: greedy and sampled), and nothing was refused.
         worst: the model output's worst relative difference over all members (NaN when not compared).
         modules: every compared module, the largest difference first.
         fallback: the modules in the exact (slow) torch.func fallback, each with why.
         fallback_share: the share of the trainable parameters that the fallback perturbs.
         refused: why convert or the first population call refused the model (None: it was not).
-        generate: what the greedy ``generate()`` comparison found (None: not asked).
+        generate: what the ``generate()`` comparisons found, greedy and sampled (None: not asked).
         first_difference: the first module, in the order the modules finished, whose output differs: where
             the difference starts (None: none differs).
         low_precision: modules whose output is float32 (or half) in the float64 check: they compute at that
@@ -84,7 +84,7 @@ class CheckReport:
         if "" not in {m.name for m in self.modules}:
             lines.append("the model's output could not be lined up with its members' outputs")
         if self.generate is not None:
-            lines.append(f"greedy generate: {self.generate}")
+            lines.append(f"generate: {self.generate}")
         lines.append(f"exact fallback: {len(self.fallback)} modules, {100 * self.fallback_share:.1f}% of the "
                      f"trainable parameters")
         lines += [f"  {name or 'model'}: {why}" for name, why in self.fallback.items()]

@@ -77,3 +77,21 @@ def compare_rows(population: torch.Tensor, own: torch.Tensor, index: torch.Tenso
     diff = torch.where(both_nan, 0.0, mine - own).norm()
     scale = torch.where(both_nan, 0.0, own).norm()
     return float(diff / scale) if scale > 0 else float(diff)
+
+
+def each_member(reference, pm):
+    """(sign index, direction) of every member, ``reference`` holding that member's weights theta + s sigma z_d
+    meanwhile; its own weights again afterwards."""
+    noise = pm.dense_noise()
+    base = {name: reference.get_parameter(name).detach().clone() for name in noise}
+    try:
+        for s, sign in enumerate((1.0, -1.0)):
+            for d in range(pm.directions):
+                with torch.no_grad():
+                    for name, z in noise.items():
+                        reference.get_parameter(name).copy_(base[name] + sign * pm.sigma * z[d])
+                yield s, d
+    finally:
+        with torch.no_grad():
+            for name, value in base.items():
+                reference.get_parameter(name).copy_(value)

@@ -60,7 +60,8 @@ class PerturbedModule(SharedParameters):
         trainable parameter of this module (not of its children) is perturbed elementwise. Parameters
         with ``requires_grad=False`` stay frozen. A matrix named in ``transposed`` is stored as (in, out)
         (GPT-2's Conv1D): its noise, update and dense z_d are those of the (out, in) geometry, transposed.
-        A matrix named in ``banks`` is a bank of ``groups`` matrices (E, out/E, in/E) (MoE experts)."""
+        A matrix named in ``banks`` is a bank of ``groups`` matrices (E, out/E, in/E) (MoE experts); in both,
+        a bank of matrices each stored (in, out)."""
         if directions is not None and (isinstance(directions, bool) or not isinstance(directions, int)
                                        or directions < 1):
             raise ValueError(f"directions must be a positive int; got {directions!r}")
@@ -97,8 +98,9 @@ class PerturbedModule(SharedParameters):
             geometry = self._matrices.get(name)
             if geometry is not None:
                 stored = geometry.shape[::-1] if name in self._transposed else geometry.shape
-                if name in self._banks:
-                    stored = (geometry.groups, geometry.out // geometry.groups, geometry.shape[1])
+                if name in self._banks:  # (E, out/E, in), or (E, in, out/E) when each matrix is stored transposed
+                    each = (geometry.out // geometry.groups, geometry.shape[1])
+                    stored = (geometry.groups, *(each[::-1] if name in self._transposed else each))
                 if tuple(p.shape) != stored:
                     raise ValueError(f"{name}: shape {tuple(p.shape)} does not match its geometry {stored}")
                 self.kind.check(geometry)
@@ -115,6 +117,12 @@ class PerturbedModule(SharedParameters):
     def slots(self) -> tuple[Slot, ...]:
         """This module's perturbed parameters with their kinds and geometries (not those it borrows)."""
         return tuple(self._slots)
+
+    @property
+    def owns_children(self) -> bool:
+        """Whether this module perturbs its children's parameters too; if not, ``convert`` converts its
+        children on their own (an attention module with a vector of its own, such as attention sinks)."""
+        return self._recurse
 
     @property
     def perturbs(self) -> bool:
@@ -215,10 +223,14 @@ class PerturbedModule(SharedParameters):
 
     def _as_stored(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """t (N, *noise shape) in the layout the parameter is stored in, (N, *param shape): a transposed
-        matrix (Conv1D) is transposed back, a bank of matrices (MoE experts) reshaped to (E, out, in)."""
+        matrix (Conv1D) is transposed back, a bank of matrices (MoE experts) reshaped to (E, out, in) (and each
+        matrix transposed back where the bank stores them (in, out): GPT-OSS's)."""
+        shape = self.get_parameter(name).shape
+        if name in self._banks and name in self._transposed:
+            return t.reshape(t.shape[0], shape[0], shape[2], shape[1]).transpose(2, 3)
         if name in self._transposed:
             return t.transpose(1, 2)
-        return t.reshape(t.shape[0], *self.get_parameter(name).shape)
+        return t.reshape(t.shape[0], *shape)
 
     # ----- population forward ------------------------------------------------------------------------
     @contextmanager

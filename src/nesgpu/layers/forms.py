@@ -15,11 +15,12 @@ from typing import Any
 
 from torch import nn
 
-from . import hf_linear, hf_moe, hf_norm
+from . import hf_attention, hf_linear, hf_moe, hf_norm
 from .form import Form
 
-BUILTIN: tuple[Form, ...] = (*hf_linear.FORMS, *hf_moe.FORMS, *hf_norm.FORMS)
-"""transformers' module types, in the order they are asked: linear and embedding types, MoE, norms."""
+BUILTIN: tuple[Form, ...] = (*hf_linear.FORMS, *hf_moe.FORMS, *hf_norm.FORMS, *hf_attention.FORMS)
+"""transformers' module types, in the order they are asked: linear and embedding types, MoE, norms, attention
+sinks."""
 
 
 REGISTERED: list[Form] = []

@@ -1,8 +1,12 @@
 """transformers' MoE module types: routers (a ``weight`` (E, H) used as ``F.linear(tokens, weight)``, maybe
-cast or transposed first) and expert banks (``gate_up_proj`` (E, 2I, H), ``down_proj`` (E, H, I): Qwen3-MoE's,
-Mixtral's). The bank sees tokens flattened as (rows * T, H); token j belongs to population row j // T."""
+cast or transposed first, maybe with a ``bias``) and expert banks (``gate_up_proj`` (E, 2I, H), ``down_proj``
+(E, H, I): Qwen3-MoE's, Mixtral's; stored (E, H, 2I) with biases and the family's own gate: GPT-OSS's; ``up_proj``
+without a gate: Nemotron-H's). The bank sees tokens flattened as (rows * T, H); token j belongs to population
+row j // T."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -11,14 +15,29 @@ from torch import nn
 from ..kinds import Geometry, Kind
 from .base import PerturbedModule
 from .form import Form
+from .guard import GuardedValue
+from .guarded import GuardedForward, guarded_cast
 from .layout import compute_dtype, member_tokens
 from .swap import swap_class
 
 
+class Bank(NamedTuple):
+    """How an expert bank stores its experts: the first matrix's name (``gate_up_proj``, or ``up_proj`` without
+    a gate), whether each matrix is stored (in, out) (GPT-OSS's), whether each has a bias ``<name>_bias``."""
+
+    first: str
+    transposed: bool
+    bias: bool
+
+
 class PerturbedExperts(PerturbedModule):
-    """A bank of MoE experts, ``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I), each expert
-    matrix with its own noise; forward(hidden (N, H), top_k_index (N, k), top_k_weights (N, k)) as
-    transformers' eager experts. Tokens are the population rows flattened: N = rows * T."""
+    """A bank of MoE experts, ``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I) (or each matrix stored
+    (in, out); or ``up_proj`` without a gate; maybe with per-expert biases), each expert matrix and bias with
+    its own noise; forward(hidden (N, H), top_k_index (N, k), top_k_weights (N, k)) as transformers' eager
+    experts, with the module's own ``_apply_gate`` (GPT-OSS's clamped, interleaved GLU). Tokens are the
+    population rows flattened: N = rows * T."""
+
+    bank: Bank
 
     def population_forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
                            top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -31,27 +50,39 @@ class PerturbedExperts(PerturbedModule):
             position, token = torch.where((top_k_index == expert).t())
             if token.numel() == 0:
                 continue
-            h = self._expert_linear("gate_up_proj", expert, hidden[token], direction[token], scale[token])
-            gate, up = h.chunk(2, dim=-1)
-            h = self._expert_linear("down_proj", expert, self.act_fn(gate) * up, direction[token], scale[token])
+            h = self._expert_linear(self.bank.first, expert, hidden[token], direction[token], scale[token])
+            h = self._expert_linear("down_proj", expert, self._activation(h), direction[token], scale[token])
             out.index_add_(0, token, (h * top_k_weights[token, position, None]).to(out.dtype))
         return out
 
+    def _activation(self, h: torch.Tensor) -> torch.Tensor:
+        if self.bank.first == "up_proj":
+            return self.act_fn(h)
+        if hasattr(self, "_apply_gate"):  # transformers' experts classes: the default, or the family's own
+            return self._apply_gate(h)
+        gate, up = h.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
     def _expert_linear(self, name, expert, x, direction, scale) -> torch.Tensor:
-        y = F.linear(x, self.get_parameter(name)[expert])
+        w = self.get_parameter(name)[expert]
+        y = x @ w if self.bank.transposed else F.linear(x, w)
+        if self.bank.bias:
+            bias = f"{name}_bias"
+            y = y + self.get_parameter(bias)[expert]
+            noise = self._noise_of(bias, y.dtype)
+            if noise is not None:
+                y.addcmul_(noise["z"][direction, expert], scale.to(y.dtype).unsqueeze(-1))
         noise = self._noise_of(name, y.dtype)
         if noise is not None:
             self._slot(name).kind.experts_(x.to(y.dtype), y, scale.to(y.dtype), direction, noise, expert)
         return y
 
 
-_CASTS = frozenset({torch.Tensor.to, torch.Tensor.type, torch.Tensor.type_as, torch.Tensor.float, torch.Tensor.double,
-                    torch.Tensor.half, torch.Tensor.bfloat16})
 _TRANSPOSES = frozenset({torch.Tensor.t, torch.Tensor.transpose, torch.Tensor.T.__get__, torch.Tensor.mT.__get__})
 _MATMULS = frozenset({torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__})
 
 
-class PerturbedRouter(PerturbedModule):
+class PerturbedRouter(GuardedForward):
     """An MoE router (a ``weight`` (E, H) used as ``F.linear(tokens, weight)`` or ``tokens @ weight.t()``,
     maybe cast first: ``weight.float()``, ``.to(dtype)``, ``.type(dtype)``): its own forward, with every
     member's logits from the kind's linear product over that member's tokens. Any other use of the matrix is an error.
@@ -59,62 +90,80 @@ class PerturbedRouter(PerturbedModule):
     Shape: tokens (rows * T, H) or (rows, ..., H), as the library's routers see them.
     """
 
-    def population_forward(self, *args, **kwargs):
-        state = self.__dict__
-        inside, state["_inside"] = state["_inside"], False  # its own forward reads the matrix as a GuardedValue
-        try:
-            return super(PerturbedModule, self).forward(*args, **kwargs)  # the router's own forward
-        finally:
-            state["_inside"] = inside
-
     def guarded_use(self, guard, func, args, kwargs):
         if guard.owner is not self:
             return NotImplemented
-        if func in _CASTS and args and args[0] is guard:
-            with torch._C.DisableTorchFunctionSubclass():  # the cast's dtype, read off an empty tensor
-                cast = func(torch.empty(0, dtype=guard.dtype, device=guard.device), *args[1:], **kwargs)
-            return guard.cast(cast.dtype) if isinstance(cast, torch.Tensor) and cast.device == guard.device else (
-                NotImplemented)
+        cast = guarded_cast(guard, func, args, kwargs)
+        if cast is not None:
+            return cast
         swaps = func is not torch.Tensor.transpose or sorted(d % 2 for d in args[1:3]) == [0, 1]
         if func in _TRANSPOSES and args[0] is guard and guard.dim() == 2 and swaps:
             return guard.transpose_view()
         plain_input = len(args) >= 2 and not isinstance(args[0], type(guard))
         if func is F.linear and plain_input and args[1] is guard and not guard.transposed:
-            return self.token_linear(args[0], args[2] if len(args) > 2 else kwargs.get("bias"), guard.dtype)
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            own_bias = isinstance(bias, GuardedValue) and bias.owner is self and bias.attr == "bias"
+            if isinstance(bias, GuardedValue) and not (own_bias and bias.dtype == guard.dtype):
+                return NotImplemented
+            return self.token_linear(args[0], None if own_bias else bias, guard.dtype, own_bias)
         if func in _MATMULS and plain_input and args[1] is guard and guard.transposed:  # tokens @ weight.t()
             return self.token_linear(args[0], None, guard.dtype)
         return NotImplemented
 
-    def token_linear(self, x: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        """``F.linear(x, weight.to(dtype), bias)`` for every member over its own tokens."""
+    def token_linear(self, x: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+                     own_bias: bool = False) -> torch.Tensor:
+        """``F.linear(x, weight.to(dtype), bias)`` for every member over its own tokens; with ``own_bias``, the
+        router's own (perturbed) bias."""
         with self.own_call():
             n, tokens = x.shape[0], member_tokens(self.population_layout, x, self.label, self.layer_name)
             rows = n // tokens
             per_row = x if tokens == 1 else x.view(rows, tokens, x.shape[-1])
             pop = self._population(rows, compute_dtype(per_row), x.device)
+            bias = self.bias.to(dtype) if own_bias else bias
             y = F.linear(per_row, self.weight.to(dtype), bias)
-            y = self._perturbed_linear(per_row, pop, "weight", None, y=y)
+            y = self._perturbed_linear(per_row, pop, "weight", "bias" if own_bias else None, y=y)
             return y.view(*x.shape[:-1], -1)
 
 
 def is_router(module: nn.Module) -> bool:
     params = dict(module.named_parameters())
-    return ("router" in type(module).__name__.lower() and list(params) == ["weight"] and params["weight"].dim() == 2
-            and getattr(module, "num_experts", None) == params["weight"].shape[0])
+    weight, bias = params.get("weight"), params.get("bias")
+    return ("router" in type(module).__name__.lower() and sorted(params) in (["weight"], ["bias", "weight"])
+            and weight.dim() == 2 and getattr(module, "num_experts", None) == weight.shape[0]
+            and (bias is None or tuple(bias.shape) == (weight.shape[0],)))
 
 
-def is_expert_bank(module: nn.Module) -> bool:
-    params = dict(module.named_parameters(recurse=False))
-    if sorted(params) != ["down_proj", "gate_up_proj"] or any(True for c in module.children() for _ in c.parameters()):
-        return False
-    gate_up, down = params["gate_up_proj"], params["down_proj"]
-    if gate_up.dim() != 3 or down.dim() != 3 or not hasattr(module, "act_fn"):
-        return False
-    experts, two_inter, hidden = gate_up.shape
-    layout_ok = not getattr(module, "is_transposed", False) and not getattr(module, "has_bias", False) and (
-        getattr(module, "is_concatenated", True) and getattr(module, "has_gate", True))
-    return layout_ok and getattr(module, "num_experts", None) == experts and down.shape == (
-        experts, hidden, two_inter // 2) and two_inter % 2 == 0
+def _bank_shapes(module: nn.Module, bank: Bank) -> dict[str, tuple[int, ...]] | None:
+    """The shapes a bank's parameters must have, from its first matrix; None where that is no bank of matrices."""
+    first = module.get_parameter(bank.first)
+    if first.dim() != 3:
+        return None
+    experts, out, hidden = first.shape[0], *(first.shape[:0:-1] if bank.transposed else first.shape[1:])
+    gated = bank.first == "gate_up_proj"
+    inter = out // 2 if gated else out
+    if gated and out % 2:
+        return None
+    shapes = {bank.first: tuple(first.shape), "down_proj": (experts, inter, hidden) if bank.transposed else (
+        experts, hidden, inter)}
+    if bank.bias:
+        shapes.update({f"{bank.first}_bias": (experts, out), "down_proj_bias": (experts, hidden)})
+    return shapes
+
+
+def is_expert_bank(module: nn.Module) -> Bank | None:
+    """A transformers experts bank (see :class:`PerturbedExperts`): how it stores its experts, or None."""
+    params = {n: tuple(p.shape) for n, p in module.named_parameters(recurse=False)}
+    if any(True for c in module.children() for _ in c.parameters()) or getattr(module, "has_post_expert_norm", False):
+        return None
+    first = "gate_up_proj" if "gate_up_proj" in params else "up_proj"
+    bank = Bank(first, bool(getattr(module, "is_transposed", False)), bool(getattr(module, "has_bias", False)))
+    if first not in params or getattr(module, "has_gate", True) != (first == "gate_up_proj") or not hasattr(
+            module, "act_fn") and not hasattr(module, "_apply_gate"):
+        return None
+    shapes = _bank_shapes(module, bank)
+    if shapes != params or getattr(module, "num_experts", None) != params[first][0]:
+        return None
+    return bank
 
 
 def _adopt_router(module: nn.Module, found, kind: Kind, directions: int | None) -> nn.Module:
@@ -123,12 +172,15 @@ def _adopt_router(module: nn.Module, found, kind: Kind, directions: int | None) 
     return module
 
 
-def _adopt_experts(module: nn.Module, found, kind: Kind, directions: int | None) -> nn.Module:
-    e, two_inter, hidden = module.gate_up_proj.shape
-    matrices = {"gate_up_proj": Geometry(e * two_inter, e * hidden, e),
-                "down_proj": Geometry(e * hidden, e * (two_inter // 2), e)}
+def _adopt_experts(module: nn.Module, bank: Bank, kind: Kind, directions: int | None) -> nn.Module:
+    shapes = _bank_shapes(module, bank)
+    (e, *first), down = shapes[bank.first], shapes["down_proj"][1:]
+    (out, hidden), (_, inter) = (first[::-1], down[::-1]) if bank.transposed else (first, down)
+    matrices = {bank.first: Geometry(e * out, e * hidden, e), "down_proj": Geometry(e * hidden, e * inter, e)}
     swap_class(module, PerturbedExperts, "Perturbed")
-    module._init_perturbation(kind, directions, matrices, "experts", banks=frozenset(matrices))
+    module.__dict__["bank"] = bank
+    module._init_perturbation(kind, directions, matrices, "experts", banks=frozenset(matrices),
+                              transposed=frozenset(matrices) if bank.transposed else frozenset())
     return module
 
 
