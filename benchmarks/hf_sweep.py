@@ -2,10 +2,11 @@
 
 For each type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (nesgpu.bench.hf_zoo builds it from its own config
 class, its sizes shrunk), in its own process with a time limit: the population's forward is compared with
-every member's own model, module by module, in float64, and so is greedy KV-cache ``generate()``. Each type
+every member's own model, module by module, in float64, and so is KV-cache ``generate()``, greedy and sampled
+(each sampled row's logits against its member's own along the same tokens). Each type
 ends as one of
 
-    exact          forward and greedy generate equal every member's own model
+    exact          forward and generate (greedy, sampled) equal every member's own model
     refused        convert or the first population call refuses it with a one-line reason (never silent)
     DIFFERENT      a silent difference: the worst outcome, the target is none
     generate fails the forward is exact, generate() raises

@@ -25,7 +25,9 @@ from .schedules import Schedule
 
 @dataclass(frozen=True)
 class StrategyState:
-    """What a strategy carries from one step to the next; checkpointed as it is (:meth:`as_dict`).
+    """What a strategy carries from one step to the next; checkpointed field by field (:meth:`as_dict`). A
+    strategy with more to carry (a per-layer sigma, a fitness baseline) declares a subclass with more fields
+    as its :attr:`Strategy.State`; a field with a default loads from a checkpoint written before it existed.
 
     Attributes:
         step: completed steps.
@@ -38,15 +40,21 @@ class StrategyState:
     sigma0: float
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field by name (tensors as they are: a checkpoint stores them)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, values: dict) -> StrategyState:
-        """A state from :meth:`as_dict` (extra keys, such as a checkpoint's optimizer state, are ignored)."""
-        try:
-            return cls(step=int(values["step"]), sigma=float(values["sigma"]), sigma0=float(values["sigma0"]))
-        except KeyError as e:
-            raise ValueError(f"strategy state has no {e.args[0]!r}; expected step, sigma and sigma0") from None
+        """A state from :meth:`as_dict` (extra keys, such as a checkpoint's optimizer state, are ignored; a
+        field missing there takes its default)."""
+        fields = dataclasses.fields(cls)
+        missing = [f.name for f in fields if f.name not in values and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"strategy state has no {missing[0]!r}; expected {', '.join(f.name for f in fields)} "
+                             f"({cls.__name__})")
+        casts = {"int": int, "float": float}  # the annotations, as strings (postponed evaluation)
+        return cls(**{f.name: casts.get(f.type, lambda v: v)(values[f.name]) for f in fields if f.name in values})
 
 
 def check_fitness(fitness: torch.Tensor, step: int, directions: int, antithetic: bool, read: bool = True
@@ -107,6 +115,7 @@ class Strategy:
     linear_policy: ClassVar[bool] = False
     # the training configuration's options this strategy takes, and the constructor argument each sets
     config_options: ClassVar[dict[str, str]] = {}
+    State: ClassVar[type[StrategyState]] = StrategyState  # what it carries between steps (see StrategyState)
 
     @classmethod
     def uses_observation_statistics(cls, **options) -> bool:
@@ -127,7 +136,11 @@ class Strategy:
         """The state before the first step."""
         if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 < sigma < math.inf:
             raise ValueError(f"sigma must be a positive finite number; got {sigma!r}")
-        return StrategyState(step=0, sigma=float(sigma), sigma0=float(sigma))
+        return self.State(step=0, sigma=float(sigma), sigma0=float(sigma), **self.initial_state())
+
+    def initial_state(self) -> dict:
+        """The values of the fields :attr:`State` adds to :class:`StrategyState`, before the first step."""
+        return {}
 
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
         """This strategy's default optimizer over ``parameters`` (step size ``lr``, default :attr:`default_lr`)."""

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..population import Population
-from ..strategies import Strategy, StrategyState
+from ..strategies import Strategy
 from ..strategies.base import fitness_statistics
 from ..strategies.schedules import Schedule, StepSizes
 
@@ -112,7 +112,7 @@ class EvolutionStep:
         """Restore a :meth:`state_dict`; the saved base step sizes are set under this step's own schedule."""
         if not isinstance(state, dict) or "optimizer" not in state:
             raise ValueError("not an ES checkpoint's strategy state (no optimizer state)")
-        self.state = StrategyState.from_dict(state)
+        self.state = self.strategy.State.from_dict(state)
         self.population.pm.load_master_state(state.get("masters"))
         self.optimizer.load_state_dict(state["optimizer"])
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
