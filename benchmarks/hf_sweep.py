@@ -90,6 +90,7 @@ def trains(model, model_type: str, unused: list[str]) -> str:
     from safetensors.torch import load_file
 
     from nesgpu.bench.hf_zoo import VOCAB
+    from nesgpu.tasks.reward_tasks import load_causal_lm
     from nesgpu.train import TrainConfig, train
 
     chars = list("0123456789+-*/()=>: \n")
@@ -112,7 +113,7 @@ def trains(model, model_type: str, unused: list[str]) -> str:
             train(cfg, model=copy.deepcopy(model) if unused else None, log=lambda *a, **k: None)
             train(dataclasses.replace(cfg, steps=2), model=copy.deepcopy(model) if unused else None, resume=True,
                   log=lambda *a, **k: None)
-            back = transformers.AutoModelForCausalLM.from_pretrained(run / "hf", local_files_only=True)
+            back = load_causal_lm(run / "hf")  # AutoModelForCausalLM, or the class config.json names
             saved = load_file(run / "model.safetensors")
             own = back.state_dict()
             if not all(torch.equal(own[k].to(v.dtype), v) for k, v in saved.items() if k in own):

@@ -1,13 +1,18 @@
 """The exact fallback for a module that a population call found it needs (see
 :class:`nesgpu.layers.guard.NeedsFallback`): a parent that computes with a child's weight, or regroups its
-rows. The module's subtree is made plain again and runs, as one, through torch.func, exactly."""
+rows, or whose own code fails on the population's rows (a shape error in a module that mixes them). The
+module's subtree is made plain again and runs, as one, through torch.func, exactly."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .export import unconvert
 from .layers import FunctionalPerturbed, PerturbedModule, functional_fallback
+from .layers.guard import NeedsFallback
+
+_ERRORS = (RuntimeError, IndexError, ValueError, TypeError)  # what a module's code raises on rows it cannot take
 
 
 def fallback_root(model: nn.Module, name: str) -> str:
@@ -42,4 +47,35 @@ def fall_back(model: nn.Module, name: str, directions: int | None) -> nn.Module:
     return functional_fallback(plain, directions)
 
 
-__all__ = ["fall_back", "fallback_root"]
+def failing_module(model: nn.Module, error: BaseException) -> NeedsFallback | None:
+    """Where ``error``, raised during a population call, comes from the own ``forward`` of a plain module of
+    ``model`` (not a perturbed one, not inside the fallback): a :class:`NeedsFallback` for that module, whose
+    code fails on the population's rows; None for any other error (nesgpu's own, a task's, out of memory)."""
+    if isinstance(error, NeedsFallback) or not isinstance(error, _ERRORS) or _out_of_memory(error):
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    deepest = None
+    frame = error.__traceback__
+    while frame is not None:
+        module = frame.tb_frame.f_locals.get("self")
+        if isinstance(module, FunctionalPerturbed):
+            return None  # the fallback's own member calls: its error (it names the module) stands
+        if isinstance(module, nn.Module) and id(module) in names and frame.tb_frame.f_code.co_name == "forward":
+            deepest = module
+        frame = frame.tb_next
+    if deepest is None or isinstance(deepest, PerturbedModule):
+        return None
+    name = names[id(deepest)]
+    text = (str(error).splitlines() or [""])[0][:200]
+    label = f"{name or 'model'} ({type(deepest).__name__})"
+    return NeedsFallback(f"{label} fails on the population's rows ({type(error).__name__}: {text}): its code mixes "
+                         f"or regroups them; run it through the exact fallback (convert(..., fallback=[{name!r}])) or "
+                         f"freeze it", name, f"fails on the population's rows ({type(error).__name__}: {text})")
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+__all__ = ["failing_module", "fall_back", "fallback_root"]

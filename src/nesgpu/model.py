@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
 
-from .autofallback import fall_back, fallback_root
+from .autofallback import failing_module, fall_back, fallback_root
 from .layers import PerturbedLinear, PerturbedModule, repeat_signs
 from .layers.guard import NeedsFallback
 from .layers.layout import RowLayout, one_sequence_per_row
@@ -220,7 +220,10 @@ class PerturbedModel:
                 stack.enter_context(layer.perturbing(self.sigma, self.antithetic))
             stack.callback(self.model.register_forward_pre_hook(self._see_rows, with_kwargs=True).remove)
             stack.enter_context(one_sequence_per_row(self.model))
-            yield
+            try:
+                yield
+            except Exception as e:  # a plain module whose code fails on the rows: exact in the fallback
+                raise failing_module(self.model, e) or e  # (the error itself, where it is none)
             found = [name for name, layer in self.layers.items() if layer.perturbs and layer.population_calls == 0]
             if found and unused is not None:
                 unused += [name for name in found if name not in unused]

@@ -75,15 +75,11 @@ def load_model(spec: str, prompts: list[str] | None):
 
 def _hf_model(spec: str, prompts: list[str]):
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from ..tasks.reward_tasks import hf_directory, load_tokenizer
+    from ..tasks.reward_tasks import hf_directory, load_causal_lm, load_tokenizer
 
     directory = hf_directory(spec)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{directory} holds no causal language model transformers can load ({e})") from e
+    model = load_causal_lm(directory)
     try:
         tokenizer = load_tokenizer(directory)
         tokenizer.padding_side = "left"

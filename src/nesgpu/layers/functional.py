@@ -27,7 +27,7 @@ from ..kinds import Gaussian
 from .base import PerturbedModule
 from .guard import NeedsFallback, parent_name
 from .layout import member_tokens
-from .member_state import holds_state, member_view, merge_members
+from .member_state import attribute_state, holds_state, member_view, merge_members, written_tensors
 from .swap import swap_class
 
 
@@ -39,8 +39,9 @@ class FunctionalPerturbed(PerturbedModule):
             return self._shared_input_call(args, kwargs)
         first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
         if first is None or first.dim() < 1:
-            raise ValueError(f"{type(self).__name__}: a population call needs a tensor argument whose first "
-                             f"dimension is the rows (repeats * directions); got {[type(a).__name__ for a in args]}")
+            raise ValueError(f"{self.label}: a population call needs a tensor argument whose first dimension is the "
+                             f"rows (repeats * directions); got {[type(a).__name__ for a in args]}, so its members' "
+                             f"outputs have no rows to go to; freeze it (convert(..., freeze=[{self.layer_name!r}]))")
         layout, n = self.population_layout, first.shape[0]
         rows = n if layout is None else layout.rows  # unknown (a sequence-first model): its first dimension
         tokens = None if layout is None else member_tokens(layout, first, self.label, self.layer_name)
@@ -79,7 +80,7 @@ class FunctionalPerturbed(PerturbedModule):
         return RuntimeError(f"{self.label}: the exact fallback cannot run this module member by member "
                             f"({type(error).__name__}: {text[:200]}), perhaps because its code mixes or regroups its "
                             f"rows. Freeze it (convert(..., freeze=[{self.layer_name!r}])), or run its parent through "
-                            f"the fallback (convert(..., fallback=[...]))")
+                            f"the fallback (convert(..., fallback=[{parent_name(self.layer_name)!r}]))")
 
     def _shares_its_input(self, args, kwargs) -> bool:
         """Whether no argument can hold the population's rows (no dimension of any tensor a multiple of them):
@@ -118,12 +119,18 @@ class FunctionalPerturbed(PerturbedModule):
         """The members' calls: the module's inner calls run its plain forward; an error of the module's own code
         names the module (see :meth:`_cannot_run`)."""
         active, self._active = self._active, None
+        before = attribute_state(self)
         try:
             yield
         except (RuntimeError, IndexError, TypeError, ValueError) as e:
             raise self._cannot_run(e) from e
         finally:
             self._active = active
+        written = written_tensors(self, before)
+        if written:  # each member's state would overwrite the last: no member's own
+            raise RuntimeError(f"{self.label}: its forward writes {written[0]!r}, a state it keeps between calls, "
+                               f"which the exact fallback cannot keep member by member; freeze it (convert(..., "
+                               f"freeze=[{self.layer_name!r}]))")
 
 
 def _per_member(member, params, inputs, batched, rows):

@@ -86,3 +86,43 @@ def _merged_tensor(value, views: list, rows: int):
             own_rows or not isinstance(value, torch.Tensor) or value.numel() == 0 or value.shape[0] != 1):
         return torch.cat(views)  # each row's replacement
     return views[0]  # shared by every row
+
+
+def attribute_state(module: nn.Module) -> dict[tuple[str, str], object]:
+    """What ``module`` and its children hold in their attributes and buffers (not their parameters), by
+    (module name, attribute): to tell, after a forward, which it wrote (a recurrent state a module keeps
+    between calls, RecurrentGemma's)."""
+    found = {}
+    for name, m in module.named_modules():
+        for key, value in vars(m).items():
+            found[(name, key)] = value
+        for key, value in m._buffers.items():
+            found[(name, key)] = value
+    return found
+
+
+def written_tensors(module: nn.Module, before: dict[tuple[str, str], object]) -> list[str]:
+    """The attributes (``name.attr``) of ``module``'s tree that now hold another object holding tensors than
+    ``before`` (see :func:`attribute_state`); each is set back to what it held."""
+    written = []
+    for (name, key), value in attribute_state(module).items():
+        old = before.get((name, key))
+        if value is not old and any(isinstance(t, torch.Tensor) for t in _leaves(value)):
+            written.append(f"{name}.{key}" if name else key)
+            owner = module.get_submodule(name)
+            if key in owner._buffers:
+                owner._buffers[key] = old
+            else:
+                owner.__dict__[key] = old
+    return written
+
+
+def _leaves(value, depth: int = 0):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < DEPTH and isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v, depth + 1)
+    elif depth < DEPTH and isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v, depth + 1)

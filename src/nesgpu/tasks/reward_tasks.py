@@ -29,6 +29,46 @@ def hf_directory(model: str | None) -> Path:
     return directory
 
 
+def load_causal_lm(directory: Path, **options) -> nn.Module:
+    """The causal LM of a local directory, in eval mode, with the parameters its architecture keeps fixed
+    frozen again (``from_pretrained`` makes every parameter trainable: RoFormer's sinusoidal table)."""
+    model = _load_causal_lm(directory, **options)
+    import torch
+
+    with torch.device("meta"):  # the architecture's own model, without memory or initialisation
+        fresh = type(model)(model.config)
+    fixed = {n for n, p in fresh.named_parameters() if not p.requires_grad}
+    for name, p in model.named_parameters():
+        if name in fixed:
+            p.requires_grad_(False)
+    return model
+
+
+def _load_causal_lm(directory: Path, **options) -> nn.Module:
+    """``AutoModelForCausalLM``'s model, or, for a config type its table does not map (Emu3's and Mllama's
+    text models), the transformers class config.json names in ``architectures``. ValueError when neither loads."""
+    import transformers
+
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, **options).eval()
+    except ValueError as e:
+        if "Unrecognized configuration class" not in str(e):
+            raise ValueError(f"{directory} holds no causal language model transformers can load ({e})") from e
+        first = e
+    except OSError as e:
+        raise ValueError(f"{directory} holds no causal language model transformers can load ({e})") from e
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    named = [getattr(transformers, a, None) for a in getattr(config, "architectures", None) or []]
+    cls = next((c for c in named if isinstance(c, type) and issubclass(c, transformers.PreTrainedModel)
+                and c.__name__.endswith("ForCausalLM")), None)
+    if cls is None:
+        raise ValueError(f"{directory} holds no causal language model transformers can load ({first})") from first
+    try:
+        return cls.from_pretrained(directory, local_files_only=True, **options).eval()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{directory} holds no causal language model transformers can load ({e})") from e
+
+
 def load_tokenizer(directory: Path):
     """The directory's tokenizer, with a pad token (its eos token when it has none)."""
     from transformers import AutoTokenizer
@@ -51,13 +91,7 @@ class PretrainedGenerationTask(GenerationTask):
         super().__init__(tokenizer=load_tokenizer(directory), **options)
 
     def make_model(self, hidden, model: str) -> nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        try:
-            return AutoModelForCausalLM.from_pretrained(self.directory, local_files_only=True,
-                                                        dtype=self.dtype or "auto").eval()
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{self.directory} holds no causal language model transformers can load ({e})") from e
+        return load_causal_lm(self.directory, dtype=self.dtype or "auto")
 
     def save(self, model: nn.Module, directory: Path) -> None:
         """``model`` and the tokenizer in ``directory`` (save_pretrained), for ``from_pretrained``."""
