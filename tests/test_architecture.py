@@ -1,6 +1,6 @@
 """The shape of the code: the house's parts import only downward, no import cycles between modules, no
-private names of another module, no function over 60 lines, no file over 400 lines, and strategies know
-nothing of the model or the population."""
+private names of another module, no function over 60 lines, no file over 400 lines, strategies know
+nothing of the model or the population, and no module-level state changes but a registry's."""
 
 import ast
 from pathlib import Path
@@ -104,3 +104,65 @@ def test_functions_and_files_stay_small(path):
     long = [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(text))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60]
     assert not long, f"{path.relative_to(SRC)}: functions over 60 lines {long}"
+
+
+# the module-level containers the code may change: registries (a module's own state lives in objects)
+REGISTRIES = {"nesgpu.layers.forms": {"REGISTERED"}}
+_CONTAINERS = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakKeyDictionary", "WeakValueDictionary",
+               "deque", "Counter"}
+_MUTATORS = {"append", "add", "update", "setdefault", "pop", "clear", "extend", "insert", "remove", "discard",
+             "popitem"}
+
+
+def module_containers(tree: ast.Module) -> set[str]:
+    """Names the module binds at its top level to a mutable container (a dict, list or set)."""
+    pairs = []
+    for node in tree.body:
+        targets, value = (node.targets, node.value) if isinstance(node, ast.Assign) else (
+            ([node.target], node.value) if isinstance(node, ast.AnnAssign) else ([], None))
+        for t in targets:  # A = {} and A, B = {}, []
+            both = isinstance(t, ast.Tuple) and isinstance(value, ast.Tuple) and len(t.elts) == len(value.elts)
+            pairs += list(zip(t.elts, value.elts)) if both else [(t, value)]
+    names = set()
+    for target, value in pairs:
+        call = getattr(getattr(value, "func", None), "id", getattr(getattr(value, "func", None), "attr", None))
+        if isinstance(target, ast.Name) and (isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp,
+                                                                ast.ListComp, ast.SetComp)) or
+                                             isinstance(value, ast.Call) and call in _CONTAINERS):
+            names.add(target.id)
+    return names
+
+
+def changed_module_state(tree: ast.Module) -> set[str]:
+    """The module-level state the module's code changes: its containers changed in place, names declared
+    ``global``, and caches (``@functools.cache``/``lru_cache``, as "@function")."""
+    names, found = module_containers(tree), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found |= set(node.names)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            if isinstance(node.func.value, ast.Name) and node.func.value.id in names:
+                found.add(node.func.value.id)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            found |= {t.value.id for t in targets if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)
+                      and t.value.id in names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.decorator_list:
+                d = d.func if isinstance(d, ast.Call) else d
+                if getattr(d, "attr", getattr(d, "id", None)) in ("cache", "lru_cache"):
+                    found.add(f"@{node.name}")
+    return found
+
+
+def test_the_state_rule_finds_what_it_forbids():
+    code = "import functools\nA, B = {}, []\nC = set()\ndef f():\n    A['k'] = 1\n    B.append(2)\n"
+    code += "@functools.cache\ndef g():\n    global D\n"
+    assert changed_module_state(ast.parse(code)) == {"A", "B", "@g", "D"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_module_level_mutable_state_outside_registries(path):
+    found = changed_module_state(ast.parse(path.read_text())) - REGISTRIES.get(module_name(path), set())
+    assert not found, (f"{path.relative_to(SRC)} changes module-level state {sorted(found)}: keep it in an object "
+                       f"its owner holds, or name the registry in REGISTRIES")

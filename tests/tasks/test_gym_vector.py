@@ -12,14 +12,9 @@ gym = pytest.importorskip("gymnasium")
 import nesgpu  # noqa: E402
 from nesgpu.tasks import GymVectorEnv, make_task, rollout  # noqa: E402
 from nesgpu.tasks import gym as gym_module  # noqa: E402
+from nesgpu.tasks.gym_warnings import EnvWarnings, MujocoWarning, dedup_key  # noqa: E402
 
 FORKS = gym_module._async_context() == "fork"  # the test env registered here reaches the workers only by fork
-
-
-@pytest.fixture
-def fresh_shown(monkeypatch):
-    """Forget which warnings this process has shown, so that a test sees the first one again."""
-    monkeypatch.setattr(gym_module, "_SHOWN", set())
 
 
 def linear_policy(env_id: str, seed: int = 0):
@@ -135,7 +130,7 @@ if TOY_ID not in gym.registry:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_warning_repeated_every_step_is_shown_once(mode, recwarn, fresh_shown):
+def test_a_warning_repeated_every_step_is_shown_once(mode, recwarn):
     if mode == "async" and not FORKS:
         pytest.skip("the toy env is registered in this process only; spawned workers do not see it")
     warnings.simplefilter("always")  # the user asked for every repeat; repeats inside env calls still go
@@ -150,8 +145,20 @@ def test_a_warning_repeated_every_step_is_shown_once(mode, recwarn, fresh_shown)
     assert [str(w.message) for w in recwarn.list].count("toy env: stepped") == 2
 
 
+def test_the_envs_of_one_task_share_what_they_showed_and_others_do_not(recwarn):
+    warnings.simplefilter("always")
+    shown = EnvWarnings()
+    for _ in range(2):  # two envs of one task (its training and evaluation rows): shown once between them
+        with GymVectorEnv(TOY_ID, 2, env_warnings=shown) as env:
+            rollout(env, lambda obs: torch.zeros(obs.shape[0], 1), torch.arange(2), 0, 3)
+    with GymVectorEnv(TOY_ID, 2) as env:  # an env of its own: its own first time
+        rollout(env, lambda obs: torch.zeros(obs.shape[0], 1), torch.arange(2), 0, 3)
+    assert [str(w.message) for w in recwarn.list].count("toy env: stepped") == 2
+    assert ("toy env: stepped" in {text for _, text in shown.shown})
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_warning_filters_still_apply_inside_env_calls(mode, fresh_shown):
+def test_warning_filters_still_apply_inside_env_calls(mode):
     if mode == "async" and not FORKS:
         pytest.skip("the toy env is registered in this process only; spawned workers do not see it")
     with warnings.catch_warnings():
@@ -167,13 +174,13 @@ def test_warning_filters_still_apply_inside_env_calls(mode, fresh_shown):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_mujoco_messages_become_one_python_warning(mode, recwarn, fresh_shown, tmp_path, monkeypatch):
+def test_mujoco_messages_become_one_python_warning(mode, recwarn, tmp_path, monkeypatch):
     mujoco = pytest.importorskip("mujoco")
     monkeypatch.chdir(tmp_path)  # MuJoCo's own handler would append to ./MUJOCO_LOG.TXT
     warnings.simplefilter("always")
     with GymVectorEnv("HalfCheetah-v5", 3, vector_mode=mode) as env:  # each row compiles the model
         rollout(env, lambda obs: torch.zeros(obs.shape[0], 6), torch.arange(3), 0, 5)
-    caught = [w for w in recwarn.list if issubclass(w.category, gym_module.MujocoWarning)]
+    caught = [w for w in recwarn.list if issubclass(w.category, MujocoWarning)]
     assert len(caught) <= 1  # one, while HalfCheetah's XML uses the deprecated settotalmass
     assert all(w.filename == "mujoco" for w in caught)
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
@@ -181,8 +188,8 @@ def test_mujoco_messages_become_one_python_warning(mode, recwarn, fresh_shown, t
 
 
 def test_mujoco_time_stamps_do_not_make_messages_new():
-    key = gym_module._dedup_key
-    warning = gym_module.MujocoWarning
+    key = dedup_key
+    warning = MujocoWarning
     a = "Nan, Inf or huge value in QACC at DOF 0. The simulation is unstable. Time = 0.0150."
     b = "Nan, Inf or huge value in QACC at DOF 0. The simulation is unstable. Time = 2.5000."
     assert key(warning, a) == key(warning, b) and key(UserWarning, a) != key(UserWarning, b)

@@ -1,16 +1,7 @@
 """Any gymnasium environment (``gym:<id>``) as a batched environment, through gymnasium's vector API.
 
-Warnings. Environments can warn at every reset or step, in every row: gymnasium's environment checker on each
-row's first reset and step, MuJoCo's C library (``mju_warning``: at each model compile, e.g. HalfCheetah-v5's
-"compiler attribute 'settotalmass' is deprecated", and at instabilities, "Nan, Inf or huge value in QACC ..."),
-or the environment's own code. Inside this module's calls into the environment only (creation, reset, step),
-a warning whose category and text have been shown once in this process is not shown again, even under an
-"always" filter; everything else about the user's filters holds ("error" raises, "ignore" drops). MuJoCo's
-messages arrive as :class:`MujocoWarning` (module "mujoco", so ``-W "ignore:::mujoco"`` silences them) instead
-of being printed and appended to ``MUJOCO_LOG.TXT`` in the working directory, unless the process has a
-``mujoco.set_mju_user_warning`` handler of its own. Under ``vector_mode="async"`` the rows' warnings are
-raised in the worker processes; they are recorded there and shown here, by the same rules, under the filters
-in force at the reset or step that brings them (a worker's creation warnings come with its first reset).
+Warnings the environments raise at every reset or step, in every row, are shown once per task: the
+environments of a task share one :class:`~nesgpu.tasks.gym_warnings.EnvWarnings` (see that module).
 """
 
 from __future__ import annotations
@@ -18,29 +9,19 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
-import pickle
-import re
 import sys
-import warnings
 import weakref
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..noise import derive_seed
+from .gym_warnings import WARNINGS_KEY, EnvWarnings, MujocoWarning, Recorder
 
 if TYPE_CHECKING:  # numpy comes with gymnasium (the [rl] extra): imported where an environment runs
     import numpy as np
 
 VECTOR_MODES = ("sync", "async")
-_WARNINGS_KEY = "nesgpu_warnings"  # info key that carries a worker's warnings to the main process
-_SHOWN: set[tuple[type, str]] = set()  # (category, text) of every warning shown from inside an environment call
-_MUJOCO_TIME = re.compile(r"\s*Time = [-+0-9.eE]+\.?\s*$")  # MuJoCo's instability messages end with the time
-
-
-class MujocoWarning(UserWarning):
-    """A message of MuJoCo's C library (``mju_warning``) raised while a gym environment was created, reset or
-    stepped."""
 
 
 def check_vector_mode(vector_mode: str) -> str:
@@ -64,118 +45,6 @@ def _async_context() -> str | None:
     return "fork" if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods() else None
 
 
-def _dedup_key(category: type, text: str) -> tuple[type, str]:
-    if issubclass(category, MujocoWarning):
-        text = _MUJOCO_TIME.sub("", text)
-    return category, text
-
-
-class _ShowOnce:
-    """Context for a call into the environment in this (the main) process: a warning shown inside it is shown
-    only if its category and text were not shown inside such a call before; MuJoCo's messages become
-    :class:`MujocoWarning`. Filters are left alone (``warnings.catch_warnings`` would reset every module's
-    "default" registry at each step), only ``warnings.showwarning`` is swapped for the call. Nests."""
-
-    __slots__ = ("_hook_mujoco", "_messages", "_mujoco", "_previous")
-
-    def __init__(self, mujoco: bool = True):
-        self._hook_mujoco = mujoco
-
-    def __enter__(self):
-        self._previous = warnings.showwarning
-        if not isinstance(self._previous, _OnceShower):
-            warnings.showwarning = _OnceShower(self._previous)
-        self._mujoco = sys.modules.get("mujoco") if self._hook_mujoco else None
-        self._messages = _catch_mujoco_messages(self._mujoco)  # a handler set before (the process's) stays
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            if self._messages is not None:
-                self._mujoco.set_mju_user_warning(None)
-                for text in self._messages:
-                    _warn_mujoco(text)
-        finally:
-            warnings.showwarning = self._previous
-        return False
-
-
-class _OnceShower:
-    """``warnings.showwarning`` inside :class:`_ShowOnce`: passes on what was not shown before."""
-
-    __slots__ = ("show",)
-
-    def __init__(self, show):
-        self.show = show
-
-    def __call__(self, message, category, filename, lineno, file=None, line=None):
-        key = _dedup_key(category, str(message))
-        if key in _SHOWN:
-            return
-        _SHOWN.add(key)
-        self.show(message, category, filename, lineno, file, line)
-
-
-def _catch_mujoco_messages(mujoco) -> list[str] | None:
-    """Route MuJoCo's C-level warning messages into a new list (returned) while no other handler is set;
-    None (nothing routed) when mujoco is not loaded or a handler is already in place."""
-    get = getattr(mujoco, "get_mju_user_warning", None)
-    if get is None or get() is not None:
-        return None
-    messages: list[str] = []
-    mujoco.set_mju_user_warning(messages.append)
-    return messages
-
-
-def _warn_mujoco(text: str) -> None:
-    warnings.warn_explicit(text, MujocoWarning, "mujoco", 0, module="mujoco", registry=_MUJOCO_REGISTRY)
-
-
-_MUJOCO_REGISTRY: dict = {}
-_FORWARDED_REGISTRY: dict = {}
-
-
-class _Record:
-    """Context for a call into the environment in an async worker: records every warning (filters are the main
-    process's business) and every MuJoCo message, to travel to the main process in the call's info."""
-
-    def __init__(self):
-        self.caught: list[tuple] = []
-
-    def __enter__(self):
-        self._catch = warnings.catch_warnings(record=True)
-        self._log = self._catch.__enter__()
-        warnings.simplefilter("always")
-        self._mujoco = sys.modules.get("mujoco")
-        self._messages = _catch_mujoco_messages(self._mujoco)  # the worker's own (fork copies none)
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            if self._messages is not None:
-                self._mujoco.set_mju_user_warning(None)
-                self.caught += [(MujocoWarning, text, "mujoco", 0, "mujoco") for text in self._messages]
-        finally:
-            self._catch.__exit__(*exc)
-        for w in self._log:
-            category = w.category
-            try:
-                pickle.dumps(category)
-            except Exception:  # a class the main process may not be able to load
-                category = UserWarning
-            self.caught.append((category, str(w.message), w.filename, w.lineno, _module_of(w.filename)))
-        return False
-
-
-@functools.lru_cache(maxsize=256)
-def _module_of(filename: str) -> str | None:
-    """The name of the imported module in ``filename`` (what warning filters match), or None."""
-    for name, module in list(sys.modules.items()):
-        if getattr(module, "__file__", None) == filename:
-            return name
-    return None
-
-
 def _make_env(env_id: str, main_pid: int):
     """One row's environment. In an async worker it is wrapped to send its warnings along with its resets and
     steps (the creation's with the first reset); in the main process (AsyncVectorEnv makes one there to read
@@ -183,20 +52,20 @@ def _make_env(env_id: str, main_pid: int):
     import gymnasium as gym
 
     if os.getpid() == main_pid:
-        with _ShowOnce():
+        with EnvWarnings().call():
             return gym.make(env_id)
-    with _Record() as record:
+    modules: dict[str, str | None] = {}  # the worker's filename -> module table
+    with Recorder(modules) as record:
         env = gym.make(env_id)
-    return _send_warnings_wrapper()(env, record.caught)
+    return _send_warnings(env, record.caught, modules)
 
 
-@functools.cache
-def _send_warnings_wrapper():
-    """The gymnasium wrapper of an async worker's environment (built on first use: gymnasium is optional)."""
+def _send_warnings(env, pending: list, modules: dict):
+    """``env`` (in an async worker) wrapped so that its resets and steps carry their warnings in their info."""
     import gymnasium as gym
 
     class SendWarnings(gym.Wrapper):
-        def __init__(self, env, pending):
+        def __init__(self, env):
             super().__init__(env)
             self._pending = list(pending)
 
@@ -205,33 +74,20 @@ def _send_warnings_wrapper():
             self._pending = []
             if caught:
                 info = dict(info)
-                info[_WARNINGS_KEY] = caught
+                info[WARNINGS_KEY] = caught
             return info
 
         def reset(self, **kwargs):
-            with _Record() as record:
+            with Recorder(modules) as record:
                 obs, info = self.env.reset(**kwargs)
             return obs, self._attach(info, record)
 
         def step(self, action):
-            with _Record() as record:
+            with Recorder(modules) as record:
                 obs, reward, terminated, truncated, info = self.env.step(action)
             return obs, reward, terminated, truncated, self._attach(info, record)
 
-    return SendWarnings
-
-
-def _show_forwarded(info: dict) -> None:
-    """Raise, in this process, the warnings the async workers recorded (inside a :class:`_ShowOnce`)."""
-    caught, mask = info.get(_WARNINGS_KEY), info.get("_" + _WARNINGS_KEY)
-    if caught is None:
-        return
-    for row, records in enumerate(caught):
-        if mask is not None and not mask[row]:
-            continue
-        for category, text, filename, lineno, module in records or ():
-            registry = _MUJOCO_REGISTRY if category is MujocoWarning else _FORWARDED_REGISTRY
-            warnings.warn_explicit(text, category, filename, lineno, module=module, registry=registry)
+    return SendWarnings(env)
 
 
 def _close(env, pid: int) -> None:
@@ -264,7 +120,7 @@ class GymVectorEnv:
     """
 
     def __init__(self, env_id: str, n: int, device: torch.device | str = "cpu", vector_mode: str = "sync",
-                 clip_actions: bool = True):
+                 clip_actions: bool = True, env_warnings: EnvWarnings | None = None):
         try:
             import gymnasium as gym
         except ImportError as e:  # pragma: no cover - depends on the environment
@@ -272,12 +128,13 @@ class GymVectorEnv:
         self.vector_mode = check_vector_mode(vector_mode)
         self.clip_actions = clip_actions  # False: continuous actions reach the env as computed (ARS's linear policy)
         self.env_id, self.n, self.device = env_id, n, torch.device(device)
+        self.warnings = env_warnings or EnvWarnings()  # what this env's calls have shown (shared by a task's envs)
         _import_mujoco_for(env_id)
         if vector_mode == "sync":
-            with _ShowOnce():
+            with self.warnings.call():
                 self.env = gym.make_vec(env_id, num_envs=n, vectorization_mode="sync")
         else:  # no MuJoCo hook while forking: the workers would inherit it (_make_env hooks its own)
-            with _ShowOnce(mujoco=False):
+            with self.warnings.call(mujoco=False):
                 self.env = gym.vector.AsyncVectorEnv(
                     [functools.partial(_make_env, env_id, os.getpid()) for _ in range(n)], context=_async_context())
         self._finalizer = weakref.finalize(self, _close, self.env, os.getpid())
@@ -302,12 +159,12 @@ class GymVectorEnv:
         return False
 
     @staticmethod
-    def spec(env_id: str):
-        """Spaces of ``env_id`` in the form RLTask expects."""
+    def spec(env_id: str, env_warnings: EnvWarnings | None = None):
+        """Spaces of ``env_id`` in the form RLTask expects (the env's warnings shown through ``env_warnings``)."""
         import gymnasium as gym
         import numpy as np
         _import_mujoco_for(env_id)
-        with _ShowOnce():
+        with (env_warnings or EnvWarnings()).call():
             env = gym.make(env_id)
         obs_space, act_space = env.observation_space, env.action_space
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
@@ -326,9 +183,9 @@ class GymVectorEnv:
     def reset(self, seed: int, groups: torch.Tensor, count: int) -> torch.Tensor:
         import numpy as np
         seeds = [derive_seed(seed, g) % 2**31 for g in groups.tolist()]
-        with _ShowOnce():
+        with self.warnings.call():
             obs, info = self.env.reset(seed=seeds)
-            _show_forwarded(info)
+            self.warnings.show_forwarded(info)
         self._obs = np.array(obs)
         self._ended = np.zeros(self.n, dtype=bool)
         return torch.as_tensor(obs, dtype=torch.float32, device=self.device)
@@ -340,12 +197,12 @@ class GymVectorEnv:
             a = a.astype(np.int64)
         else:
             a = np.clip(a.astype(np.float32), self._low, self._high) if self.clip_actions else a.astype(np.float32)
-        with _ShowOnce():
+        with self.warnings.call():
             if self.vector_mode == "sync":
                 obs, reward, done = self._step_running(a)
             else:
                 obs, reward, terminated, truncated, info = self.env.step(a)
-                _show_forwarded(info)
+                self.warnings.show_forwarded(info)
                 done = np.logical_or(terminated, truncated)
         return (torch.as_tensor(obs, dtype=torch.float32, device=self.device),
                 torch.as_tensor(reward, dtype=torch.float64, device=self.device),
@@ -366,7 +223,7 @@ class GymVectorEnv:
 
 def _import_mujoco_for(env_id: str) -> None:
     """Import mujoco ahead of a MuJoCo environment's creation, so that its compile messages (one per row) are
-    caught too: :class:`_ShowOnce` only hooks a mujoco that is already imported."""
+    caught too: :class:`~nesgpu.tasks.gym_warnings.ShowOnce` only hooks a mujoco that is already imported."""
     if "mujoco" in sys.modules:
         return
     try:
@@ -379,3 +236,6 @@ def _import_mujoco_for(env_id: str) -> None:
             import mujoco  # noqa: F401
         except ImportError:
             pass
+
+
+__all__ = ["GymVectorEnv", "MujocoWarning", "VECTOR_MODES", "check_vector_mode"]

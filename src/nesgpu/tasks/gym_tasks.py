@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .gym import GymVectorEnv
+from .gym_warnings import EnvWarnings
 from .rl import RLTask
 from .spec import TaskOptions, TaskSpec
 
@@ -12,15 +13,17 @@ def make_gym_task(name: str, options: TaskOptions) -> RLTask:
     env_id = name[len("gym:"):]
     if not env_id:
         raise ValueError(f"unknown task {name!r}: expected gym:<id>, e.g. gym:Pendulum-v1")
+    shown = EnvWarnings()  # the task's environments show each warning once, between them
     try:
-        spec = GymVectorEnv.spec(env_id)
+        spec = GymVectorEnv.spec(env_id, shown)
     except ImportError:
         raise
     except Exception as e:
         raise ValueError(f"unknown task {name!r}: gymnasium cannot make {env_id!r} ({e})") from e
     clip = options.policy_output != "linear"  # a linear policy's actions reach the env as computed (ARS)
     vector_mode = options.vector_mode
-    return RLTask(lambda n, dev: GymVectorEnv(env_id, n, dev, vector_mode=vector_mode, clip_actions=clip), spec,
+    return RLTask(lambda n, dev: GymVectorEnv(env_id, n, dev, vector_mode=vector_mode, clip_actions=clip,
+                                              env_warnings=shown), spec,
                   name, episodes=options.episodes, eval_episodes=options.eval_episodes, device=options.device,
                   seed=options.seed, normalize_observations=options.normalize_observations,
                   reward_shift=options.reward_shift, start_states=options.start_states,
