@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -204,8 +205,10 @@ def main() -> None:
     print(table)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
-    if args.markdown:
-        args.markdown.write_text(table)
+    if args.markdown:  # the table replaces what follows the file's header (up to its line "<N> types; ...")
+        old = args.markdown.read_text() if args.markdown.exists() else ""
+        start = re.search(r"^\d+ types; ", old, flags=re.M)
+        args.markdown.write_text((old[:start.start()] if start else "") + table)
 
 
 if __name__ == "__main__":

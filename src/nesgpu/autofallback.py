@@ -5,12 +5,12 @@ module's subtree is made plain again and runs, as one, through torch.func, exact
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from .export import unconvert
 from .layers import FunctionalPerturbed, PerturbedModule, functional_fallback
 from .layers.guard import NeedsFallback
+from .memory import out_of_memory
 
 _ERRORS = (RuntimeError, IndexError, ValueError, TypeError)  # what a module's code raises on rows it cannot take
 
@@ -51,7 +51,7 @@ def failing_module(model: nn.Module, error: BaseException) -> NeedsFallback | No
     """Where ``error``, raised during a population call, comes from the own ``forward`` of a plain module of
     ``model`` (not a perturbed one, not inside the fallback): a :class:`NeedsFallback` for that module, whose
     code fails on the population's rows; None for any other error (nesgpu's own, a task's, out of memory)."""
-    if isinstance(error, NeedsFallback) or not isinstance(error, _ERRORS) or _out_of_memory(error):
+    if isinstance(error, NeedsFallback) or not isinstance(error, _ERRORS) or out_of_memory(error):
         return None
     names = {id(m): n for n, m in model.named_modules()}
     deepest = None
@@ -71,11 +71,6 @@ def failing_module(model: nn.Module, error: BaseException) -> NeedsFallback | No
     return NeedsFallback(f"{label} fails on the population's rows ({type(error).__name__}: {text}): its code mixes "
                          f"or regroups them; run it through the exact fallback (convert(..., fallback=[{name!r}])) or "
                          f"freeze it", name, f"fails on the population's rows ({type(error).__name__}: {text})")
-
-
-def _out_of_memory(error: BaseException) -> bool:
-    text = str(error)
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 __all__ = ["failing_module", "fall_back", "fallback_root"]

@@ -71,12 +71,6 @@ def warning_source(filename: str) -> str:
     return "nesgpu"
 
 
-def _out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` is an allocator's failure: torch's CPU or CUDA allocator, or Python's."""
-    text = str(e)
-    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in text
-
-
 def _asked(e: BaseException) -> str:
     """How much the failed allocation asked for, as the allocator said it."""
     text = str(e)
@@ -128,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.exit(1, f"nesgpu {args.command}: error: {e.strerror or e}{where}; checkpoints are written "
                            f"atomically, so the last one written (if any) is intact\n")
         except (RuntimeError, MemoryError) as e:  # an allocation larger than the machine: one line, what to lower
-            if not _out_of_memory(e):
+            from .memory import out_of_memory  # (here: --version runs without torch)
+            if not out_of_memory(e):
                 raise
             parser.exit(1, f"nesgpu {args.command}: error: out of memory ({_asked(e)}); lower the sizes that "
                            f"set it (--batch-size, --hidden, --population, --chunk-size, --episodes)\n")

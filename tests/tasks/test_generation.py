@@ -88,7 +88,7 @@ def test_auto_chunk_counts_the_tasks_activations_and_matches_unchunked(monkeypat
     blocks that fit both; the fitness is the unchunked one."""
     t, whole = task(), population(directions=8)
     expected = whole.evaluate(t, step=1, sigma=0.5).fitness
-    shared, noise = population(directions=8).noise_bytes_per_direction()
+    shared, noise = population(directions=8).blocks.noise_bytes_per_direction()
     per = noise + t.activation_bytes(whole.pm)
     free = 2 * (shared + BLOCK * noise + 3 * per)  # half of it: blocks of 3 directions (and a drawn block)
     monkeypatch.setenv("NESGPU_FREE_MEMORY", str(free))

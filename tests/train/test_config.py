@@ -107,7 +107,7 @@ def small_step(chunk, **cfg):
 
 
 def test_a_population_that_cannot_fit_is_refused_up_front_with_what_it_needs(monkeypatch):
-    shared, per_direction = small_step(None)[0].population.noise_bytes_per_direction()
+    shared, per_direction = small_step(None)[0].population.blocks.noise_bytes_per_direction()
     assert (shared, per_direction) == (0, (64 * 8 + 8 + 8 * 10 + 10) * 4)  # IID noise: every parameter, fp32
     monkeypatch.setenv("NESGPU_FREE_MEMORY", str(per_direction * 80))  # 16 directions + a drawn block of 32 fit
     assert small_step(None)[0].chunk == 16
@@ -132,8 +132,8 @@ def test_a_population_that_cannot_fit_is_refused_up_front_with_what_it_needs(mon
 def test_one_owner_cuts_the_blocks_and_a_chunked_step_equals_a_whole_one():
     whole, model_a = small_step(None)
     chunked, model_b = small_step(3)
-    assert [len(b) for b in chunked.population.forward_blocks()] == [3, 3, 3, 3, 3, 1]
-    assert chunked.population.update_blocks() == chunked.population.forward_blocks()
+    assert [len(b) for b in chunked.population.blocks.forward_blocks()] == [3, 3, 3, 3, 3, 1]
+    assert chunked.population.blocks.update_blocks() == chunked.population.blocks.forward_blocks()
     for _ in range(2):
         a, b = whole.run(), chunked.run()
         assert a["fitness_mean"] == pytest.approx(b["fitness_mean"], rel=1e-6)
@@ -148,7 +148,7 @@ def test_the_population_cuts_blocks_that_cover_the_directions_in_order(chunk):
 
     pm = PerturbedModel(convert(torch.nn.Sequential(torch.nn.Linear(3, 2)), "gaussian"), 6, sigma=0.1, antithetic=True)
     population = Population(pm, chunk=chunk, log=lambda *a: None)
-    for blocks in (population.forward_blocks(), population.update_blocks()):
+    for blocks in (population.blocks.forward_blocks(), population.blocks.update_blocks()):
         assert [d for b in blocks for d in b] == list(range(6)) and all(len(b) <= (chunk or 6) for b in blocks)
     with pytest.raises(ValueError, match=r"chunk must be None, 'auto' or a number of directions in \[1, 6\]"):
         Population(pm, chunk=7)
