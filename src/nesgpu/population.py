@@ -2,8 +2,8 @@
 processes, and the update. Nothing else calls ``PerturbedModel.set_noise`` or ``PerturbedModel.update``.
 
 The forward runs over this process's share of the directions (:class:`~nesgpu.distributed.Ranks`) in blocks
-of ``chunk`` (sized by :class:`~nesgpu.blocks.Blocks`); the update runs over all directions (every process computes the same update) in blocks whose
-noise is drawn again where a later block replaced it.
+of ``chunk`` (sized by :class:`~nesgpu.blocks.Blocks`); the update runs over all directions (every process
+computes the same update) in blocks whose noise is drawn again where a later block replaced it.
 """
 
 from __future__ import annotations
