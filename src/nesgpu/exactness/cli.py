@@ -29,7 +29,7 @@ def add_parser(commands) -> None:
     p.add_argument("--directions", type=int, default=4, help="directions (2x as many members are checked)")
     p.add_argument("--kind", default="lowrank", choices=sorted(KINDS),
                    help="perturbation kind of the matrices (as nesgpu train --layer)")
-    p.add_argument("--new-tokens", type=int, default=4, help="greedy generate() tokens to compare (0: forward only)")
+    p.add_argument("--new-tokens", type=int, default=4, help="generate() tokens to compare, greedy and sampled (0: forward only)")
     p.add_argument("--fallback", action="append", default=[], metavar="MODULE",
                    help="a module to run through the exact fallback (repeatable), as convert(fallback=[...])")
     p.add_argument("--tolerance", type=float, default=1e-9, help="largest relative difference counted as exact")
@@ -39,9 +39,11 @@ def add_parser(commands) -> None:
 def run_check(args: argparse.Namespace) -> int:
     from .check import check
 
-    model, inputs = load_model(args.model, args.prompt)
-    if args.new_tokens < 0:
+    if args.new_tokens < 0:  # checked before the model loads
         raise ValueError(f"--new-tokens must be >= 0; got {args.new_tokens}")
+    if args.directions < 1:
+        raise ValueError(f"--directions must be >= 1; got {args.directions}")
+    model, inputs = load_model(args.model, args.prompt)
     report = check(model, inputs, directions=args.directions, kind=args.kind, tolerance=args.tolerance,
                    max_new_tokens=args.new_tokens if hasattr(model, "generate") else 0, fallback=args.fallback)
     print(report)
