@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from .autofallback import failing_module, fall_back, fallback_root
-from .layers import PerturbedLinear, PerturbedModule, repeat_signs
+from .layers import PerturbedModule, repeat_signs
 from .layers.guard import NeedsFallback
 from .layers.layout import RowLayout, one_sequence_per_row
+from .layers.sequential import shared_forward
 from .masters import MasterWeights
 from .trainable import check_trainable, uncovered_parameters
 
@@ -288,23 +289,12 @@ class PerturbedModel:
         parameter-free row-wise modules (Flatten, Identity) on 2-D inputs, that Linear computes the plain
         product once per sample and never builds the repeated rows; any other model runs on the rows.
         """
-        signs = 2 if self.antithetic else 1
         if self.noise_range is None:
             raise ValueError("no noise: call set_noise() before a population call")
-        entry, x = self._shared_entry(), self._in_dtype(x)
-        with self.perturbing():
-            if entry is not None:
-                prefix, first, rest = entry
-                h = x
-                for module in prefix:
-                    h = module(h)
-                if h.dim() == 2:
-                    with first.own_call():
-                        h = first.population_forward_shared(h, signs)
-                    for module in rest:
-                        h = module(h)
-                    return h
-            return self.model(self.member_rows(x))
+        x = self._in_dtype(x)
+        with self.perturbing():  # the Sequential shortcut (nesgpu.layers.sequential), else the repeated rows
+            out = shared_forward(self.model, x, 2 if self.antithetic else 1)
+            return self.model(self.member_rows(x)) if out is None else out
 
     def member_rows(self, batch: torch.Tensor) -> torch.Tensor:
         """The population rows in which every member sees all of ``batch`` (B, ...): (signs * B * D, ...),
@@ -329,25 +319,6 @@ class PerturbedModel:
             raise ValueError(f"rows must have a multiple of signs x directions = {signs * d} rows; got shape "
                              f"{tuple(rows.shape)}")
         return rows.view(signs, rows.shape[0] // (signs * d), d, *rows.shape[1:])
-
-    def _shared_entry(self):
-        """(row-wise modules before, the first perturbed Linear, the modules after) of a Sequential model
-        whose first perturbed module is a Linear, or None."""
-        if not isinstance(self.model, nn.Sequential):
-            return None
-        modules = list(self.model)
-        for i, module in enumerate(modules):
-            # a subclass with its own population forward qualifies only with its own shared-input forward
-            plain = isinstance(module, PerturbedLinear) and (
-                type(module).population_forward is PerturbedLinear.population_forward
-                or type(module).population_forward_shared is not PerturbedLinear.population_forward_shared)
-            if plain:
-                return modules[:i], module, modules[i + 1:]
-            row_wise = isinstance(module, nn.Identity) or (
-                isinstance(module, nn.Flatten) and module.start_dim == 1 and module.end_dim == -1)
-            if not row_wise:
-                return None
-        return None
 
     # ----- estimator ---------------------------------------------------------------------------------
     def update(self, weights: torch.Tensor) -> None:

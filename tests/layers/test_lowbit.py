@@ -8,6 +8,7 @@ from conftest import DEVICES, randomize_
 from torch import nn
 
 import nesgpu
+from nesgpu.layers.sequential import shared_entry
 from nesgpu.quantize import codes, quantize
 
 SIGMA = 0.3
@@ -98,7 +99,7 @@ def test_shared_input_equals_the_rows_it_stands_for(bits, mode, antithetic):
     net = nesgpu.convert(net, "lowrank", bits=bits, noise_on=mode)
     pm = nesgpu.PerturbedModel(net, 4, sigma=SIGMA, antithetic=antithetic, seed=2)
     pm.set_noise()
-    assert pm._shared_entry() is not None  # the low-bit Linear takes the one-GEMM shared-input path
+    assert shared_entry(pm.model) is not None  # the low-bit Linear takes the one-GEMM shared-input path
     x = torch.randn(5, 6, dtype=torch.float64)
     signs = 2 if antithetic else 1
     rows = x.unsqueeze(0).unsqueeze(2).expand(signs, 5, 4, 6).reshape(-1, 6)
