@@ -21,7 +21,7 @@ import torch
 
 def nesgpu_run(seed: int, limit: float, **overrides) -> dict:
     from nesgpu.train import TrainConfig
-    from nesgpu.train.build import build
+    from nesgpu.train.setup.build import build
 
     cfg = TrainConfig(task="cartpole", seed=seed, device="cpu", out="/tmp/unused", **overrides).resolved()
     task, model, pm, stepper = build(cfg, torch.device("cpu"))

@@ -39,11 +39,11 @@ if args.threads:  # must be set before jax is imported
                                + ("false" if args.threads == 1 else "true")
                                + f" intra_op_parallelism_threads={args.threads}").strip()
 
+import evosax  # noqa: E402
+import gymnax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
-import evosax  # noqa: E402
-import gymnax  # noqa: E402
 from evosax.algorithms import Open_ES  # noqa: E402
 
 env, env_params = gymnax.make("Pendulum-v1")

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from datasets import Dataset
+from lm_es_at_scale import budget_arguments  # this folder's: the options every method takes
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from lm_es_at_scale import budget_arguments  # this folder's: the options every method takes
 from nesgpu.tasks import make_task
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from nesgpu.train import TrainConfig
-from nesgpu.train.build import build
+from nesgpu.train.setup.build import build
 
 ROOT = Path(__file__).resolve().parents[1]
 JAX_PYTHON = ROOT / ".venv-jax" / "bin" / "python"

@@ -17,7 +17,7 @@ import time
 import torch
 
 from nesgpu.train import TrainConfig
-from nesgpu.train.build import build
+from nesgpu.train.setup.build import build
 
 CASES = {
     "digits default (64-64-10, P=512, B=128)": dict(task="digits"),

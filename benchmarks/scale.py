@@ -24,7 +24,7 @@ from torch import nn
 
 import nesgpu
 from nesgpu.train import TrainConfig
-from nesgpu.train.build import build
+from nesgpu.train.setup.build import build
 
 
 def step_time(cfg: TrainConfig, steps: int, warmup: int = 2) -> float:

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from nesgpu.tasks import make_task
 from nesgpu.train import TrainConfig, train
-from nesgpu.train.checkpoint import load_weights
-from nesgpu.train.build import build
+from nesgpu.train.setup.build import build
+from nesgpu.train.storage.checkpoint import load_weights
 
 
 def accuracies(task, model) -> dict:

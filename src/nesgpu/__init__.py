@@ -47,7 +47,7 @@ def __dir__() -> list[str]:
 
 def load_run(directory, device: str = "auto", model=None, task=None):
     """The trained model, task and config of a run directory (a run of your own model or task needs them
-    again): see :func:`nesgpu.train.runs.load_run` (needs the ``[train]`` extra)."""
-    from .train.runs import load_run as _load_run
+    again): see :func:`nesgpu.train.storage.runs.load_run` (needs the ``[train]`` extra)."""
+    from .train.storage.runs import load_run as _load_run
 
     return _load_run(directory, device, model=model, task=task)

@@ -29,9 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import layers as bench_layers
     from .bench import modules as bench_modules
     from .exactness import cli as check_cli
-    from .train.cli import add_eval_parser, add_train_parser
-    from .train.compare import add_compare_parser
-    from .train.play import add_play_parser
+    from .frontends.compare import add_compare_parser
+    from .frontends.play import add_play_parser
+    from .frontends.train_cli import add_eval_parser, add_train_parser
     from .tune import cli as tune_cli
 
     parser = argparse.ArgumentParser(prog="nesgpu", description="Evolution strategies for PyTorch.")

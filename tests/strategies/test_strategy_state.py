@@ -12,7 +12,7 @@ from torch import nn
 import nesgpu
 from nesgpu.population import Population
 from nesgpu.strategies import OpenAIES, StrategyState
-from nesgpu.train.evolution import EvolutionStep
+from nesgpu.train.steps.evolution import EvolutionStep
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import nesgpu
 from nesgpu.tasks import GymVectorEnv, ObservationNorm, make_task
 from nesgpu.tasks.rl import Policy
 from nesgpu.train import TrainConfig, train
-from nesgpu.train.ars_paper import ARS_PAPER, preset_values
+from nesgpu.train.setup.ars_paper import ARS_PAPER, preset_values
 
 QUIET = dict(log=lambda *a, **k: None)
 

@@ -9,8 +9,8 @@ import torch
 from nesgpu.tasks import make_task
 from nesgpu.tasks.rl import CompiledStep
 from nesgpu.train import TrainConfig, train
-from nesgpu.train.metrics import MetricsLog
-from nesgpu.train.build import build
+from nesgpu.train.setup.build import build
+from nesgpu.train.storage.metrics import MetricsLog
 
 pytestmark = [pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
                                  reason="inductor on the CPU needs a C++ compiler"),

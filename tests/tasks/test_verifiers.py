@@ -4,8 +4,16 @@ code (it is parsed, never evaluated)."""
 import pytest
 import torch
 
-from nesgpu.tasks.verifiers import (CORRECT, WELL_FORMED, arithmetic_problems, arithmetic_reward, countdown_problems,
-                                    countdown_reward, parse, rewards_of)
+from nesgpu.tasks.verifiers import (
+    CORRECT,
+    WELL_FORMED,
+    arithmetic_problems,
+    arithmetic_reward,
+    countdown_problems,
+    countdown_reward,
+    parse,
+    rewards_of,
+)
 
 
 @pytest.mark.parametrize("completion, reward", [("82", CORRECT), ("82\nmore", CORRECT), (" 82 ", CORRECT),

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from nesgpu.train import TrainConfig
-from nesgpu.train.activations import checkpoint_blocks
-from nesgpu.train.backprop import BackpropStep
 from nesgpu.distributed import Ranks
-from nesgpu.train.initialization import init_weights
-from nesgpu.train.build import build
+from nesgpu.train import TrainConfig
+from nesgpu.train.setup.build import build
+from nesgpu.train.setup.initialization import init_weights
+from nesgpu.train.steps.activations import checkpoint_blocks
+from nesgpu.train.steps.backprop import BackpropStep
 from nesgpu.train.trainer import train
 
 CPU = torch.device("cpu")

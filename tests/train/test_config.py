@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from nesgpu.cli import build_parser, main
+from nesgpu.frontends.train_cli import layer_option_flags
 from nesgpu.kinds import KINDS
 from nesgpu.model import PerturbedModel
 from nesgpu.strategies import STRATEGIES
 from nesgpu.tasks import make_task
 from nesgpu.tasks.protocol import Task, check_task
 from nesgpu.train import TrainConfig
-from nesgpu.train.cli import layer_option_flags
-from nesgpu.train.config import presets
-from nesgpu.train.build import build
+from nesgpu.train.setup.build import build
+from nesgpu.train.setup.config import presets
 
 
 def train_parser():
@@ -206,7 +206,7 @@ def test_an_es_runs_config_records_no_backprop_optimizer(tmp_path):
     import json
 
     from nesgpu.train import train
-    from nesgpu.train.checkpoint import find_checkpoint
+    from nesgpu.train.storage.checkpoint import find_checkpoint
 
     out = tmp_path / "r"
     cfg = dict(task="digits", population=8, hidden=(4,), steps=2, out=str(out))

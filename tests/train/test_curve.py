@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from nesgpu.train.metrics import curve_figure  # noqa: E402
+from nesgpu.train.storage.metrics import curve_figure  # noqa: E402
 
 ES = [{"step": s, "fitness_mean": -2.0 + 0.1 * s, "train_loss": 2.0 - 0.1 * s,
        "test_accuracy": 0.1 * s if s % 2 == 0 else None} for s in range(1, 5)]

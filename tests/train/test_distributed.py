@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nesgpu.train.checkpoint import find_checkpoint
+from nesgpu.train.storage.checkpoint import find_checkpoint
 
 ARGS = {
     "cartpole": ["--task", "cartpole", "--population", "16", "--steps", "4", "--hidden", "4"],

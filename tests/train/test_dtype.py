@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from nesgpu.train import TrainConfig, train
-from nesgpu.train.checkpoint import find_checkpoint
+from nesgpu.train.storage.checkpoint import find_checkpoint
 
 FAST = dict(task="digits", population=16, steps=6, hidden=(8,), batch_size=16, sigma=0.05, lr=0.01,
             checkpoint_every=3, log="none")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nesgpu.train import loggers
-from nesgpu.train.loggers import MLflowLogger, TensorBoardLogger, WandbLogger, make_loggers
-from nesgpu.train.metrics import MetricsLog
+from nesgpu.train.storage import loggers
+from nesgpu.train.storage.loggers import MLflowLogger, TensorBoardLogger, WandbLogger, make_loggers
+from nesgpu.train.storage.metrics import MetricsLog
 
 CONFIG = {"task": "digits", "strategy": "openai_es", "lr": 0.1, "hidden": (8,), "layer_options": {"rank": 2},
           "target": None, "antithetic": True, "chunk_size": None, "note": "x" * 7000}

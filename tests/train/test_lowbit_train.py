@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from nesgpu.cli import main
 from nesgpu.layers import LowBitLinear
 from nesgpu.train import TrainConfig, evaluate_run, train
-from nesgpu.train.build import build
+from nesgpu.train.setup.build import build
 
 FAST = dict(task="digits", population=16, steps=6, batch_size=8, hidden=(8,))
 

@@ -11,7 +11,7 @@ from torch import nn
 import nesgpu
 from nesgpu.tasks import ClassificationTask
 from nesgpu.train import TrainConfig, train
-from nesgpu.train.metrics import MetricsLog
+from nesgpu.train.storage.metrics import MetricsLog
 
 quiet = lambda *a, **k: None  # noqa: E731
 
@@ -127,7 +127,7 @@ def test_what_is_not_a_task_or_a_model_is_refused(tmp_path):
 
 
 def test_compare_and_tune_take_your_model_and_task(tmp_path):
-    from nesgpu.train.compare import compare
+    from nesgpu.frontends.compare import compare
 
     model = toy_model()
     before = [p.clone() for p in model.parameters()]

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from nesgpu.train import TrainConfig
 from nesgpu.distributed import Ranks
 from nesgpu.population import Population
 from nesgpu.precision import native_support, slow_precision_note
-from nesgpu.train.build import build
+from nesgpu.train import TrainConfig
+from nesgpu.train.setup.build import build
 
 CPU = torch.device("cpu")
 

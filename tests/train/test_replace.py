@@ -7,7 +7,7 @@ import pytest
 
 from nesgpu.cli import main
 from nesgpu.train import TrainConfig, train
-from nesgpu.train.evolution import EvolutionStep
+from nesgpu.train.steps.evolution import EvolutionStep
 
 RUN = dict(task="cartpole", population=8, steps=2, hidden=(4,))
 CPU_MESSAGE = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "

@@ -3,8 +3,8 @@ the run it claims to be, non-finite weights never reach a checkpoint, and Ctrl-C
 
 import csv
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,11 +17,11 @@ import torch
 
 from nesgpu.cli import main
 from nesgpu.strategies import Schedule
-from nesgpu.train.evolution import EvolutionStep
 from nesgpu.tasks.rl import RLTask
 from nesgpu.train import TrainConfig, train
-from nesgpu.train.checkpoint import find_checkpoint, write_json
-from nesgpu.train.metrics import MetricsLog
+from nesgpu.train.steps.evolution import EvolutionStep
+from nesgpu.train.storage.checkpoint import find_checkpoint, write_json
+from nesgpu.train.storage.metrics import MetricsLog
 from nesgpu.train.trainer import Interrupted
 
 RUN = dict(task="cartpole", population=16, steps=6, hidden=(4,), checkpoint_every=1)

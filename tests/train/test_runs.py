@@ -8,7 +8,7 @@ import torch
 
 from nesgpu.cli import main
 from nesgpu.train import TrainConfig, train
-from nesgpu.train.runs import load_run
+from nesgpu.train.storage.runs import load_run
 
 RUN = dict(task="digits", population=8, steps=2, hidden=(8,))
 

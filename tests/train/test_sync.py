@@ -9,7 +9,7 @@ import torch
 
 import nesgpu
 from nesgpu.train import TrainConfig
-from nesgpu.train.build import build
+from nesgpu.train.setup.build import build
 
 PACKAGE = str(Path(nesgpu.__file__).parent)
 READS = ["item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"]

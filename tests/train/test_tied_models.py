@@ -11,7 +11,7 @@ from conftest import CHARS, char_tokenizer
 from safetensors import safe_open
 
 from nesgpu.train import TrainConfig, train
-from nesgpu.train.checkpoint import load_weights, save_weights
+from nesgpu.train.storage.checkpoint import load_weights, save_weights
 
 tf = pytest.importorskip("transformers")
 VOCAB = len(CHARS) + 3

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from nesgpu.cli import main
 from nesgpu.train import TrainConfig, evaluate_run, train
-from nesgpu.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from nesgpu.train.storage.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 
 FAST = {
     "digits": dict(task="digits", population=16, steps=6, batch_size=8, hidden=(8,)),
@@ -81,7 +81,7 @@ def test_resume_after_a_crash_ends_with_identical_weights(tmp_path, monkeypatch,
 def test_failure_mid_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     model = torch.nn.Linear(3, 2)
     save_checkpoint(tmp_path / "ckpt", model, {"step": 1})
-    import nesgpu.train.checkpoint as ck
+    import nesgpu.train.storage.checkpoint as ck
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
@@ -105,7 +105,7 @@ def test_checkpoint_found_between_the_two_renames(tmp_path):
 
 KILLER = """
 import sys, torch
-from nesgpu.train.checkpoint import save_checkpoint
+from nesgpu.train.storage.checkpoint import save_checkpoint
 model = torch.nn.Linear(1000, 1000)
 step = 0
 while True:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nesgpu.cli import main
-from nesgpu.train import checkpoint
+from nesgpu.train.storage import checkpoint
 
 ARGS = ["train", "--steps", "2", "--population", "8", "--hidden", "8"]
 

@@ -22,15 +22,25 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..layers import (FlipoutConv2d, FlipoutLinear, LowRankConv2d, LowRankLinear, PermutedConv2d, PermutedLinear,
-                      PerturbedConv2d, PerturbedLinear, PerturbedModule, SparsePerturbedLinear)
+from ..layers import (
+    FlipoutConv2d,
+    FlipoutLinear,
+    LowRankConv2d,
+    LowRankLinear,
+    PermutedConv2d,
+    PermutedLinear,
+    PerturbedConv2d,
+    PerturbedLinear,
+    PerturbedModule,
+    SparsePerturbedLinear,
+)
 from ..model import PerturbedModel
 from ..version import __version__
 

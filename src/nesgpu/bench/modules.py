@@ -17,10 +17,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..kinds import KINDS
 from ..conversion import convert
+from ..kinds import KINDS
 from ..model import PerturbedModel
-
 from .layers import device_name, output_file, positive_int, time_call
 
 

@@ -10,8 +10,7 @@ from torch import nn
 
 from .generation import GenerationTask
 from .spec import TaskOptions, TaskSpec
-from .verifiers import (arithmetic_problems, arithmetic_reward, countdown_problems, countdown_reward,
-                        rewards_of)
+from .verifiers import arithmetic_problems, arithmetic_reward, countdown_problems, countdown_reward, rewards_of
 
 HF = "hf:"
 TRAIN_PROBLEMS, HELD_OUT = 4000, 200  # the train split and the held-out split, each from its own seed

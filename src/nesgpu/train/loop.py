@@ -1,6 +1,6 @@
 """The steps of a run, nanoGPT-style: run a step, then evaluate, call back, record, checkpoint and stop,
 each when due. The step itself (ES: ask, evaluate, tell, update, optimizer step; backprop: forward,
-backward, optimizer step) is the step object's (:mod:`nesgpu.train.evolution`, :mod:`nesgpu.train.backprop`).
+backward, optimizer step) is the step object's (:mod:`nesgpu.train.steps.evolution`, :mod:`nesgpu.train.steps.backprop`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from ..tasks.protocol import KeepsSamples
-from .checkpoint import WEIGHTS, save_checkpoint
-from .config import TrainConfig
-from .evolution import Stepper
+from .setup.config import TrainConfig
+from .steps.evolution import Stepper
+from .storage.checkpoint import WEIGHTS, save_checkpoint
 
 
 class Interrupted(Exception):

@@ -1,6 +1,6 @@
 """A training run: its directory, its lock, Ctrl-C, resume, the steps, and the files it leaves.
 
-The steps themselves are :class:`~nesgpu.train.loop.Loop`'s; what is trained, :func:`~nesgpu.train.build.build`'s
+The steps themselves are :class:`~nesgpu.train.loop.Loop`'s; what is trained, :func:`~nesgpu.train.setup.build.build`'s
 (the config's built-in task and model, or the caller's own).
 """
 
@@ -24,14 +24,14 @@ from torch import nn
 from ..distributed import Ranks, init_from_environment, shutdown
 from ..tasks.protocol import SavesModel
 from ..version import __version__
-from . import rundir
-from .build import Built, build, check_own, resolve_device
-from .checkpoint import require_safetensors, save_weights, write_json
-from .config import TrainConfig, is_supervised, resolve_for
-from .loggers import make_loggers
 from .loop import Interrupted, Loop, Progress, check_finite
-from .metrics import MetricsLog, plot_curve
-from .resume import resume as resume_run
+from .setup.build import Built, build, check_own, resolve_device
+from .setup.config import TrainConfig, is_supervised, resolve_for
+from .storage import rundir
+from .storage.checkpoint import require_safetensors, save_weights, write_json
+from .storage.loggers import make_loggers
+from .storage.metrics import MetricsLog, plot_curve
+from .storage.resume import resume as resume_run
 
 
 @contextlib.contextmanager

@@ -50,8 +50,8 @@ tune options are listed last, after the train options."""
 
 
 def add_parser(commands) -> None:
-    """Register ``nesgpu tune`` (its train options come from :func:`nesgpu.train.cli.add_config_arguments`)."""
-    from ..train.cli import add_config_arguments
+    """Register ``nesgpu tune`` (its train options come from :func:`nesgpu.frontends.train_cli.add_config_arguments`)."""
+    from ..frontends.train_cli import add_config_arguments
 
     # "resolve": the tune's --out (the tune directory) replaces the train option --out (a run directory)
     p = commands.add_parser("tune", help="Bayesian search over train options with Optuna", usage=USAGE,
@@ -80,7 +80,7 @@ def add_parser(commands) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from ..train.cli import config_from_args
+    from ..frontends.train_cli import config_from_args
 
     base, _ = config_from_args(args)
     if args.print_space:

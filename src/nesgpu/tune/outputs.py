@@ -17,7 +17,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from ..train.config import TrainConfig
+from ..train.setup.config import TrainConfig
 from .space import SearchSpace
 
 # optuna.visualization.matplotlib function -> file name; parameter importances need two complete trials

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..train.config import TrainConfig
+from ..train.setup.config import TrainConfig
 
 RANGE_KEYS = ("low", "high", "log", "step")
 Value = bool | int | float | str | None

@@ -38,8 +38,8 @@ from pathlib import Path
 
 from ..layers import KINDS
 from ..strategies import STRATEGIES
-from ..train.config import TrainConfig
-from ..train.defaults import BACKPROP, BACKPROP_ONLY, ES_ONLY
+from ..train.setup.config import TrainConfig
+from ..train.setup.defaults import BACKPROP, BACKPROP_ONLY, ES_ONLY
 from .params import Param, Value, hidden_text, parse_hidden, parse_param  # noqa: F401 (re-exported)
 
 # options a space may not search, and why

@@ -30,12 +30,22 @@ import torch
 from optuna.trial import TrialState
 
 from ..tasks import ClassificationTask, RLTask, SequenceTask
-from ..train.config import TrainConfig, labelled
+from ..train.setup.config import TrainConfig, labelled
 from ..train.trainer import Interrupted, train
 from .outputs import write_outputs
 from .space import SearchSpace, make_space
-from .storage import (RUN_ONLY, as_json, ask, fail_stale_trials, heartbeat, load_study, locked, open_storage,
-                      readable_database, trial_id)
+from .storage import (
+    RUN_ONLY,
+    as_json,
+    ask,
+    fail_stale_trials,
+    heartbeat,
+    load_study,
+    locked,
+    open_storage,
+    readable_database,
+    trial_id,
+)
 
 SAMPLERS = ("tpe", "gp", "cmaes")
 PRUNERS = ("median", "hyperband", "none")

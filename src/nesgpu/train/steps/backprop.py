@@ -11,7 +11,7 @@ The efficient-training techniques that belong to gradient training:
 - mixed precision: ``precision`` bf16 or fp16 under ``torch.autocast``; fp16 with ``torch.amp.GradScaler``
   (its state is part of the checkpoint);
 - gradient accumulation: ``accumulate`` micro-batches per optimizer step, each ``batch_size`` samples;
-- activation checkpointing (:func:`nesgpu.train.activations.checkpoint_blocks`);
+- activation checkpointing (:func:`nesgpu.train.steps.activations.checkpoint_blocks`);
 - under torchrun: DistributedDataParallel, each process a slice of every micro-batch; or with ``shard``,
   FSDP2's ``fully_shard`` (ZeRO-3: parameters, gradients and optimizer state split over the processes), for
   models whose training state does not fit one device. A plain copy of the model on rank 0 is refreshed
@@ -26,11 +26,11 @@ import math
 import torch
 from torch import nn
 
-from ..precision import autocast_dtype
-from ..strategies import Schedule
-from ..strategies.schedules import StepSizes
+from ...distributed import Ranks
+from ...precision import autocast_dtype
+from ...strategies import Schedule
+from ...strategies.schedules import StepSizes
 from .activations import TRANSFORMER_LAYERS, inside_transformer_layer
-from ..distributed import Ranks
 
 # torch.optim's optimizers by lower-case name, less those a plain step cannot drive: LBFGS needs a closure,
 # SparseAdam sparse gradients, Muon 2-D parameters only
@@ -92,8 +92,11 @@ class Backprop:
         a collective that every rank calls at the same step. Unsharded: nothing to do."""
         if not self.sharded:
             return
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 holds it, on the host
         weights = get_model_state_dict(self.module, options=options)
@@ -118,8 +121,11 @@ class Backprop:
             raise ValueError("not a backprop checkpoint (no optimizer state); it was written by an ES run")
         self.step = int(state["step"])
         if self.sharded:  # every rank read the checkpoint: each keeps its own shards of it
-            from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                                 set_optimizer_state_dict)
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
 
             options = StateDictOptions(full_state_dict=True)
             set_model_state_dict(self.module, self.plain.state_dict(), options=options)
@@ -149,7 +155,7 @@ def shard_model(model: nn.Module) -> nn.Module:
 
 
 class BackpropStep:
-    """One optimizer step of a supervised task: what :class:`~nesgpu.train.evolution.EvolutionStep` is to
+    """One optimizer step of a supervised task: what :class:`~nesgpu.train.steps.evolution.EvolutionStep` is to
     an ES run.
 
     Args:
@@ -225,7 +231,7 @@ class BackpropStep:
             raise ValueError(f"step {step}: the training loss is not finite ({loss_value}); lower --lr")
         return {"train_loss": loss_value, "lr": bp.lr}
 
-    # ----- the interface the training loop drives (see nesgpu.train.evolution.Stepper) ----------------
+    # ----- the interface the training loop drives (see nesgpu.train.steps.evolution.Stepper) ----------------
     @property
     def step(self) -> int:
         return self.backprop.step

@@ -12,10 +12,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..setup.build import build, resolve_device
+from ..setup.config import CUSTOM, TrainConfig, is_supervised, resolve_for
 from . import rundir
-from .build import build, resolve_device
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
-from .config import CUSTOM, TrainConfig, is_supervised, resolve_for
 
 
 class Run(NamedTuple):

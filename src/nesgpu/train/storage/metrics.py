@@ -17,7 +17,7 @@ COLUMNS = ["step", "seconds", "env_steps", "fitness_mean", "fitness_max", "fitne
 class MetricsLog:
     """Appends one row per step to ``metrics.csv`` and forwards it to experiment trackers.
 
-    ``loggers``: the trackers (see :func:`nesgpu.train.loggers.make_loggers`); None: TensorBoard when
+    ``loggers``: the trackers (see :func:`nesgpu.train.storage.loggers.make_loggers`); None: TensorBoard when
     installed. ``extra_columns``: columns beyond the usual ones (a custom task's metric).
     ``config`` (the run's configuration as a dict) goes to each tracker's ``start``. A tracker that
     raises is dropped with one warning; the run and metrics.csv go on. On resume, rows after the

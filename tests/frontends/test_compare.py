@@ -4,8 +4,8 @@ import csv
 
 import pytest
 
+from nesgpu.frontends.compare import compare, run_configs
 from nesgpu.train import TrainConfig
-from nesgpu.train.compare import compare, run_configs
 from nesgpu.train.trainer import train
 
 QUIET = dict(log=lambda *a, **k: None)

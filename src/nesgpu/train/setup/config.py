@@ -1,5 +1,5 @@
 """Training configuration: one dataclass whose fields the CLI maps one to one; unset fields take the task's
-defaults (:mod:`nesgpu.train.defaults`), and every value is checked (:mod:`nesgpu.train.validation`)."""
+defaults (:mod:`nesgpu.train.setup.defaults`), and every value is checked (:mod:`nesgpu.train.setup.validation`)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,28 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..layers import KINDS
-from ..layers.lowbit import NOISE_ON
-from ..precision import DTYPES, PRECISIONS
-from ..quantize import BITS
-from ..strategies import STRATEGIES
-from ..strategies.schedules import KINDS as SCHEDULES
+from ...layers import KINDS
+from ...layers.lowbit import NOISE_ON
+from ...precision import DTYPES, PRECISIONS
+from ...quantize import BITS
+from ...strategies import STRATEGIES
+from ...strategies.schedules import KINDS as SCHEDULES
 from .ars_paper import PRESETS, preset_values
-from .defaults import (BACKPROP, BACKPROP_ONLY, CUSTOM, ES_ONLY, STRATEGY_CHOICES, TASK_DEFAULTS, compiles,
-                       is_supervised, presets, torch_env_tasks)
+from .defaults import (
+    BACKPROP,
+    BACKPROP_ONLY,
+    CUSTOM,
+    ES_ONLY,
+    STRATEGY_CHOICES,
+    TASK_DEFAULTS,
+    compiles,
+    is_supervised,
+    presets,
+    torch_env_tasks,
+)
 from .initialization import INITS
 from .validation import check_strategy_options, check_type, validate
+
 
 def field_defaults() -> dict:
     """Every TrainConfig field's default (a fresh one for fields with a default factory)."""

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from ..strategies import Schedule
+from ...strategies import Schedule
+from ..loop import Progress
+from ..setup.config import TrainConfig
+from ..steps.evolution import Stepper
 from . import rundir
 from .checkpoint import load_checkpoint
-from .config import TrainConfig
-from .evolution import Stepper
-from .loop import Progress
 
 
 def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log) -> Progress:

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from nesgpu.cli import main
-from nesgpu.train import TrainConfig, load_run, play_run
-from nesgpu.train.play import VERIFIED_TWINS, gym_episodes
+from nesgpu.frontends import play_run
+from nesgpu.frontends.play import VERIFIED_TWINS, gym_episodes
+from nesgpu.train import TrainConfig, load_run
 from nesgpu.train.trainer import train
 
 

@@ -16,8 +16,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from .config import BACKPROP, TrainConfig, resolve_for
-from .rundir import is_run_directory
+from ..train.setup.config import BACKPROP, TrainConfig, resolve_for
+from ..train.storage.rundir import is_run_directory
 
 # what compare sets in every run; a strategy's config file may not
 _SET_BY_COMPARE = ("task", "seed", "out", "time_budget", "eval_every", "eval_seconds", "steps", "strategy")
@@ -87,7 +87,7 @@ def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: s
     Returns:
         {"table": the Markdown text, "runs": one summary per run, with its curve}.
     """
-    from .trainer import Interrupted, train
+    from ..train.trainer import Interrupted, train
 
     out = Path(out)
     configs = run_configs(task, budget, list(seeds), out, shared, es, backprop, evals)
@@ -193,7 +193,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def add_compare_parser(commands) -> None:
-    from .cli import _hidden
+    from .train_cli import _hidden
 
     p = commands.add_parser("compare", help="ES and backprop side by side under one wall-clock budget",
                             description=__doc__.splitlines()[0])

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 from ..layers import KINDS
-from .config import TrainConfig, presets
-from .defaults import BACKPROP, BACKPROP_ONLY, ES_ONLY
+from ..train.setup.config import TrainConfig, presets
+from ..train.setup.defaults import BACKPROP, BACKPROP_ONLY, ES_ONLY
 
 
 def _hidden(text: str) -> tuple[int, ...]:
@@ -183,7 +183,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from .trainer import train
+    from ..train.trainer import train
 
     cfg, resume = config_from_args(args)
     if args.print_config:
@@ -205,7 +205,7 @@ def add_eval_parser(commands) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from .runs import evaluate_run
+    from ..train.storage.runs import evaluate_run
 
     print(json.dumps(evaluate_run(args.run, args.device)))
     return 0

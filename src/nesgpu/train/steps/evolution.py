@@ -1,6 +1,6 @@
 """One ES step, shown in order: ask, evaluate, tell, zero_grad, update, optimizer step, schedule.
 
-:class:`EvolutionStep` and :class:`~nesgpu.train.backprop.BackpropStep` have the same interface (the
+:class:`EvolutionStep` and :class:`~nesgpu.train.steps.backprop.BackpropStep` have the same interface (the
 :class:`Stepper` protocol), so the training loop runs either without knowing which.
 """
 
@@ -12,10 +12,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..population import Population
-from ..strategies import Strategy
-from ..strategies.base import fitness_statistics
-from ..strategies.schedules import Schedule, StepSizes
+from ...population import Population
+from ...strategies import Strategy
+from ...strategies.base import fitness_statistics
+from ...strategies.schedules import Schedule, StepSizes
 
 
 class Stepper(Protocol):

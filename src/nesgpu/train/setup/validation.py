@@ -6,17 +6,17 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..kinds import make_kind
-from ..layers import KINDS
-from ..layers.lowbit import check_low_bit_options
-from ..strategies import STRATEGIES
-from ..tasks import SUPERVISED, task_spec
-from .backprop import optimizer_class
+from ...kinds import make_kind
+from ...layers import KINDS
+from ...layers.lowbit import check_low_bit_options
+from ...strategies import STRATEGIES
+from ...tasks import SUPERVISED, task_spec
+from ..steps.backprop import optimizer_class
 from .defaults import BACKPROP, BACKPROP_ONLY, CUSTOM, ES_ONLY, GLOBAL_DEFAULTS, is_supervised, torch_env_tasks
 
 
 def validate(cfg) -> None:
-    """Check every value of a resolved config (a :class:`~nesgpu.train.config.TrainConfig`)."""
+    """Check every value of a resolved config (a :class:`~nesgpu.train.setup.config.TrainConfig`)."""
     for f in dataclasses.fields(cfg):
         check_type(f.name, getattr(cfg, f.name), f.type, "config")
         choices = f.metadata.get("choices")

@@ -240,7 +240,7 @@ def play_run(directory: str | Path, episodes: int = 5, video: str | Path | None 
 
     from ..tasks import SUPERVISED
     from ..tasks.rl import RLTask
-    from .runs import load_run
+    from ..train.storage.runs import load_run
 
     episodes = _check_episodes(episodes)
     if isinstance(seed, bool) or not isinstance(seed, int):

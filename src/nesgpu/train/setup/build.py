@@ -11,18 +11,18 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..conversion import convert
-from ..distributed import Ranks
-from ..layers import PerturbedModule
-from ..model import PerturbedModel
-from ..population import Population
-from ..strategies import STRATEGIES, Schedule, Strategy
-from ..tasks import make_task
-from ..tasks.protocol import ModelMaker, check_differentiable, check_task
-from .activations import checkpoint_blocks
-from .backprop import Backprop, BackpropStep, shard_model
+from ...conversion import convert
+from ...distributed import Ranks
+from ...layers import PerturbedModule
+from ...model import PerturbedModel
+from ...population import Population
+from ...strategies import STRATEGIES, Schedule, Strategy
+from ...tasks import make_task
+from ...tasks.protocol import ModelMaker, check_differentiable, check_task
+from ..steps.activations import checkpoint_blocks
+from ..steps.backprop import Backprop, BackpropStep, shard_model
+from ..steps.evolution import EvolutionStep, Stepper
 from .config import BACKPROP, TrainConfig, compiles
-from .evolution import EvolutionStep, Stepper
 from .initialization import init_weights
 
 

@@ -4,8 +4,8 @@ step size. Nothing here is per task: adding a task touches nothing in train/."""
 
 from __future__ import annotations
 
-from ..strategies import STRATEGIES
-from ..tasks import TASKS, DifferentiableTask, task_spec
+from ...strategies import STRATEGIES
+from ...tasks import TASKS, DifferentiableTask, task_spec
 
 # the gradient baseline: not an ES strategy (no population, no noise) but a strategy name of the config, so a
 # run differs from an ES run by one option; its defaults are AdamW's own

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from ..layers.swap import swap_class
+from ...layers.swap import swap_class
 
 # blocks that are checkpointed (and sharded) whole
 TRANSFORMER_LAYERS = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
