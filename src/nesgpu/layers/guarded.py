@@ -17,7 +17,7 @@ CASTS = frozenset({torch.Tensor.to, torch.Tensor.type, torch.Tensor.type_as, tor
 
 class GuardedForward(PerturbedModule):
     """A perturbed module whose population forward is its torch class's own forward, with its perturbed
-    parameters guarded there (see the module docstring); a subclass overrides ``guarded_use``."""
+    parameters guarded there (see the module docstring); a subclass overrides ``own_use``."""
 
     def population_forward(self, *args, **kwargs):
         state = self.__dict__
@@ -26,6 +26,19 @@ class GuardedForward(PerturbedModule):
             return super(PerturbedModule, self).forward(*args, **kwargs)  # the torch class's own forward
         finally:
             state["_inside"] = inside
+
+    def guarded_use(self, guard, func, args, kwargs):
+        """A cast of one of its own guarded parameters is that parameter in the new dtype; any other use of its
+        own asks :meth:`own_use`; a parameter of another module is not its to compute."""
+        if guard.owner is not self:
+            return NotImplemented
+        cast = guarded_cast(guard, func, args, kwargs)
+        return cast if cast is not None else self.own_use(guard, func, args, kwargs)
+
+    def own_use(self, guard, func, args, kwargs):
+        """``func(*args, **kwargs)`` on this module's own guarded parameter, computed per member, or
+        NotImplemented (an error)."""
+        return NotImplemented
 
 
 def guarded_cast(guard: GuardedValue, func, args: tuple, kwargs: dict) -> GuardedValue | None:

@@ -13,7 +13,7 @@ from torch import nn
 from ..kinds import Kind
 from .form import Form
 from .guard import GuardedValue, NeedsFallback
-from .guarded import GuardedForward, guarded_cast
+from .guarded import GuardedForward
 from .swap import swap_class
 
 _VIEWS = frozenset({torch.Tensor.reshape, torch.Tensor.view})
@@ -24,12 +24,7 @@ class PerturbedSinks(GuardedForward):
     the batch, (1, heads, 1, ...), is each population row's member's (rows, heads, 1, ...) (see the module
     docstring). Shape: the attention's batch is the population's rows, as every attention layer has it."""
 
-    def guarded_use(self, guard, func, args, kwargs):
-        if guard.owner is not self:
-            return NotImplemented
-        cast = guarded_cast(guard, func, args, kwargs)
-        if cast is not None:
-            return cast
+    def own_use(self, guard, func, args, kwargs):
         if func in _VIEWS and args and args[0] is guard:
             with torch._C.DisableTorchFunctionSubclass():  # the view's shape, read off a meta tensor
                 shape = func(torch.empty(guard.shape, device="meta"), *args[1:], **kwargs).shape

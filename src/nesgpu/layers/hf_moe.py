@@ -16,7 +16,7 @@ from ..kinds import Geometry, Kind
 from .base import PerturbedModule
 from .form import Form
 from .guard import GuardedValue
-from .guarded import GuardedForward, guarded_cast
+from .guarded import GuardedForward
 from .layout import compute_dtype, member_tokens
 from .swap import swap_class
 
@@ -90,12 +90,7 @@ class PerturbedRouter(GuardedForward):
     Shape: tokens (rows * T, H) or (rows, ..., H), as the library's routers see them.
     """
 
-    def guarded_use(self, guard, func, args, kwargs):
-        if guard.owner is not self:
-            return NotImplemented
-        cast = guarded_cast(guard, func, args, kwargs)
-        if cast is not None:
-            return cast
+    def own_use(self, guard, func, args, kwargs):
         swaps = func is not torch.Tensor.transpose or sorted(d % 2 for d in args[1:3]) == [0, 1]
         if func in _TRANSPOSES and args[0] is guard and guard.dim() == 2 and swaps:
             return guard.transpose_view()
