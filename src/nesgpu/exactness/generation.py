@@ -51,13 +51,11 @@ def _sampled(reference, pm, inputs: Inputs, rows: Inputs, options: dict, unused:
     # NaN logits (a small random model whose padded rows poison the rest) cannot be sampled: transformers'
     # InfNanRemoveLogitsProcessor makes them samplable; the raw logits compared are the model's own
     out_options = dict(options, output_logits=True, return_dict_in_generate=True, remove_invalid_values=True)
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(pm.seed)
-    try:
+    devices = [d for d in {p.device for p in pm.model.parameters()} if d.type != "cpu"]
+    with torch.random.fork_rng(devices=devices):  # the check's sampling seeded, the caller's RNG untouched
+        torch.manual_seed(pm.seed)
         with pm.perturbing(unused):
             population = pm.model.generate(*rows.args, **rows.kwargs, **out_options, do_sample=True)
-    finally:
-        torch.random.set_rng_state(generator_state)
     prompt = population.sequences.shape[1] - len(population.logits)
     logits = torch.stack(population.logits, 1)  # (rows, steps, vocab)
     for s, d in each_member(reference, pm):

@@ -23,11 +23,14 @@ from .swap import swap_class
 
 class Bank(NamedTuple):
     """How an expert bank stores its experts: the first matrix's name (``gate_up_proj``, or ``up_proj`` without
-    a gate), whether each matrix is stored (in, out) (GPT-OSS's), whether each has a bias ``<name>_bias``."""
+    a gate), whether each matrix is stored (in, out) (GPT-OSS's), whether each has a bias ``<name>_bias``, and
+    its gate: "act" (no gate: ``act_fn``), "own" (the class's ``_apply_gate``: transformers' default or the
+    family's own) or "chunk" (``act_fn(gate) * up`` of the halves)."""
 
     first: str
     transposed: bool
     bias: bool
+    gate: str
 
 
 class PerturbedExperts(PerturbedModule):
@@ -56,9 +59,9 @@ class PerturbedExperts(PerturbedModule):
         return out
 
     def _activation(self, h: torch.Tensor) -> torch.Tensor:
-        if self.bank.first == "up_proj":
+        if self.bank.gate == "act":
             return self.act_fn(h)
-        if hasattr(self, "_apply_gate"):  # transformers' experts classes: the default, or the family's own
+        if self.bank.gate == "own":
             return self._apply_gate(h)
         gate, up = h.chunk(2, dim=-1)
         return self.act_fn(gate) * up
@@ -151,9 +154,10 @@ def is_expert_bank(module: nn.Module) -> Bank | None:
     if any(True for c in module.children() for _ in c.parameters()) or getattr(module, "has_post_expert_norm", False):
         return None
     first = "gate_up_proj" if "gate_up_proj" in params else "up_proj"
-    bank = Bank(first, bool(getattr(module, "is_transposed", False)), bool(getattr(module, "has_bias", False)))
-    if first not in params or getattr(module, "has_gate", True) != (first == "gate_up_proj") or not hasattr(
-            module, "act_fn") and not hasattr(module, "_apply_gate"):
+    gate = "act" if first == "up_proj" else "own" if hasattr(module, "_apply_gate") else "chunk"
+    bank = Bank(first, bool(getattr(module, "is_transposed", False)), bool(getattr(module, "has_bias", False)), gate)
+    if first not in params or getattr(module, "has_gate", True) != (first == "gate_up_proj") or (
+            gate != "own" and not hasattr(module, "act_fn")):
         return None
     shapes = _bank_shapes(module, bank)
     if shapes != params or getattr(module, "num_experts", None) != params[first][0]:

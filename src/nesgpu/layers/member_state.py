@@ -14,6 +14,7 @@ import copy
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 DEPTH = 4  # a cache's tensors sit a few objects deep (cache -> layers list -> layer -> keys)
 
@@ -107,7 +108,7 @@ def written_tensors(module: nn.Module, before: dict[tuple[str, str], object]) ->
     written = []
     for (name, key), value in attribute_state(module).items():
         old = before.get((name, key))
-        if value is not old and any(isinstance(t, torch.Tensor) for t in _leaves(value)):
+        if value is not old and any(isinstance(t, torch.Tensor) for t in tree_flatten(value)[0]):
             written.append(f"{name}.{key}" if name else key)
             owner = module.get_submodule(name)
             if key in owner._buffers:
@@ -116,13 +117,3 @@ def written_tensors(module: nn.Module, before: dict[tuple[str, str], object]) ->
                 owner.__dict__[key] = old
     return written
 
-
-def _leaves(value, depth: int = 0):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth < DEPTH and isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _leaves(v, depth + 1)
-    elif depth < DEPTH and isinstance(value, dict):
-        for v in value.values():
-            yield from _leaves(v, depth + 1)

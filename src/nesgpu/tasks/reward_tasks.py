@@ -31,9 +31,12 @@ def hf_directory(model: str | None) -> Path:
 def load_causal_lm(directory: Path, **options) -> nn.Module:
     """The causal LM of a local directory, in eval mode, with the parameters its architecture keeps fixed
     frozen again (``from_pretrained`` makes every parameter trainable: RoFormer's sinusoidal table)."""
-    model = _load_causal_lm(directory, **options)
     import torch
 
+    try:
+        model = _causal_lm_class(directory).from_pretrained(directory, local_files_only=True, **options).eval()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{directory} holds no causal language model transformers can load ({e})") from e
     with torch.device("meta"):  # the architecture's own model, without memory or initialisation
         fresh = type(model)(model.config)
     fixed = {n for n, p in fresh.named_parameters() if not p.requires_grad}
@@ -43,29 +46,22 @@ def load_causal_lm(directory: Path, **options) -> nn.Module:
     return model
 
 
-def _load_causal_lm(directory: Path, **options) -> nn.Module:
-    """``AutoModelForCausalLM``'s model, or, for a config type its table does not map (Emu3's and Mllama's
-    text models), the transformers class config.json names in ``architectures``. ValueError when neither loads."""
+def _causal_lm_class(directory: Path):
+    """``AutoModelForCausalLM`` where its table maps the directory's config type; else (Emu3's and Mllama's text
+    models) the transformers class config.json names in ``architectures``."""
     import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, **options).eval()
-    except ValueError as e:
-        if "Unrecognized configuration class" not in str(e):
-            raise ValueError(f"{directory} holds no causal language model transformers can load ({e})") from e
-        first = e
-    except OSError as e:
-        raise ValueError(f"{directory} holds no causal language model transformers can load ({e})") from e
     config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return transformers.AutoModelForCausalLM
     named = [getattr(transformers, a, None) for a in getattr(config, "architectures", None) or []]
     cls = next((c for c in named if isinstance(c, type) and issubclass(c, transformers.PreTrainedModel)
                 and c.__name__.endswith("ForCausalLM")), None)
     if cls is None:
-        raise ValueError(f"{directory} holds no causal language model transformers can load ({first})") from first
-    try:
-        return cls.from_pretrained(directory, local_files_only=True, **options).eval()
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{directory} holds no causal language model transformers can load ({e})") from e
+        raise ValueError(f"its config type {type(config).__name__} is not one AutoModelForCausalLM maps, and "
+                         f"config.json names no transformers ...ForCausalLM class in 'architectures'")
+    return cls
 
 
 def load_tokenizer(directory: Path):
