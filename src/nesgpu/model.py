@@ -166,12 +166,16 @@ class PerturbedModel:
         self._masters.load_state(self.model, state)
 
     # ----- noise -------------------------------------------------------------------------------------
-    def set_noise(self, step: int | None = None, directions: range | None = None) -> None:
-        """Draw the noise of the next step (or of ``step``) for all directions or a ``range`` of them.
+    def set_noise(self, step: int | None = None, directions: range | None = None, sigma: float | None = None
+                  ) -> None:
+        """Draw the noise of the next step (or of ``step``) for all directions or a ``range`` of them, to be
+        evaluated at noise scale ``sigma`` (default: :attr:`sigma` as it is).
 
         Without arguments, ``self.step`` advances by one, so every call gives new noise. Chunked and
         distributed evaluation pass the same ``step`` with disjoint ``directions`` ranges.
         """
+        if sigma is not None:
+            self.sigma = sigma  # checked by the setter
         step = self.step + 1 if step is None else int(step)
         self._check_frozen()
         self.sync_weights()
@@ -321,10 +325,11 @@ class PerturbedModel:
         return rows.view(signs, rows.shape[0] // (signs * d), d, *rows.shape[1:])
 
     # ----- estimator ---------------------------------------------------------------------------------
-    def update(self, weights: torch.Tensor) -> None:
+    def update(self, weights: torch.Tensor, sigma: float | None = None) -> None:
         """Add the ES gradient estimate to ``.grad`` of every perturbed parameter.
 
-        ``weights`` of shape (D,) gives ``g = 1/(D sigma) sum_d w_d z_d``; of shape (R, D) it is first
+        ``weights`` of shape (D,) gives ``g = 1/(D sigma) sum_d w_d z_d``, ``sigma`` the scale the noise was
+        evaluated at (default: :attr:`sigma`); of shape (R, D) it is first
         reduced to ``w_d = 1/R sum_r s_r w[r, d]``. D here is the number of directions the current noise
         covers; the scale always uses the whole population, so chunks' updates add up to the full one.
         With ``weights = losses``, ``optimizer.step()`` descends.
@@ -341,7 +346,10 @@ class PerturbedModel:
             weights = (signs.view(-1, 1) * weights).mean(0)
         elif weights.shape != (local,):
             raise ValueError(f"weights must have shape ({local},) or (R, {local}); got {tuple(weights.shape)}")
-        coef = weights / (self.directions * self.sigma)
+        if sigma is not None and (isinstance(sigma, bool) or not isinstance(sigma, (int, float))
+                                  or not 0 < sigma < math.inf):
+            raise ValueError(f"sigma must be a positive finite number; got {sigma!r}")
+        coef = weights / (self.directions * (self.sigma if sigma is None else float(sigma)))
         for layer in self.layers.values():
             if layer.perturbs:
                 masters = {name: master for name, p in layer.perturbed_parameters().items()

@@ -87,9 +87,9 @@ class Population:
         return self.blocks.chunk
 
     def _draw(self, step: int, block: range, sigma: float) -> None:
-        self.pm.sigma = sigma  # the strategy's, for this step: the only writer of pm.sigma in a run
-        if not self.pm.has_noise(step, block):
-            self.pm.set_noise(step=step, directions=block)
+        """The noise of ``block`` at ``step``, evaluated at the strategy's ``sigma`` of the step."""
+        if not self.pm.has_noise(step, block) or self.pm.sigma != sigma:
+            self.pm.set_noise(step=step, directions=block, sigma=sigma)
 
     # ----- the step ----------------------------------------------------------------------------------
     def evaluate(self, task, step: int, sigma: float, sq_norms: bool = False) -> Evaluation:
@@ -151,7 +151,7 @@ class Population:
         another one replaced it."""
         for block in self.blocks.update_blocks():
             self._draw(self.step, block, sigma)
-            self.pm.update(weights[..., block.start:block.stop])
+            self.pm.update(weights[..., block.start:block.stop], sigma)
 
 class _BlockTotals:
     """This process's step statistics from its blocks: the task's summed ones added, the others weighted by

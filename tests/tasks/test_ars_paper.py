@@ -184,12 +184,13 @@ def test_a_presets_option_given_explicitly_keeps_its_value_even_the_default(caps
     assert "start_states: shared" in printed and "population: 64" in printed and "preset: null" in printed
     cfg = TrainConfig.from_dict({"task": "gym:Hopper-v5", "preset": "ars-paper", "layer": "lowrank"}).resolved()
     assert cfg.layer == "lowrank" and cfg.reward_shift == 1.0 and cfg.preset is None
-    # built in Python, as the CLI does: what is passed is kept, even a default's value, positional or by name
-    built = TrainConfig(task="gym:Hopper-v5", preset="ars-paper", layer="lowrank", eval_episodes=10)
+    # built in Python with the preset as data: what is passed is kept, even a default's value
+    built = TrainConfig.with_preset("ars-paper", task="gym:Hopper-v5", layer="lowrank", eval_episodes=10)
     assert (built.layer, built.eval_episodes, built.preset, built.population) == ("lowrank", 10, None, 16)
     assert built.resolved().layer == "lowrank" and built.resolved().eval_episodes == 10
-    positional = TrainConfig("gym:Hopper-v5", "ars", "lowrank", preset="ars-paper")
-    assert positional.layer == "lowrank" and positional.population == 16
+    assert TrainConfig.with_preset("ars-paper", task="gym:Hopper-v5").top_b == 4
+    # TrainConfig(preset=...) expands when resolved, over what is still at its default
+    assert TrainConfig(task="gym:Hopper-v5", preset="ars-paper", sigma=0.5).resolved().sigma == 0.5
     late = TrainConfig(task="gym:Hopper-v5")
     late.preset = "ars-paper"  # set after the build: the options still at their defaults take the preset's
     assert late.resolved().layer == "gaussian" and late.resolved().population == 16

@@ -148,7 +148,7 @@ def test_a_run_learns_and_writes_the_usual_files(tmp_path):
     (dict(sigma=0.3), "applies to the ES strategies"),
     (dict(layer_options={"rank": 2}), "applies to the ES strategies"),
     (dict(optimizer="lbfgs"), "optimizer must be one of"),
-    (dict(accumulate=0), "accumulate must be >= 1"),
+    (dict(accumulate=0), "option 'accumulate' must be >= 1"),
     (dict(strategy="openai_es", accumulate=2), "applies to strategy 'backprop'"),
     (dict(strategy="openai_es", activation_checkpointing=True), "applies to strategy 'backprop'"),
 ])

@@ -57,7 +57,7 @@ def test_print_config_round_trips_through_yaml(tmp_path, capsys):
     (["--layer", "gaussian", "--rank", "2"], "layer option(s) ['rank'] do not apply to layer 'gaussian'"),
     (["--hidden", "8,-1"], "layer sizes must be >= 1 (or a lone 0 for none); got '8,-1'"),
     (["--hidden", "64,0,32"], "layer sizes must be >= 1"),
-    (["--top-b", "4"], "option 'top_b' (= 4) applies to strategy 'ars', not 'openai_es'"),
+    (["--top-b", "4"], "option 'top_b' (= 4) applies to strategy 'ars', not to strategy 'openai_es'"),
     (["--sigma", "nan"], "sigma must be a positive finite number; got nan"),
     (["--population", "0"], "population must be >= 2; got 0"),
     (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
@@ -181,7 +181,7 @@ def test_a_printed_config_of_another_strategy_runs_with_a_new_task(tmp_path, cap
 @pytest.mark.parametrize("args, message", [
     (["--strategy", "backprop", "--layer", "lowrank"], "option 'layer' (= 'lowrank') applies to the ES strategies"),
     (["--strategy", "backprop", "--population", "512"], "option 'population' (= 512) applies to the ES"),
-    (["--optimizer", "adamw"], "option 'optimizer' (= 'adamw') applies to strategy 'backprop', not to an ES run"),
+    (["--optimizer", "adamw"], "option 'optimizer' (= 'adamw') applies to strategy 'backprop', not to strategy 'openai_es' (the task's default)"),
     (["--strategy", "pgpe", "--accumulate", "1"], "option 'accumulate' (= 1) applies to strategy 'backprop', not "
                                                   "to strategy 'pgpe'"),
 ])

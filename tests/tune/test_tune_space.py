@@ -82,7 +82,7 @@ def test_each_bad_space_is_refused_naming_the_option(space, message):
 def test_options_must_fit_the_strategy_and_the_layer():
     ars = dataclasses.replace(BASE, strategy="ars")
     assert parse_space({"top_b": {"low": 1, "high": 8}}, ars).names == ["top_b"]
-    with pytest.raises(ValueError, match=r"'weight_decay' applies to strategy 'openai_es', not to the base "
+    with pytest.raises(ValueError, match=r"'weight_decay' applies to strategy 'openai_es' or 'backprop', not to the base "
                                          r"config's 'ars'"):
         parse_space({"weight_decay": {"low": 0.0, "high": 0.1}}, ars)
     sparse = dataclasses.replace(BASE, layer="sparse")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..layers import KINDS
 from ..train.setup.config import TrainConfig, presets
-from ..train.setup.defaults import BACKPROP, BACKPROP_ONLY, ES_ONLY
+from ..train.setup.defaults import BACKPROP, ES_ONLY
+from ..train.setup.options import defaults_of, owners
 
 
 def _hidden(text: str) -> tuple[int, ...]:
@@ -78,33 +79,40 @@ def layer_option_flags() -> dict[str, tuple[str, dataclasses.Field]]:
     return flags
 
 
+def _add_field(p, f: dataclasses.Field) -> None:
+    """The flag of one TrainConfig field."""
+    meta = f.metadata
+    default = _default_text(f)
+    kwargs: dict = dict(dest=f.name, default=None,
+                        help=meta["help"] + (f" (default: {default})" if default and "default" not in meta["help"]
+                                             else ""))
+    flag = "--" + f.name.replace("_", "-")
+    if f.type.split(" | ")[0] == "bool":
+        p.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        return
+    if meta.get("parse") == "chunk":
+        kwargs["type"] = _chunk
+    elif f.type.startswith("tuple[int"):
+        kwargs["type"] = _hidden
+    else:
+        kwargs["type"] = _scalar_type(f.type)
+    if meta.get("choices"):
+        kwargs["choices"] = meta["choices"]
+    if meta.get("metavar"):
+        kwargs["metavar"] = meta["metavar"]
+    p.add_argument(flag, **kwargs)
+
+
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field (``batch_size`` -> ``--batch-size``), typed from its annotation, with
-    its doc and default in ``--help``; plus a flag per layer-kind option. Unset flags stay None, so a
-    config file or a resumed run's options are not overridden by defaults."""
+    its doc and default in ``--help``, the strategies' options in a group of their own; plus a flag per
+    layer-kind option. Unset flags stay None, so a config file or a resumed run's options are not overridden
+    by defaults."""
+    strategies = p.add_argument_group("strategy options", "options of one strategy (--strategy); each is an "
+                                      "error under the others")
     for f in dataclasses.fields(TrainConfig):
-        if f.name == "layer_options":
-            continue
-        meta = f.metadata
-        default = _default_text(f)
-        kwargs: dict = dict(dest=f.name, default=None,
-                            help=meta["help"] + (f" (default: {default})" if default and "default" not in meta["help"]
-                                                 else ""))
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
-            continue
-        if meta.get("parse") == "chunk":
-            kwargs["type"] = _chunk
-        elif f.type.startswith("tuple[int"):
-            kwargs["type"] = _hidden
-        else:
-            kwargs["type"] = _scalar_type(f.type)
-        if meta.get("choices"):
-            kwargs["choices"] = meta["choices"]
-        if meta.get("metavar"):
-            kwargs["metavar"] = meta["metavar"]
-        p.add_argument(flag, **kwargs)
+        if f.name != "layer_options":
+            _add_field(strategies if f.metadata.get("strategy_option") else p, f)
     group = p.add_argument_group("layer options", "options of one layer kind (--layer); they fill layer_options")
     for flag, (kind, f) in layer_option_flags().items():
         kwargs = dict(dest=f"layer_option:{f.name}", default=None, type=_scalar_type(f.type),
@@ -132,16 +140,21 @@ def add_train_parser(commands) -> None:
     p.set_defaults(func=run_train)
 
 
-def _check_sides(given: dict, strategy: str | None) -> None:
-    """A flag of the other side's options is an error, even at its default value (TrainConfig can only tell a
-    value from its default; a flag is the user's own word)."""
-    other, side = (ES_ONLY, "the ES strategies") if strategy == BACKPROP else (BACKPROP_ONLY, "strategy 'backprop'")
-    wrong = [name for name in given if name in other]
+def _check_sides(given: dict, strategy: str | None, task: str) -> None:
+    """A flag of another strategy's options (or an ES option under backprop) is an error, even at its default
+    value (TrainConfig can only tell a value from its default; a flag is the user's own word)."""
+    mine = strategy or presets(task)["strategy"]
+    named = f"strategy {mine!r}" if strategy else f"strategy {mine!r} (the task's default)"
+    wrong = [name for name in given if mine == BACKPROP and name in ES_ONLY]
     if wrong:
-        mine = ("strategy 'backprop'" if strategy == BACKPROP else f"strategy {strategy!r}" if strategy
-                else "an ES run (the task's default strategy)")
-        raise ValueError(f"option {wrong[0]!r} (= {given[wrong[0]]!r}) applies to {side}, not to {mine}; drop it"
-                         + ("" if strategy == BACKPROP else " or choose --strategy backprop"))
+        raise ValueError(f"option {wrong[0]!r} (= {given[wrong[0]]!r}) applies to the ES strategies, not to "
+                         f"{named}; drop it or choose an ES strategy")
+    wrong = [name for name in given if owners(name) and name not in defaults_of(mine)]
+    if wrong:
+        theirs = owners(wrong[0])
+        raise ValueError(f"option {wrong[0]!r} (= {given[wrong[0]]!r}) applies to strategy "
+                         f"{' or '.join(map(repr, theirs))}, not to {named}; drop it or choose --strategy "
+                         f"{theirs[0]}")
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
@@ -168,7 +181,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     flags = {key: value for key, value in vars(args).items() if key in fields and value is not None}
     # a flag of the other side is refused even at its default (a config file lists every option: --print-config)
-    _check_sides(flags, flags.get("strategy", values.get("strategy")))
+    _check_sides(flags, flags.get("strategy", values.get("strategy")), flags.get("task", values.get("task", "digits")))
     values.update(flags)
     options = {key.split(":", 1)[1]: value for key, value in vars(args).items()
                if key.startswith("layer_option:") and value is not None}

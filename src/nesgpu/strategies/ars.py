@@ -6,13 +6,25 @@ V1 uses raw observations; V2 keeps running observation statistics (the task norm
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from ..options import check_options, option
 from .base import Strategy, antithetic_halves
 from .schedules import Schedule
 from .shaping import top_directions
+
+
+@dataclass(frozen=True)
+class ARSOptions:
+    top_b: int | None = option(None, "directions used per step (default: all)", at_least=1)
+    ars_version: str = option("v2", "v1 (raw observations) or v2 (running observation statistics)",
+                              choices=("v1", "v2"), arg="version")
+
+    def __post_init__(self):
+        check_options(self, "ars")
 
 
 class ARS(Strategy):
@@ -29,23 +41,25 @@ class ARS(Strategy):
     name = "ars"
     default_lr = 0.02
     needs_antithetic = True
-    config_options: ClassVar[dict[str, str]] = {"top_b": "top_b", "ars_version": "version"}
+    Options: ClassVar[type] = ARSOptions
     observation_clip = 0.0  # the paper does not clip
     linear_policy = True  # the paper's linear policy
 
     @classmethod
-    def uses_observation_statistics(cls, version: str = "v2", **options) -> bool:
-        return version == "v2"
+    def uses_observation_statistics(cls, options: ARSOptions) -> bool:
+        return options.ars_version == "v2"
+
+    @classmethod
+    def check_options(cls, options: ARSOptions, directions: int) -> None:
+        if options.top_b is not None and options.top_b > directions:
+            raise ValueError(f"top_b must be in [1, {directions}] (the directions); got {options.top_b}")
 
     def __init__(self, directions: int, antithetic: bool = True, top_b: int | None = None, version: str = "v2",
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
-        if version not in ("v1", "v2"):
-            raise ValueError(f"ARS version must be 'v1' or 'v2'; got {version!r}")
-        top_b = directions if top_b is None else top_b
-        if not 1 <= top_b <= directions:
-            raise ValueError(f"top_b must be in [1, {directions}]; got {top_b}")
-        self.top_b = top_b
+        self.options = ARSOptions(top_b, version)
+        self.check_options(self.options, directions)
+        self.top_b = directions if top_b is None else top_b
         self.version = version
 
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import torch
 
+from ..options import NoOptions
 from .schedules import Schedule
 
 
@@ -113,15 +114,20 @@ class Strategy:
     # hidden layers acts linearly (the raw output, unbounded) rather than through tanh
     observation_clip: ClassVar[float] = 5.0
     linear_policy: ClassVar[bool] = False
-    # the training configuration's options this strategy takes, and the constructor argument each sets
-    config_options: ClassVar[dict[str, str]] = {}
+    # its options: a frozen dataclass (see nesgpu.options) whose fields the constructor takes and the training
+    # configuration offers as options of their own (--top-b); the instance keeps them as ``self.options``
+    Options: ClassVar[type] = NoOptions
     State: ClassVar[type[StrategyState]] = StrategyState  # what it carries between steps (see StrategyState)
 
     @classmethod
-    def uses_observation_statistics(cls, **options) -> bool:
-        """Whether RL tasks normalise observations by running statistics under this strategy (built with
-        ``options``): yes unless a strategy says otherwise (ARS V1 uses raw observations)."""
+    def uses_observation_statistics(cls, options) -> bool:
+        """Whether RL tasks normalise observations by running statistics under this strategy with
+        ``options`` (its :attr:`Options`): yes unless a strategy says otherwise (ARS V1 uses raw ones)."""
         return True
+
+    @classmethod
+    def check_options(cls, options, directions: int) -> None:
+        """Raise ValueError if ``options`` (already valid on their own) do not fit ``directions``."""
 
     def __init__(self, directions: int, antithetic: bool = True, sigma_schedule: Schedule | None = None):
         if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
@@ -131,6 +137,7 @@ class Strategy:
         self.directions = directions
         self.antithetic = bool(antithetic)
         self.sigma_schedule = sigma_schedule
+        self.options = self.Options()  # a strategy with options sets its own
 
     def init(self, sigma: float) -> StrategyState:
         """The state before the first step."""

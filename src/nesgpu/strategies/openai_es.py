@@ -3,13 +3,24 @@ Learning"): centered-rank fitness shaping, mirrored sampling, L2 weight decay, a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from ..options import check_options, option
 from .base import Strategy
 from .schedules import Schedule
-from .shaping import get_shaping
+from .shaping import SHAPINGS, get_shaping
+
+
+@dataclass(frozen=True)
+class OpenAIESOptions:
+    shaping: str = option("centered_ranks", "fitness shaping", choices=tuple(SHAPINGS))
+    weight_decay: float = option(0.0, "L2 coefficient added to the gradient (the paper: 0.005)", at_least=0)
+
+    def __post_init__(self):
+        check_options(self, "openai_es")
 
 
 class OpenAIES(Strategy):
@@ -26,13 +37,12 @@ class OpenAIES(Strategy):
 
     name = "openai_es"
     default_lr = 0.01
-    config_options: ClassVar[dict[str, str]] = {"shaping": "shaping", "weight_decay": "weight_decay"}
+    Options: ClassVar[type] = OpenAIESOptions
 
     def __init__(self, directions: int, antithetic: bool = True, shaping: str = "centered_ranks",
                  weight_decay: float = 0.0, sigma_schedule: Schedule | None = None):
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0; got {weight_decay}")
         super().__init__(directions, antithetic, sigma_schedule)
+        self.options = OpenAIESOptions(shaping, weight_decay)
         self.shaping = get_shaping(shaping)
         self.weight_decay = weight_decay
 

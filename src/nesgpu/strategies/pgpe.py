@@ -11,14 +11,29 @@ every direction the same ||z_d||, so with them sigma stays put.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from ..options import check_options, option
 from .base import Strategy, StrategyState, antithetic_halves
 from .clipup import ClipUp
 from .schedules import Schedule
-from .shaping import get_shaping
+from .shaping import SHAPINGS, get_shaping
+
+
+@dataclass(frozen=True)
+class PGPEOptions:
+    shaping: str = option("centered_ranks", "fitness shaping", choices=tuple(SHAPINGS))
+    sigma_lr: float = option(0.1, "step size of sigma's adaptation (0: sigma stays fixed)", at_least=0)
+    max_sigma_change: float = option(0.2, "cap on the relative change of sigma per step, in (0, 1)", above=0)
+    max_speed: float | None = option(None, "ClipUp's speed cap (default: 2 * lr)", above=0)
+
+    def __post_init__(self):
+        check_options(self, "pgpe")
+        if self.max_sigma_change >= 1:
+            raise ValueError(f"pgpe: option 'max_sigma_change' must be below 1; got {self.max_sigma_change}")
 
 
 class PGPE(Strategy):
@@ -37,7 +52,7 @@ class PGPE(Strategy):
     name = "pgpe"
     default_lr = 0.15
     needs_antithetic = True
-    config_options: ClassVar[dict[str, str]] = {"shaping": "shaping"}
+    Options: ClassVar[type] = PGPEOptions
     population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
     adapts_sigma = True
 
@@ -45,10 +60,9 @@ class PGPE(Strategy):
                  sigma_lr: float = 0.1, max_sigma_change: float = 0.2, shaping: str = "centered_ranks",
                  max_speed: float | None = None, sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
+        self.options = PGPEOptions(shaping, sigma_lr, max_sigma_change, max_speed)
         if sigma_lr and sigma_schedule is not None:
             raise ValueError("PGPE adapts sigma itself: pass sigma_lr=0 to use a sigma_schedule")
-        if sigma_lr < 0 or not 0 < max_sigma_change < 1:
-            raise ValueError(f"need sigma_lr >= 0 and 0 < max_sigma_change < 1; got {sigma_lr}, {max_sigma_change}")
         if sigma_lr and not (isinstance(num_perturbed, int) and num_perturbed > 0):
             raise ValueError(f"PGPE's sigma adaptation needs num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
         self.num_perturbed = num_perturbed

@@ -39,7 +39,8 @@ from pathlib import Path
 from ..layers import KINDS
 from ..strategies import STRATEGIES
 from ..train.setup.config import TrainConfig
-from ..train.setup.defaults import BACKPROP, BACKPROP_ONLY, ES_ONLY
+from ..train.setup.defaults import BACKPROP, ES_ONLY
+from ..train.setup.options import defaults_of, owners
 from .params import Param, Value, hidden_text, parse_hidden, parse_param  # noqa: F401 (re-exported)
 
 # options a space may not search, and why
@@ -162,24 +163,15 @@ def _check_name(name, resolved: TrainConfig, where: str) -> bool:
                      f"{resolved.layer!r} ({layer_options or 'none'}){hint}")
 
 
-def _strategy_options(strategy: str) -> set[str]:
-    """The strategy-specific options (``Strategy.config_options``) that ``strategy`` takes."""
-    if strategy == BACKPROP:
-        return {"weight_decay"} | set(BACKPROP_ONLY)
-    return set(STRATEGIES[strategy].config_options)
-
-
 def _check_strategy(name: str, strategy: str, where: str) -> None:
     """A ValueError if option ``name`` belongs to other strategies than ``strategy``."""
-    owners = sorted(s for s, cls in STRATEGIES.items() if name in cls.config_options)
-    if name in BACKPROP_ONLY:
-        owners.append(BACKPROP)
     if strategy == BACKPROP and name in ES_ONLY:
         raise ValueError(f"{where} applies to the ES strategies, not to strategy 'backprop'; drop it or choose "
                          f"an ES strategy")
-    if owners and name not in _strategy_options(strategy):
-        raise ValueError(f"{where} applies to strategy {' or '.join(map(repr, owners))}, not to the base config's "
-                         f"{strategy!r}; drop it or choose --strategy {owners[0]}")
+    theirs = owners(name)
+    if theirs and name not in defaults_of(strategy):
+        raise ValueError(f"{where} applies to strategy {' or '.join(map(repr, theirs))}, not to the base config's "
+                         f"{strategy!r}; drop it or choose --strategy {theirs[0]}")
 
 
 def _check_values(space: SearchSpace, param: Param, base: TrainConfig, where: str) -> None:

@@ -15,6 +15,7 @@ from ...conversion import convert
 from ...distributed import Ranks
 from ...layers import PerturbedModule
 from ...model import PerturbedModel
+from ...options import arguments
 from ...population import Population
 from ...strategies import STRATEGIES, Schedule, Strategy
 from ...tasks import make_task
@@ -24,6 +25,7 @@ from ..steps.backprop import Backprop, BackpropStep, shard_model
 from ..steps.evolution import EvolutionStep, Stepper
 from .config import BACKPROP, TrainConfig, compiles
 from .initialization import init_weights
+from .options import options_of
 
 
 class Built(NamedTuple):
@@ -52,9 +54,9 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def strategy_options(cfg: TrainConfig) -> dict:
-    """The config's values of the options its strategy takes, by the strategy's argument names."""
-    return {arg: getattr(cfg, name) for name, arg in STRATEGIES[cfg.strategy].config_options.items()}
+def strategy_options(cfg: TrainConfig):
+    """The config's strategy's Options, from the config's values of them."""
+    return options_of(cfg.strategy, vars(cfg))
 
 
 def schedule(cfg: TrainConfig, name: str) -> Schedule | None:
@@ -64,12 +66,12 @@ def schedule(cfg: TrainConfig, name: str) -> Schedule | None:
 
 
 def make_strategy(cfg: TrainConfig, pm: PerturbedModel) -> Strategy:
-    """The config's strategy from the registry, with the options it takes (``Strategy.config_options``) and
-    what it reads of the population (``Strategy.population_options``)."""
+    """The config's strategy from the registry, with its options (``Strategy.Options``) and what it reads
+    of the population (``Strategy.population_options``)."""
     cls = STRATEGIES[cfg.strategy]
     of_population = {name: getattr(pm, name) for name in cls.population_options}
     return cls(pm.directions, pm.antithetic, sigma_schedule=schedule(cfg, "sigma"), **of_population,
-               **strategy_options(cfg))
+               **arguments(strategy_options(cfg)))
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -80,12 +82,13 @@ def make_backprop(cfg: TrainConfig, task, model: nn.Module, ranks: Ranks | None 
     """The optimizer side of a backprop run: activation checkpointing when asked, DistributedDataParallel
     under torchrun, the config's optimizer and lr schedule."""
     distributed = ranks is not None and ranks.distributed
-    if cfg.shard and not distributed:
+    options = strategy_options(cfg)
+    if options.shard and not distributed:
         warnings.warn("--shard applies to torchrun jobs of several processes; this one process trains the whole "
                       "model", stacklevel=2)
-    sharded = cfg.shard and distributed
+    sharded = options.shard and distributed
     plain = copy.deepcopy(model) if sharded else None  # unsharded: what rank 0 evaluates and saves
-    if cfg.activation_checkpointing:
+    if options.activation_checkpointing:
         checkpoint_blocks(model)
     module = model
     if sharded:
@@ -95,14 +98,14 @@ def make_backprop(cfg: TrainConfig, task, model: nn.Module, ranks: Ranks | None 
 
         module = DistributedDataParallel(model, device_ids=[model_device(model)] if task.device.type == "cuda"
                                          else None)
-    return Backprop(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, lr_schedule=schedule(cfg, "lr"),
-                    module=module, plain=plain)
+    return Backprop(model, options.optimizer, lr=cfg.lr, weight_decay=options.weight_decay,
+                    lr_schedule=schedule(cfg, "lr"), module=module, plain=plain)
 
 
 def config_task(cfg: TrainConfig, device: torch.device):
     """The built-in task a config names, with the config's task options."""
     backprop = cfg.strategy == BACKPROP
-    normalize = backprop or STRATEGIES[cfg.strategy].uses_observation_statistics(**strategy_options(cfg))
+    normalize = backprop or STRATEGIES[cfg.strategy].uses_observation_statistics(strategy_options(cfg))
     return make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size, episodes=cfg.episodes,
                      eval_episodes=cfg.eval_episodes, vector_mode=cfg.vector_mode, normalize_observations=normalize,
                      compile=compiles(cfg), reward_shift=cfg.reward_shift, start_states=cfg.start_states,
@@ -166,7 +169,8 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None, mo
     model = initial_model(cfg, task, model)
     if cfg.strategy == BACKPROP:
         bp = make_backprop(cfg, check_differentiable(task), model.to(device), ranks)
-        return Built(task, bp.plain, None, BackpropStep(task, bp, ranks, cfg.precision, cfg.accumulate))
+        return Built(task, bp.plain, None, BackpropStep(task, bp, ranks, cfg.precision,
+                                                                 strategy_options(cfg).accumulate))
     model = held_in(perturbed(cfg, model).to(device), cfg.dtype)
     pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
     population = Population(pm, ranks, cfg.chunk_size, cfg.precision, log)

@@ -4,13 +4,13 @@ defaults (:mod:`nesgpu.train.setup.defaults`), and every value is checked (:mod:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...layers import KINDS
 from ...layers.lowbit import NOISE_ON
+from ...options import check_type
 from ...precision import DTYPES, PRECISIONS
 from ...quantize import BITS
 from ...strategies import STRATEGIES
@@ -18,18 +18,20 @@ from ...strategies.schedules import KINDS as SCHEDULES
 from .ars_paper import PRESETS, preset_values
 from .defaults import (
     BACKPROP,
-    BACKPROP_ONLY,
     CUSTOM,
     ES_ONLY,
+    GLOBAL_DEFAULTS,
     STRATEGY_CHOICES,
     TASK_DEFAULTS,
     compiles,
     is_supervised,
     presets,
     torch_env_tasks,
+    tuned_options,
 )
 from .initialization import INITS
-from .validation import check_strategy_options, check_type, validate
+from .options import config_fields, defaults_of, option_names
+from .validation import check_strategy_options, validate
 
 
 def field_defaults() -> dict:
@@ -46,11 +48,24 @@ def opt(default=None, help: str = "", **cli):
     return field(**factory, metadata={"help": help, **cli})
 
 
+def _with_strategy_options(cls):
+    """``cls`` with a field per strategy option (every strategy's ``Options``, backprop's too; see
+    :mod:`nesgpu.train.setup.options`), each None by default: the strategy's own value."""
+    return dataclasses.make_dataclass(cls.__name__, config_fields(), bases=(cls,),
+                                      namespace={"__doc__": cls.__doc__, "__module__": cls.__module__,
+                                                 "__qualname__": cls.__qualname__})
+
+
+@_with_strategy_options
 @dataclass
 class TrainConfig:
     """Everything a run needs: the one source of the training options. ``nesgpu train``'s flags are
     generated from these fields (``--batch-size`` for ``batch_size``), and YAML/JSON configs use the same
-    names. ``None`` means "the task's default" (see :func:`presets` and TASK_DEFAULTS)."""
+    names. ``None`` means "the task's default" (see :func:`presets` and TASK_DEFAULTS).
+
+    Besides the fields below, every option of every strategy is a field of its own (``top_b`` of ars,
+    ``shaping`` of openai_es and pgpe, ``optimizer`` of backprop, ...): each strategy's ``Options`` declare
+    them; None takes the strategy's default, and one set under another strategy is an error."""
 
     task: str = opt("digits", "digits | mnist1d | reverse | sort | cartpole | pendulum | acrobot | mountaincar | "
                     "gym:<id> | arithmetic | countdown (a language model on a reward: --model hf:DIR)")
@@ -76,12 +91,6 @@ class TrainConfig:
     vector_mode: str = opt("sync", "gym:<id> tasks: step the envs in this process (sync) or in one subprocess "
                            "each (async)", choices=("sync", "async"))
     antithetic: bool = opt(True, "mirrored sampling: each direction evaluated at +sigma and -sigma")
-    shaping: str = opt("centered_ranks", "openai_es, pgpe: fitness shaping",
-                       choices=("centered_ranks", "z_score", "raw"))
-    weight_decay: float | None = opt(help="openai_es: L2 coefficient added to the gradient", per_task=True)
-    top_b: int | None = opt(help="ars: directions used per step (default: all)")
-    ars_version: str = opt("v2", "ars: v1 (raw observations) or v2 (running observation statistics)",
-                           choices=("v1", "v2"))
     layer_options: dict = opt(dict, "options of the layer kind (each also a flag of its own, e.g. --rank)")
     bits: int | None = opt(help="low-bit weights in every Linear and Conv layer: 1 (binary) or 8 (int8), each with a "
                            "per-output-channel scale, quantised from the float weights ES updates (default: float; "
@@ -130,13 +139,6 @@ class TrainConfig:
                        choices=("auto", "on", "off"))
     init: str = opt("default", "initial weights of Linear and Conv layers: torch's default, he (Kaiming normal) or "
                     "xavier (Glorot uniform); biases zero", choices=INITS)
-    optimizer: str | None = opt("adamw", "backprop: a torch.optim optimizer by name (adamw, adam, sgd, ...); an ES "
-                                "run's strategy brings its own (its config records none)")
-    accumulate: int = opt(1, "backprop: micro-batches of batch_size per step, their gradients accumulated")
-    activation_checkpointing: bool = opt(False, "backprop: recompute each block's activations in the backward "
-                                         "pass instead of storing them (torch.utils.checkpoint)")
-    shard: bool = opt(False, "backprop under torchrun: shard parameters, gradients and optimizer state over the "
-                      "processes (FSDP2 fully_shard, ZeRO-3) instead of replicating them (DDP)")
     dist_timeout: float = opt(300.0, "torchrun: seconds before a collective with a dead or hung process fails")
 
     def resolved(self) -> TrainConfig:
@@ -147,13 +149,11 @@ class TrainConfig:
             defaults = field_defaults()
             expand_preset(values, {name for name, value in values.items() if value != defaults[name]})
         defaults = presets(values["task"], values["model"], values["strategy"])
-        check_strategy_options(values, defaults["strategy"], field_defaults(), defaults)
+        check_strategy_options(values, defaults["strategy"], field_defaults(), defaults, tuned_options(values["task"]))
         for name, value in defaults.items():
             if values.get(name) is None:
                 values[name] = value
         values["hidden"] = tuple(values["hidden"])
-        if values["strategy"] != BACKPROP:  # an ES strategy steps with its own optimizer: none to record
-            values["optimizer"] = None
         custom = values["task"].startswith(CUSTOM)
         if values["policy_output"] == "auto" and not custom and not is_supervised(values["task"]):
             own = STRATEGIES.get(values["strategy"])  # None for the gradient baseline
@@ -172,9 +172,21 @@ class TrainConfig:
     def directions(self) -> int:
         return self.population // 2 if self.antithetic else self.population
 
+    @classmethod
+    def with_preset(cls, preset: str, **options) -> TrainConfig:
+        """A config of ``preset``'s settings (``"ars-paper"``: see :mod:`nesgpu.train.setup.ars_paper`) for
+        ``options["task"]``, with the ``options`` given here keeping their values, even one equal to its
+        default. (``TrainConfig(preset=...)`` expands when resolved, over the options still at their
+        defaults.)"""
+        values = {"preset": preset, **options}
+        expand_preset(values, set(options))
+        return cls(**values)
+
     # ----- files -------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: dict, source: str = "config") -> TrainConfig:
+        """A config from a mapping of options (a YAML file's, a run's config.json); a ``preset`` there
+        expands over the options the mapping does not set."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
@@ -185,6 +197,8 @@ class TrainConfig:
             check_type(name, value, types[name], source)
         if values.get("hidden") is not None:
             values["hidden"] = tuple(values["hidden"])
+        if values.get("preset") is not None:
+            expand_preset(values, set(values) - {"preset"})
         return cls(**values)
 
     @classmethod
@@ -239,24 +253,6 @@ def expand_preset(values: dict, given) -> None:
     values["preset"] = None
 
 
-def _expanding_presets(init):
-    """TrainConfig's ``__init__``, then its preset expanded over the options not passed to it."""
-    names = [f.name for f in dataclasses.fields(TrainConfig)]
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        if self.preset is not None:
-            values = {"preset": self.preset, "task": self.task}
-            expand_preset(values, {*names[:len(args)], *kwargs})
-            for name, value in values.items():
-                setattr(self, name, value)
-    return __init__
-
-
-TrainConfig.__init__ = _expanding_presets(TrainConfig.__init__)
-
-
 def labelled(cfg: TrainConfig, task) -> TrainConfig:
     """``cfg`` for a run of the user's own ``task`` object: labelled ``custom:<its name>`` (unless it is
     already) and with the task's ``defaults`` mapping, if it has one, in the options left unset (None)."""
@@ -269,8 +265,9 @@ def labelled(cfg: TrainConfig, task) -> TrainConfig:
     unknown = sorted(set(defaults) - fields)
     if unknown:
         raise ValueError(f"task {name!r}: defaults {unknown} are not TrainConfig options")
-    strategy = cfg.strategy or defaults.get("strategy")  # the other side's defaults do not apply to it
-    skip = ES_ONLY if strategy == BACKPROP else BACKPROP_ONLY
+    # the other side's defaults do not apply to it, nor other strategies' options
+    strategy = cfg.strategy or defaults.get("strategy") or GLOBAL_DEFAULTS["strategy"]
+    skip = set(option_names()) - set(defaults_of(strategy)) | (set(ES_ONLY) if strategy == BACKPROP else set())
     unset = {k: v for k, v in defaults.items() if getattr(cfg, k) is None and k not in skip}
     return dataclasses.replace(cfg, task=label, **unset)
 

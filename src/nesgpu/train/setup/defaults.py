@@ -6,19 +6,18 @@ from __future__ import annotations
 
 from ...strategies import STRATEGIES
 from ...tasks import TASKS, DifferentiableTask, task_spec
+from .options import BACKPROP, defaults_of, option_names
 
-# the gradient baseline: not an ES strategy (no population, no noise) but a strategy name of the config, so a
-# run differs from an ES run by one option; its defaults are AdamW's own
-BACKPROP = "backprop"
-BACKPROP_DEFAULTS = dict(lr=1e-3, weight_decay=0.01)
+# the gradient baseline is a strategy name of the config, so a run differs from an ES run by one option; its
+# step size is AdamW's own (its other options are BackpropOptions')
+BACKPROP_DEFAULTS = dict(lr=1e-3)
 STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
-# the options of ES runs only, and of backprop runs only (each an error, when set, under the other)
-ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "shaping",
+# the options of ES runs only (each an error, when set, under backprop); each strategy's own options are its
+# Options' (nesgpu.train.setup.options)
+ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic",
            "sigma_schedule", "sigma_final", "chunk_size", "compile", "dtype")
-BACKPROP_ONLY = ("optimizer", "accumulate", "activation_checkpointing", "shard")
 # what neither the task nor its model sets
-GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0,
-                       weight_decay=0.0)
+GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0)
 # a task of the user's own (``train(cfg, task=...)``) is labelled "custom:<name>"; it starts from these where
 # neither the config nor the task's own ``defaults`` mapping sets an option
 CUSTOM = "custom:"
@@ -42,6 +41,8 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
         spec = task_spec(task)
         model = model or spec.models[0]
         values = {**GLOBAL_DEFAULTS, **spec.defaults, **spec.model_defaults.get(model, {}), "model": model}
+    own = values["strategy"]  # the strategy the task's values were tuned for
+    tuned = {name: values.pop(name) for name in option_names() if name in values}
     if strategy is not None and strategy != values["strategy"]:
         if strategy == BACKPROP:
             values.update(strategy=strategy, **BACKPROP_DEFAULTS)
@@ -49,9 +50,21 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {list(STRATEGY_CHOICES)}")
         else:
             values.update(strategy=strategy, lr=STRATEGIES[strategy].default_lr)
-    own = STRATEGIES.get(values["strategy"])  # the gradient baseline clips as OpenAI-ES does
-    values["observation_clip"] = own.observation_clip if own is not None else 5.0
+    # the strategy's options: its own defaults, less what the task tuned for it (for its own strategy only)
+    values.update(defaults_of(values["strategy"]))
+    values.update({k: v for k, v in tuned.items() if values["strategy"] == own and k in values})
+    es = STRATEGIES.get(values["strategy"])  # the gradient baseline clips as OpenAI-ES does
+    values["observation_clip"] = es.observation_clip if es is not None else 5.0
     return values
+
+
+def tuned_options(task: str) -> dict:
+    """The strategy options a built-in task's defaults set (for its own strategy): what older run
+    directories recorded under every strategy."""
+    if task.startswith(CUSTOM):
+        return {}
+    spec = task_spec(task)
+    return {name: value for name, value in spec.defaults.items() if name in option_names()}
 
 
 def is_supervised(task: str, obj=None) -> bool:
@@ -75,4 +88,5 @@ def compiles(cfg) -> bool:
     return cfg.steps * cfg.population * cfg.episodes * TASKS[cfg.task].env_steps >= COMPILE_MIN_ENV_STEPS
 
 
-__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "compiles", "is_supervised", "presets", "torch_env_tasks"]
+__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "compiles", "is_supervised", "presets", "torch_env_tasks",
+           "tuned_options"]

@@ -9,10 +9,11 @@ import math
 from ...kinds import make_kind
 from ...layers import KINDS
 from ...layers.lowbit import check_low_bit_options
+from ...options import check_type
 from ...strategies import STRATEGIES
 from ...tasks import SUPERVISED, task_spec
-from ..steps.backprop import optimizer_class
-from .defaults import BACKPROP, BACKPROP_ONLY, CUSTOM, ES_ONLY, GLOBAL_DEFAULTS, is_supervised, torch_env_tasks
+from .defaults import BACKPROP, CUSTOM, ES_ONLY, is_supervised, torch_env_tasks
+from .options import drop_foreign, options_of
 
 
 def validate(cfg) -> None:
@@ -31,8 +32,6 @@ def validate(cfg) -> None:
     if cfg.strategy == BACKPROP and not custom and not is_supervised(cfg.task):
         raise ValueError(f"strategy 'backprop' trains supervised tasks {sorted(SUPERVISED)}; task "
                          f"{cfg.task!r} has no differentiable loss (use an ES strategy)")
-    if cfg.strategy == BACKPROP:
-        optimizer_class(cfg.optimizer)  # names the optimizers when unknown
     if not custom:
         _check_task_options(cfg)
     if cfg.chunk_size is not None and cfg.chunk_size != "auto" and not (
@@ -53,7 +52,7 @@ def _check_model(cfg) -> None:
 
 
 def _check_ranges(cfg) -> None:
-    for name, low in (("population", 2), ("accumulate", 1), ("steps", 1), ("batch_size", 1), ("episodes", 1),
+    for name, low in (("population", 2), ("steps", 1), ("batch_size", 1), ("episodes", 1),
                       ("eval_episodes", 1), ("seed", 0), ("eval_every", 0), ("checkpoint_every", 0)):
         if getattr(cfg, name) < low:
             raise ValueError(f"{name} must be >= {low}; got {getattr(cfg, name)}")
@@ -64,7 +63,7 @@ def _check_ranges(cfg) -> None:
             raise ValueError(f"{name} must be a positive finite number; got {getattr(cfg, name)}")
     if cfg.time_budget is not None and not 0 < cfg.time_budget < math.inf:
         raise ValueError(f"time_budget must be a positive finite number of seconds; got {cfg.time_budget}")
-    for name in ("sigma_final", "lr_final", "weight_decay", "progress_every", "eval_seconds"):
+    for name in ("sigma_final", "lr_final", "progress_every", "eval_seconds"):
         if not 0 <= getattr(cfg, name) < math.inf:
             raise ValueError(f"{name} must be a finite number >= 0; got {getattr(cfg, name)}")
     if cfg.target is not None and not math.isfinite(cfg.target):
@@ -84,13 +83,14 @@ def _check_es(cfg) -> None:
     if cfg.antithetic and cfg.population % 2:
         raise ValueError(f"population must be even with antithetic sampling (pairs of +/- members); "
                          f"got {cfg.population}")
-    if cfg.top_b is not None and not 1 <= cfg.top_b <= cfg.directions:
-        raise ValueError(f"top_b must be in [1, {cfg.directions}] (the directions); got {cfg.top_b}")
+    options = options_of(cfg.strategy, vars(cfg))  # the strategy's options check themselves
+    strategy = STRATEGIES.get(cfg.strategy)
+    if strategy is not None:
+        strategy.check_options(options, cfg.directions)
     check_layer_options(cfg.layer, cfg.layer_options)
     if KINDS[cfg.layer].needs_antithetic and not cfg.antithetic:
         raise ValueError(f"layer kind {cfg.layer!r} is biased without antithetic sampling (its directions of "
                          f"one step share their noise); drop --no-antithetic or choose another kind")
-    strategy = STRATEGIES.get(cfg.strategy)
     if strategy is not None and strategy.needs_antithetic and not cfg.antithetic:
         raise ValueError(f"strategy {cfg.strategy!r} needs antithetic sampling")
     if strategy is not None and strategy.adapts_sigma and cfg.sigma_schedule != "constant":
@@ -123,38 +123,19 @@ def _check_task_options(cfg) -> None:
                          f"{cfg.task!r} runs eagerly (use --compile auto or off)")
 
 
-def check_strategy_options(values: dict, strategy: str, defaults: dict, preset: dict) -> None:
-    """An option of another strategy (``top_b`` under openai_es) set away from its default is an error, not
-    silently ignored. ``defaults`` are the fields' defaults, ``preset`` the run's :func:`presets`."""
-    if strategy == BACKPROP or any(values.get(name) != defaults[name] for name in BACKPROP_ONLY):
-        _check_backprop_options(values, strategy, defaults, preset)
-    own = {"weight_decay": "weight_decay"} if strategy == BACKPROP else STRATEGIES[strategy].config_options
-    for other, cls in STRATEGIES.items():
-        for name in cls.config_options:
-            if name not in own and values.get(name) not in (defaults[name], preset.get(name, defaults[name]),
-                                                            GLOBAL_DEFAULTS.get(name, defaults[name])):
-                raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy {other!r}, not "
-                                 f"{strategy!r}; drop it or choose --strategy {other}")
-
-
-def _check_backprop_options(values: dict, strategy: str, defaults: dict, preset: dict) -> None:
-    """ES options set under backprop, or backprop options set under an ES strategy, are errors."""
-    def is_set(name):
-        value = values.get(name)
-        if isinstance(value, (list, tuple)):
-            value = tuple(value)
-        return value is not None and value not in (defaults[name], preset.get(name, defaults[name]))
-
+def check_strategy_options(values: dict, strategy: str, defaults: dict, preset: dict, tuned: dict) -> None:
+    """The ES-only options set under backprop are errors, and another strategy's options (``top_b`` under
+    openai_es) are errors or, at their defaults, dropped (:func:`~nesgpu.train.setup.options.drop_foreign`;
+    ``tuned``: the task's values of them). ``defaults`` are the fields' defaults, ``preset`` the run's
+    :func:`presets`."""
     if strategy == BACKPROP:
         for name in ES_ONLY:
-            if is_set(name):
+            value = values.get(name)
+            value = tuple(value) if isinstance(value, list) else value
+            if value is not None and value not in (defaults[name], preset.get(name, defaults[name])):
                 raise ValueError(f"option {name!r} (= {values[name]!r}) applies to the ES strategies, not to "
                                  f"strategy 'backprop'; drop it or choose an ES strategy")
-        return
-    for name in BACKPROP_ONLY:
-        if is_set(name):
-            raise ValueError(f"option {name!r} (= {values[name]!r}) applies to strategy 'backprop', not {strategy!r}; "
-                             f"drop it or choose --strategy backprop")
+    drop_foreign(values, strategy, tuned)
 
 
 def check_layer_options(layer: str, options: dict) -> None:
@@ -164,24 +145,3 @@ def check_layer_options(layer: str, options: dict) -> None:
     if unknown:
         raise ValueError(f"layer option(s) {unknown} do not apply to layer {layer!r}; its options: {names or 'none'}")
     make_kind(layer, **options)  # the kind checks its values
-
-
-def check_type(name: str, value, annotation: str, source: str) -> None:
-    """``value`` fits the field's annotation (a string: the config module uses postponed annotations). YAML
-    and JSON give bools, ints, floats, strings, lists and mappings; "no" is a string, not False, and 3.7 is
-    not an int."""
-    allowed = [a.strip() for a in annotation.split("|")]
-    if value is None and "None" in allowed:
-        return
-    checks = {
-        "str": lambda v: isinstance(v, str),
-        "bool": lambda v: isinstance(v, bool),
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "dict": lambda v: isinstance(v, dict),
-        "tuple[int, ...]": lambda v: isinstance(v, (list, tuple)) and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in v),
-    }
-    if not any(checks[a](value) for a in allowed if a in checks):
-        raise ValueError(f"{source}: option {name!r} must be {' or '.join(allowed)}; got {value!r} "
-                         f"({type(value).__name__})")

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ...distributed import Ranks
+from ...options import check_options, option
 from ...precision import autocast_dtype
 from ...strategies import Schedule
 from ...strategies.schedules import StepSizes
@@ -45,6 +47,23 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     if not isinstance(name, str) or name.lower() not in _OPTIMIZERS:
         raise ValueError(f"optimizer must be one of torch.optim's {sorted(_OPTIMIZERS)}; got {name!r}")
     return _OPTIMIZERS[name.lower()]
+
+
+@dataclass(frozen=True)
+class BackpropOptions:
+    """The options of ``--strategy backprop`` (the configuration offers each as an option of its own)."""
+
+    optimizer: str = option("adamw", "a torch.optim optimizer by name (adamw, adam, sgd, ...)")
+    weight_decay: float = option(0.01, "the optimizer's weight decay (its own decoupled or L2 form)", at_least=0)
+    accumulate: int = option(1, "micro-batches of batch_size per step, their gradients accumulated", at_least=1)
+    activation_checkpointing: bool = option(False, "recompute each block's activations in the backward pass "
+                                                   "instead of storing them (torch.utils.checkpoint)")
+    shard: bool = option(False, "under torchrun: shard parameters, gradients and optimizer state over the "
+                                "processes (FSDP2 fully_shard, ZeRO-3) instead of replicating them (DDP)")
+
+    def __post_init__(self):
+        check_options(self, "backprop")
+        optimizer_class(self.optimizer)  # names the optimizers when unknown
 
 
 class Backprop:

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..setup.build import build, resolve_device
 from ..setup.config import CUSTOM, TrainConfig, is_supervised, resolve_for
+from ..setup.options import own_only
 from . import rundir
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
 
@@ -87,7 +88,7 @@ def _check_saved_with(cfg: TrainConfig, metadata: dict, directory: Path) -> None
         saved = json.loads(metadata["nesgpu_config"])
     except (KeyError, ValueError):
         return  # weights saved without nesgpu's metadata: only their names, shapes and dtypes can be checked
-    differ = rundir.differences(saved, dataclasses.asdict(cfg), rundir.defining(cfg.strategy))
+    differ = rundir.differences(own_only(saved, cfg.strategy), dataclasses.asdict(cfg), rundir.defining(cfg.strategy))
     if differ:
         raise ValueError(f"{directory}: config.json does not describe the run that saved model.safetensors "
                          f"({'; '.join(differ)}, from the weights' own record to config.json); restore the run's "

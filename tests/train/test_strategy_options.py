@@ -1,0 +1,136 @@
+"""Strategies own their options: each strategy's Options become options of TrainConfig, config files and the
+CLI; a value is checked once, by the Options; an option of another strategy is an error; and a new strategy
+with an option of its own is one file plus one registry line (docs/architecture.md's worked example, run here
+through the CLI, a checkpoint and a resume)."""
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nesgpu.options import NoOptions, check_options, option
+from nesgpu.strategies import ARS, PGPE, STRATEGIES, OpenAIES
+from nesgpu.train import TrainConfig
+from nesgpu.train.setup.options import STRATEGY_OPTIONS, owners
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+
+
+def test_every_strategy_option_is_a_config_option_owned_by_its_strategies():
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for name, options in STRATEGY_OPTIONS.items():
+        for f in dataclasses.fields(options):
+            assert f.name in fields and name in fields[f.name].metadata["owners"]
+            assert fields[f.name].default is None  # None: the strategy's own default
+    assert owners("shaping") == ["openai_es", "pgpe"] and owners("top_b") == ["ars"]
+    assert owners("optimizer") == ["backprop"]
+
+
+def test_a_resolved_config_holds_its_strategys_options_and_none_of_the_others():
+    ars = TrainConfig(task="pendulum", strategy="ars", top_b=2).resolved()
+    assert (ars.top_b, ars.ars_version, ars.shaping, ars.weight_decay, ars.optimizer) == (2, "v2", None, None, None)
+    pgpe = TrainConfig(task="pendulum", strategy="pgpe", sigma_lr=0.0).resolved()
+    assert (pgpe.sigma_lr, pgpe.max_sigma_change, pgpe.shaping, pgpe.top_b) == (0.0, 0.2, "centered_ranks", None)
+    # the task's tuned values hold for its own strategy only (digits tunes openai_es's weight decay)
+    assert TrainConfig().resolved().weight_decay == 0.005
+    assert TrainConfig(strategy="backprop").resolved().weight_decay == 0.01
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(strategy="ars", top_b=0), "ars: option 'top_b' must be >= 1; got 0"),
+    (dict(strategy="ars", top_b=10_000), r"top_b must be in \[1, 32\]"),
+    (dict(strategy="ars", ars_version="v3"), r"ars_version'? must be one of \['v1', 'v2'\]"),
+    (dict(strategy="pgpe", max_sigma_change=1.5), "pgpe: option 'max_sigma_change' must be below 1"),
+    (dict(strategy="pgpe", max_speed=-1.0), "pgpe: option 'max_speed' must be > 0"),
+    (dict(weight_decay=float("nan")), "openai_es: option 'weight_decay' must be finite"),
+    (dict(shaping="ranks"), "shaping'? must be one of"),
+    (dict(top_b=4), r"option 'top_b' \(= 4\) applies to strategy 'ars', not 'openai_es'"),
+    (dict(strategy="ars", shaping="z_score"), "applies to strategy 'openai_es' or 'pgpe', not 'ars'"),
+    (dict(strategy="backprop", sigma_lr=0.5), "applies to strategy 'pgpe', not 'backprop'"),
+])
+def test_bad_strategy_options_are_refused_naming_strategy_option_and_value(options, message):
+    with pytest.raises(ValueError, match=message):
+        backprop = options.get("strategy") == "backprop"
+        TrainConfig(task="digits" if backprop else "pendulum", population=None if backprop else 64,
+                    **options).resolved()
+
+
+def test_an_older_run_directorys_config_of_every_strategys_options_still_loads():
+    # config.json of an ars run written before the options moved: openai_es's and backprop's at their values
+    old = dict(task="pendulum", strategy="ars", shaping="centered_ranks", weight_decay=0.0, top_b=None,
+               ars_version="v1", optimizer="adamw", accumulate=1, activation_checkpointing=False, shard=False)
+    cfg = TrainConfig.from_dict(old).resolved()
+    assert (cfg.ars_version, cfg.shaping, cfg.optimizer, cfg.shard) == ("v1", None, None, None)
+
+
+def test_the_strategies_build_their_options_and_check_them_once():
+    assert ARS(8, top_b=2).options == ARS.Options(top_b=2, ars_version="v2")
+    assert OpenAIES(4, shaping="raw").options.shaping == "raw"
+    with pytest.raises(ValueError, match="openai_es: option 'weight_decay' must be >= 0"):
+        OpenAIES(4, weight_decay=-1.0)
+    with pytest.raises(ValueError, match="top_b must be in"):
+        ARS(4, top_b=5)
+    with pytest.raises(ValueError, match="pgpe: option 'sigma_lr' must be >= 0"):
+        PGPE(4, num_perturbed=10, sigma_lr=-0.1)
+    assert all(dataclasses.is_dataclass(cls.Options) for cls in STRATEGIES.values())
+
+
+def test_options_check_types_choices_and_bounds():
+    @dataclasses.dataclass(frozen=True)
+    class Toy:
+        n: int = option(1, "a count", at_least=1)
+        kind: str = option("a", "a kind", choices=("a", "b"))
+
+        def __post_init__(self):
+            check_options(self, "toy")
+
+    with pytest.raises(ValueError, match="toy: option 'n' must be int; got '2'"):
+        Toy(n="2")
+    with pytest.raises(ValueError, match="toy: option 'n' must be >= 1; got 0"):
+        Toy(n=0)
+    with pytest.raises(ValueError, match="toy: option 'kind' must be one of"):
+        Toy(kind="c")
+    assert dataclasses.fields(NoOptions()) == ()
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, {here!r})
+import nesgpu.strategies
+from baseline_strategy import BaselineES
+nesgpu.strategies.STRATEGIES["baseline_es"] = BaselineES  # the registry line
+from nesgpu.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_new_strategy_with_an_option_is_one_file_plus_one_registry_line(tmp_path):
+    section = DOC.read_text().split("### A strategy with options and a state of its own")[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    (tmp_path / "baseline_strategy.py").write_text(code)
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(here=str(tmp_path)))
+
+    def nesgpu(*args):
+        return subprocess.run([sys.executable, str(driver), "train", *args], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+
+    run = tmp_path / "run"
+    small = ["--task", "digits", "--population", "8", "--hidden", "8", "--checkpoint-every", "1"]
+    done = nesgpu(*small, "--strategy", "baseline_es", "--baseline-decay", "0.5", "--steps", "2", "--out", str(run))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run / "config.json").read_text())["baseline_decay"] == 0.5
+    resumed = nesgpu("--resume", str(run), "--steps", "3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3
+    helped = nesgpu("--help")
+    assert "--baseline-decay" in helped.stdout and "baseline_es: decay of the running fitness" in helped.stdout
+    bad = nesgpu(*small, "--strategy", "baseline_es", "--baseline-decay", "1.5", "--print-config")
+    assert bad.returncode != 0 and "baseline_decay' must be below 1; got 1.5" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    other = nesgpu(*small, "--strategy", "ars", "--baseline-decay", "0.5", "--print-config")
+    assert other.returncode != 0 and "applies to strategy 'baseline_es', not to strategy 'ars'" in other.stderr
