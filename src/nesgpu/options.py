@@ -21,12 +21,12 @@ import math
 
 
 def option(default, help: str, *, choices: tuple | None = None, at_least: float | None = None,
-           above: float | None = None, arg: str | None = None):
-    """A field of an options dataclass: its default and doc; ``choices``, a minimum (``at_least``, or
-    ``above`` for a strict one) that :func:`check_options` enforces, and ``arg``, the name of the
-    constructor argument it sets when that differs from the option's name."""
+           above: float | None = None, at_most: float | None = None, arg: str | None = None):
+    """A field of an options dataclass: its default and doc; ``choices`` and bounds (``at_least``, or
+    ``above`` for a strict minimum; ``at_most``) that :func:`check_options` enforces, and ``arg``, the name
+    of the constructor argument it sets when that differs from the option's name."""
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "at_least": at_least,
-                                                        "above": above, "arg": arg})
+                                                        "above": above, "at_most": at_most, "arg": arg})
 
 
 def annotation_text(annotation) -> str:
@@ -74,6 +74,8 @@ def check_options(options, owner: str) -> None:
             raise ValueError(f"{owner}: option {f.name!r} must be >= {meta['at_least']}; got {value}")
         if meta.get("above") is not None and value <= meta["above"]:
             raise ValueError(f"{owner}: option {f.name!r} must be > {meta['above']}; got {value}")
+        if meta.get("at_most") is not None and value > meta["at_most"]:
+            raise ValueError(f"{owner}: option {f.name!r} must be <= {meta['at_most']}; got {value}")
 
 
 def arguments(options) -> dict:

@@ -129,8 +129,8 @@ def test_ars_paper_config_round_trips_through_yaml(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(task="digits", reward_shift=1.0), "applies to RL tasks"),
-    (dict(task="digits", start_states="independent"), "applies to RL tasks"),
+    (dict(task="digits", reward_shift=1.0), "applies to task 'cartpole' or .*, not to task 'digits'"),
+    (dict(task="digits", start_states="independent"), "applies to task 'cartpole' or .*, not to task 'digits'"),
     (dict(task="cartpole", observation_clip=-1.0), "observation_clip"),
     (dict(task="cartpole", reward_shift=float("nan")), "reward_shift"),
 ])

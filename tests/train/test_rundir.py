@@ -208,7 +208,7 @@ def test_yaml_values_are_type_checked_naming_the_field(tmp_path, text, message):
 
 
 def test_eval_episodes_must_be_positive(tmp_path):
-    with pytest.raises(ValueError, match="eval_episodes must be >= 1; got 0"):
+    with pytest.raises(ValueError, match="option 'eval_episodes' must be >= 1; got 0"):
         train(TrainConfig(**{**RUN, "eval_episodes": 0}, out=str(tmp_path / "run")), log=quiet)
 
 

@@ -297,10 +297,10 @@ def test_auto_chunk_also_covers_the_noise_draw(tmp_path, monkeypatch):
 
     original = PerturbedModel.set_noise
 
-    def small_memory(self, step=None, directions=None):
+    def small_memory(self, step=None, directions=None, sigma=None):
         if directions is None or len(directions) > 4:  # the whole population's noise does not fit
             raise OUT_OF_MEMORY["cpu"]()
-        return original(self, step, directions)
+        return original(self, step, directions, sigma)
 
     monkeypatch.setattr(PerturbedModel, "set_noise", small_memory)
     summary = train(TrainConfig(**FAST["digits"], chunk_size="auto", out=str(tmp_path / "auto")), log=quiet)

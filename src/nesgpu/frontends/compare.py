@@ -108,7 +108,7 @@ def compare(task="digits", budget: float = 60.0, seeds: list[int] = (0,), out: s
             e.args = (f"interrupted: the {cfg.strategy} run of seed {cfg.seed} stopped at step {e.step}; a comparison "
                       f"cannot be resumed (every run gets its budget at once): run compare again with --overwrite",)
             raise
-        runs.append({**summary, "curve": _curve(Path(cfg.out), summary["metric"], cfg)})
+        runs.append({**summary, "curve": _curve(Path(cfg.out), summary["metric"], cfg, task)})
     table = _table(runs, budget)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(table)
@@ -128,18 +128,23 @@ def _progress(cfg: TrainConfig, metric: str, log):
     return show
 
 
-def _samples_per_step(cfg: TrainConfig) -> int:
+def _samples_per_step(cfg: TrainConfig, task) -> int | None:
     """Training samples drawn per step: the minibatch (every ES member sees the same one), times the
-    micro-batches of a backprop step."""
-    return cfg.batch_size * (cfg.accumulate if cfg.strategy == BACKPROP else 1)
+    micro-batches of a backprop step. A task of your own: its ``batch_size``, if it has one (else None:
+    unknown)."""
+    batch = cfg.batch_size if cfg.batch_size is not None else getattr(task, "batch_size", None)
+    if not isinstance(batch, int):
+        return None
+    return batch * (cfg.accumulate if cfg.strategy == BACKPROP else 1)
 
 
-def _curve(run: Path, metric: str, cfg: TrainConfig) -> list[tuple[float, int, float]]:
-    """(seconds, samples drawn, metric) at every evaluation of a run."""
+def _curve(run: Path, metric: str, cfg: TrainConfig, task) -> list[tuple[float, int | None, float]]:
+    """(seconds, samples drawn (None: unknown), metric) at every evaluation of a run."""
     with open(run / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get(metric)]
-    per_step = _samples_per_step(cfg)
-    return [(float(r["seconds"]), int(r["step"]) * per_step, float(r[metric])) for r in rows]
+    per_step = _samples_per_step(cfg, task)
+    return [(float(r["seconds"]), None if per_step is None else int(r["step"]) * per_step, float(r[metric]))
+            for r in rows]
 
 
 def _table(runs: list[dict], budget: float) -> str:
@@ -151,10 +156,11 @@ def _table(runs: list[dict], budget: float) -> str:
     for strategy in dict.fromkeys(r["strategy"] for r in runs):
         mine = [r for r in runs if r["strategy"] == strategy]
         values = [r["value"] for r in mine]
+        drawn = [r["curve"][-1][1] if r["curve"] else 0 for r in mine]
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
         lines.append(f"| {strategy} | {len(mine)} | {statistics.mean(values):.4f} ± {sd:.4f} | "
                      f"{statistics.mean(r['steps'] for r in mine):.0f} | "
-                     f"{statistics.mean(r['curve'][-1][1] if r['curve'] else 0 for r in mine):.0f} | "
+                     f"{'n/a' if None in drawn else format(statistics.mean(drawn), '.0f')} | "
                      f"{statistics.mean(r['seconds'] for r in mine):.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -173,7 +179,8 @@ def _plot(runs: list[dict], path: Path) -> None:
         seconds, samples, values = zip(*r["curve"]) if r["curve"] else ((), (), ())
         label = r["strategy"] if sum(x["strategy"] == r["strategy"] for x in runs[:runs.index(r) + 1]) == 1 else None
         axes[0].plot(seconds, values, color=colour, label=label, marker=".")
-        axes[1].plot(samples, values, color=colour, marker=".")
+        if None not in samples:  # a task of your own without a batch_size: samples unknown
+            axes[1].plot(samples, values, color=colour, marker=".")
     axes[0].set_xlabel("wall time (s)")
     axes[1].set_xlabel("training samples drawn")
     axes[1].set_xscale("log")

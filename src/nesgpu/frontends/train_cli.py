@@ -11,7 +11,7 @@ from pathlib import Path
 from ..layers import KINDS
 from ..train.setup.config import TrainConfig, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
-from ..train.setup.options import defaults_of, owners
+from ..train.setup.options import STRATEGY, TASK, task_key
 
 
 def _hidden(text: str) -> tuple[int, ...]:
@@ -108,11 +108,13 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     its doc and default in ``--help``, the strategies' options in a group of their own; plus a flag per
     layer-kind option. Unset flags stay None, so a config file or a resumed run's options are not overridden
     by defaults."""
-    strategies = p.add_argument_group("strategy options", "options of one strategy (--strategy); each is an "
-                                      "error under the others")
+    groups = {"strategy": p.add_argument_group("strategy options", "options of one strategy (--strategy); each is "
+                                               "an error under the others"),
+              "task": p.add_argument_group("task options", "options of one task (--task); each is an error under "
+                                           "the others")}
     for f in dataclasses.fields(TrainConfig):
         if f.name != "layer_options":
-            _add_field(strategies if f.metadata.get("strategy_option") else p, f)
+            _add_field(groups.get(f.metadata.get("owned_by"), p), f)
     group = p.add_argument_group("layer options", "options of one layer kind (--layer); they fill layer_options")
     for flag, (kind, f) in layer_option_flags().items():
         kwargs = dict(dest=f"layer_option:{f.name}", default=None, type=_scalar_type(f.type),
@@ -141,20 +143,18 @@ def add_train_parser(commands) -> None:
 
 
 def _check_sides(given: dict, strategy: str | None, task: str) -> None:
-    """A flag of another strategy's options (or an ES option under backprop) is an error, even at its default
-    value (TrainConfig can only tell a value from its default; a flag is the user's own word)."""
+    """A flag of another strategy's or task's options (or an ES option under backprop) is an error, even at its
+    default value (TrainConfig can only tell a value from its default; a flag is the user's own word)."""
     mine = strategy or presets(task)["strategy"]
-    named = f"strategy {mine!r}" if strategy else f"strategy {mine!r} (the task's default)"
+    hint = "" if strategy else " (the task's default)"
     wrong = [name for name in given if mine == BACKPROP and name in ES_ONLY]
     if wrong:
         raise ValueError(f"option {wrong[0]!r} (= {given[wrong[0]]!r}) applies to the ES strategies, not to "
-                         f"{named}; drop it or choose an ES strategy")
-    wrong = [name for name in given if owners(name) and name not in defaults_of(mine)]
-    if wrong:
-        theirs = owners(wrong[0])
-        raise ValueError(f"option {wrong[0]!r} (= {given[wrong[0]]!r}) applies to strategy "
-                         f"{' or '.join(map(repr, theirs))}, not to {named}; drop it or choose --strategy "
-                         f"{theirs[0]}")
+                         f"strategy {mine!r}{hint}; drop it or choose an ES strategy")
+    for owners, owner, why in ((STRATEGY, mine, hint), (TASK, task_key(task), "")):
+        wrong = [name for name in given if owners.owners(name) and name not in owners.defaults_of(owner)]
+        if wrong:
+            raise owners.refusal(wrong[0], given[wrong[0]], owner, why)
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:

@@ -6,12 +6,14 @@ a task is one module plus one line here. Any object meeting :class:`~nesgpu.task
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import control, gym_tasks, reward_tasks, sequence, supervised
 from .envs import ENVS
 from .generation import GenerationTask
-from .gym import GymVectorEnv, check_vector_mode
+from .gym import GymVectorEnv
 from .protocol import DifferentiableTask, ModelMaker, Task
 from .rl import ObservationNorm, Policy, RLTask, rollout
 from .sequence import SequenceTask, SequenceTransformer, reverse, sort
@@ -40,33 +42,38 @@ def model_choices(task: str) -> tuple[str, ...]:
     return MODELS.get(task, ("mlp",))
 
 
-def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, batch_size: int = 64,
-              episodes: int = 1, eval_episodes: int = 10, vector_mode: str = "sync",
-              normalize_observations: bool = True, compile: bool = False, reward_shift: float = 0.0,
-              start_states: str = "shared", policy_output: str = "tanh", observation_clip: float | None = 5.0,
-              model: str | None = None, dtype: str | None = None):
-    """A task by name: "digits", "mnist1d", "reverse", "sort", "cartpole", "pendulum", "acrobot", "mountaincar"
-    or "gym:<id>". ``vector_mode`` ("sync" or "async", see :class:`GymVectorEnv`) is for gym:<id> tasks only;
-    the others refuse anything but "sync". RL tasks take ``episodes``, ``eval_episodes`` and
+def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, normalize_observations: bool = True,
+              compile: bool = False, model: str | None = None, dtype: str | None = None, **options):
+    """A task by name: "digits", "mnist1d", "reverse", "sort", "cartpole", "pendulum", "acrobot", "mountaincar",
+    "arithmetic", "countdown" or "gym:<id>". ``options`` are the task's own (its spec's ``options``: the
+    supervised and sequence tasks' ``batch_size``; the RL tasks' ``episodes``, ``eval_episodes``,
+    ``reward_shift``, ``start_states``, ``policy_output``, ``observation_clip`` (see :class:`RLTask`), and
+    gym:<id>'s ``vector_mode`` (see :class:`GymVectorEnv`); the language-model tasks' ``batch_size``, prompts per
+    step); an option of other tasks is a ValueError that names them. RL tasks also take
     ``normalize_observations`` (running observation statistics in the policy) and ``compile`` (built-in torch
-    environments: each environment step and the population forward as one compiled program), and
-    ``reward_shift``, ``start_states``, ``policy_output``, ``observation_clip`` (see :class:`RLTask`);
-    supervised ones ``batch_size``; the language-model tasks (arithmetic, countdown) ``model`` = "hf:DIR",
-    ``dtype`` (float32, bfloat16 or float16: what the model is loaded in) and ``batch_size`` prompts per step."""
-    check_vector_mode(vector_mode)
+    environments: each environment step and the population forward as one compiled program); the
+    language-model tasks ``model`` = "hf:DIR" and ``dtype`` (float32, bfloat16 or float16: what the model is
+    loaded in)."""
     spec = task_spec(name)
-    if vector_mode != "sync" and not name.startswith("gym:"):
-        raise ValueError(f"vector_mode={vector_mode!r} applies only to gym:<id> tasks (gymnasium's vector envs); "
-                         f"task {name!r} has no gymnasium environment")
-    options = TaskOptions(device=device, seed=seed, batch_size=batch_size, episodes=episodes,
-                          eval_episodes=eval_episodes, vector_mode=vector_mode,
-                          normalize_observations=normalize_observations, compile=compile, reward_shift=reward_shift,
-                          start_states=start_states, policy_output=policy_output, observation_clip=observation_clip,
-                          model=model, dtype=dtype)
-    return spec.make(name, options)
+    own = {f.name for f in dataclasses.fields(spec.options)}
+    foreign = sorted(set(options) - own)
+    if foreign:
+        theirs = sorted(n if n != "gym" else "gym:<id>" for n, s in TASKS.items()
+                        if foreign[0] in {f.name for f in dataclasses.fields(s.options)})
+        raise ValueError(f"option {foreign[0]!r} (= {options[foreign[0]]!r}) applies to task "
+                         f"{' or '.join(map(repr, theirs)) or 'none'}, not to task {name!r}; its options: "
+                         f"{sorted(own) or 'none'}")
+    values = dataclasses.asdict(spec.options(**options))  # the task's options check themselves
+    if values.get("policy_output") == "auto":  # resolved by the training config; a task alone squashes
+        values["policy_output"] = "tanh"
+    if "observation_clip" in values:
+        values["observation_clip"] = values["observation_clip"] or None  # 0: none
+    context = TaskOptions(device=device, seed=seed, normalize_observations=normalize_observations, compile=compile,
+                          model=model, dtype=dtype, **values)
+    return spec.make(name, context)
 
 
-__all__ = ["ClassificationTask", "Conv1dNet", "DifferentiableTask", "ENVS", "GenerationTask", "GymVectorEnv", "MODELS", "ModelMaker",
-           "ObservationNorm", "Policy", "RLTask", "SUPERVISED", "SequenceTask", "SequenceTransformer",
+__all__ = ["ClassificationTask", "Conv1dNet", "DifferentiableTask", "ENVS", "GenerationTask", "GymVectorEnv", "MODELS",
+           "ModelMaker", "ObservationNorm", "Policy", "RLTask", "SUPERVISED", "SequenceTask", "SequenceTransformer",
            "StepBatchSampler", "StreamingClassificationTask", "TASKS", "TASK_NAMES", "Task", "TaskOptions", "TaskSpec",
            "digits", "make_task", "mnist1d", "model_choices", "reverse", "rollout", "sort", "task_spec"]

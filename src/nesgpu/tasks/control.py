@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .envs import ENVS
-from .rl import RLTask
+from .rl import RLOptions, RLTask
 from .spec import TaskOptions, TaskSpec
 
 
@@ -17,7 +17,7 @@ def make_control_task(name: str, options: TaskOptions) -> RLTask:
 
 
 def _spec(name: str, **defaults) -> TaskSpec:
-    return TaskSpec(make_control_task, defaults, env_steps=ENVS[name].max_steps)
+    return TaskSpec(make_control_task, defaults, env_steps=ENVS[name].max_steps, options=RLOptions)
 
 
 # tuned on a 2-core CPU (episodes = start states per member per step); CartPole: PGPE + ClipUp (Toklu et al.

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ..options import check_options, option
 from .gym import GymVectorEnv
 from .gym_warnings import EnvWarnings
-from .rl import RLTask
+from .rl import RLOptions, RLTask
 from .spec import TaskOptions, TaskSpec
+
+
+@dataclass(frozen=True)
+class GymOptions(RLOptions):
+    """The options of a gym:<id> task: an RL task's, and how its environments are stepped."""
+
+    vector_mode: str = option("sync", "step the envs in this process (sync) or in one subprocess each (async)",
+                              choices=("sync", "async"))
+
+    def __post_init__(self):
+        check_options(self, "gym:<id> task")
 
 
 def make_gym_task(name: str, options: TaskOptions) -> RLTask:
@@ -31,6 +45,7 @@ def make_gym_task(name: str, options: TaskOptions) -> RLTask:
 
 
 # every gym:<id> task starts from these (a linear policy's or a small MLP's; ars-paper presets tune more)
-TASKS = {"gym": TaskSpec(make_gym_task, dict(population=64, sigma=0.05, lr=0.02, steps=200, hidden=(32,)))}
+TASKS = {"gym": TaskSpec(make_gym_task, dict(population=64, sigma=0.05, lr=0.02, steps=200, hidden=(32,)),
+                         options=GymOptions)}
 
 __all__ = ["TASKS", "make_gym_task"]

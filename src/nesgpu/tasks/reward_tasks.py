@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
+from ..options import check_options, option
 from .generation import GenerationTask
-from .spec import TaskOptions, TaskSpec
+from .spec import MAX_COUNT, TaskOptions, TaskSpec
 from .verifiers import arithmetic_problems, arithmetic_reward, countdown_problems, countdown_reward, rewards_of
 
 HF = "hf:"
@@ -112,14 +114,24 @@ def _maker(problems, verifier, max_new_tokens: int):
     return make
 
 
+@dataclass(frozen=True)
+class PromptOptions:
+    """The options of a reward task over a pretrained language model."""
+
+    batch_size: int = option(8, "prompts per step", at_least=1, at_most=MAX_COUNT)
+
+    def __post_init__(self):
+        check_options(self, "reward task")
+
+
 # fine-tuning a pretrained small model (OpenAI-ES + Adam on low-rank noise; measured on the demo's model, where
 # sigma 0.02 and lr 0.002 unlearn it); batch_size = prompts per step
 _DEFAULTS = dict(population=32, sigma=0.003, lr=1e-4, steps=1000, hidden=(), batch_size=8)
 TASKS = {
     "arithmetic": TaskSpec(_maker(arithmetic_problems, arithmetic_reward, 6), _DEFAULTS, models=("hf:DIR",),
-                           model_prefix=HF),
+                           model_prefix=HF, options=PromptOptions),
     "countdown": TaskSpec(_maker(countdown_problems, countdown_reward, 16), _DEFAULTS, models=("hf:DIR",),
-                          model_prefix=HF),
+                          model_prefix=HF, options=PromptOptions),
 }
 
 __all__ = ["HF", "PretrainedGenerationTask", "TASKS", "hf_directory", "load_tokenizer", "splits"]

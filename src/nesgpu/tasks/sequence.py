@@ -13,7 +13,7 @@ from torch import nn
 
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from .spec import TaskOptions, TaskSpec
+from .spec import BatchOptions, TaskOptions, TaskSpec
 
 _BATCH_STREAM = 0x6261  # the same key as the supervised tasks' minibatch sampler
 _TEST_STREAM = 0x7465  # the held-out set: fixed, whatever the run seed
@@ -268,8 +268,9 @@ def _maker(factory):
 # minutes on 2 CPU cores (benchmarks/results/transformer_es_vs_adamw_*.json)
 TASKS = {
     "reverse": TaskSpec(_maker(reverse), dict(population=256, sigma=0.05, lr=0.01, steps=300, hidden=(32, 2),
-                                              batch_size=32), models=("transformer",), supervised=True),
+                                              batch_size=32), models=("transformer",), supervised=True,
+                        options=BatchOptions),
     "sort": TaskSpec(_maker(sort), dict(population=512, sigma=0.05, lr=0.01, steps=1000, hidden=(32, 2),
                                         batch_size=32, lr_schedule="cosine", lr_final=0.1),
-                     models=("transformer",), supervised=True),
+                     models=("transformer",), supervised=True, options=BatchOptions),
 }

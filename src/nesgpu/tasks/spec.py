@@ -9,10 +9,26 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..options import NoOptions, check_options, option
+
+# the largest count an option takes (a step's samples, episodes): beyond it, a typo rather than a plan
+MAX_COUNT = 1 << 40
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """The options of a task that trains on minibatches (the supervised and sequence tasks)."""
+
+    batch_size: int = option(64, "samples per member per step", at_least=1, at_most=MAX_COUNT)
+
+    def __post_init__(self):
+        check_options(self, "supervised task")
+
 
 @dataclass(frozen=True)
 class TaskOptions:
-    """The options ``make_task`` passes to a task's maker (each task reads those it has)."""
+    """What ``make_task`` passes to a task's maker: where and how it runs, and the values of every task's
+    options (each task reads its own, declared by its spec's ``options``; the others keep these defaults)."""
 
     device: torch.device | str = "cpu"
     seed: int = 0
@@ -45,6 +61,8 @@ class TaskSpec:
             counts); None for every other task.
         model_prefix: for tasks whose model option names a location (``hf:DIR``), its prefix; ``models``
             then holds the placeholder.
+        options: its options, a frozen dataclass (see :mod:`nesgpu.options`) whose fields the training
+            configuration and the CLI offer (``--episodes``); ``defaults`` may set them too.
     """
 
     make: Callable[[str, TaskOptions], object]
@@ -54,6 +72,7 @@ class TaskSpec:
     supervised: bool = False
     env_steps: int | None = None
     model_prefix: str | None = None
+    options: type = NoOptions
 
 
-__all__ = ["TaskOptions", "TaskSpec"]
+__all__ = ["MAX_COUNT", "BatchOptions", "TaskOptions", "TaskSpec"]

@@ -40,7 +40,7 @@ from ..layers import KINDS
 from ..strategies import STRATEGIES
 from ..train.setup.config import TrainConfig
 from ..train.setup.defaults import BACKPROP, ES_ONLY
-from ..train.setup.options import defaults_of, owners
+from ..train.setup.options import STRATEGY
 from .params import Param, Value, hidden_text, parse_hidden, parse_param  # noqa: F401 (re-exported)
 
 # options a space may not search, and why
@@ -168,8 +168,8 @@ def _check_strategy(name: str, strategy: str, where: str) -> None:
     if strategy == BACKPROP and name in ES_ONLY:
         raise ValueError(f"{where} applies to the ES strategies, not to strategy 'backprop'; drop it or choose "
                          f"an ES strategy")
-    theirs = owners(name)
-    if theirs and name not in defaults_of(strategy):
+    theirs = STRATEGY.owners(name)
+    if theirs and name not in STRATEGY.defaults_of(strategy):
         raise ValueError(f"{where} applies to strategy {' or '.join(map(repr, theirs))}, not to the base config's "
                          f"{strategy!r}; drop it or choose --strategy {theirs[0]}")
 

@@ -25,7 +25,7 @@ from ..steps.backprop import Backprop, BackpropStep, shard_model
 from ..steps.evolution import EvolutionStep, Stepper
 from .config import BACKPROP, TrainConfig, compiles
 from .initialization import init_weights
-from .options import options_of
+from .options import STRATEGY, TASK, task_key
 
 
 class Built(NamedTuple):
@@ -56,7 +56,7 @@ def resolve_device(name: str) -> torch.device:
 
 def strategy_options(cfg: TrainConfig):
     """The config's strategy's Options, from the config's values of them."""
-    return options_of(cfg.strategy, vars(cfg))
+    return STRATEGY.options_of(cfg.strategy, vars(cfg))
 
 
 def schedule(cfg: TrainConfig, name: str) -> Schedule | None:
@@ -103,14 +103,12 @@ def make_backprop(cfg: TrainConfig, task, model: nn.Module, ranks: Ranks | None 
 
 
 def config_task(cfg: TrainConfig, device: torch.device):
-    """The built-in task a config names, with the config's task options."""
+    """The built-in task a config names, with the config's values of the task's options."""
     backprop = cfg.strategy == BACKPROP
     normalize = backprop or STRATEGIES[cfg.strategy].uses_observation_statistics(strategy_options(cfg))
-    return make_task(cfg.task, device=device, seed=cfg.seed, batch_size=cfg.batch_size, episodes=cfg.episodes,
-                     eval_episodes=cfg.eval_episodes, vector_mode=cfg.vector_mode, normalize_observations=normalize,
-                     compile=compiles(cfg), reward_shift=cfg.reward_shift, start_states=cfg.start_states,
-                     policy_output="tanh" if cfg.policy_output == "auto" else cfg.policy_output,
-                     observation_clip=cfg.observation_clip or None, model=cfg.model, dtype=cfg.dtype)
+    options = {name: getattr(cfg, name) for name in TASK.defaults_of(task_key(cfg.task))}
+    return make_task(cfg.task, device=device, seed=cfg.seed, normalize_observations=normalize, compile=compiles(cfg),
+                     model=cfg.model, dtype=cfg.dtype, **options)
 
 
 def initial_model(cfg: TrainConfig, task, model: nn.Module | None = None) -> nn.Module:

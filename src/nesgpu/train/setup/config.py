@@ -30,7 +30,7 @@ from .defaults import (
     tuned_options,
 )
 from .initialization import INITS
-from .options import config_fields, defaults_of, option_names
+from .options import STRATEGY, TASK, task_key
 from .validation import check_strategy_options, validate
 
 
@@ -48,24 +48,31 @@ def opt(default=None, help: str = "", **cli):
     return field(**factory, metadata={"help": help, **cli})
 
 
-def _with_strategy_options(cls):
-    """``cls`` with a field per strategy option (every strategy's ``Options``, backprop's too; see
-    :mod:`nesgpu.train.setup.options`), each None by default: the strategy's own value."""
-    return dataclasses.make_dataclass(cls.__name__, config_fields(), bases=(cls,),
+def _with_component_options(cls):
+    """``cls`` with a field per strategy option and per task option (every strategy's ``Options``,
+    backprop's too, and every built-in task's; see :mod:`nesgpu.train.setup.options`), each None by default:
+    its owner's own value."""
+    strategies, tasks = STRATEGY.config_fields(), TASK.config_fields()
+    shared = {name for name, _, _ in strategies} & {name for name, _, _ in tasks}
+    if shared:
+        raise TypeError(f"options {sorted(shared)} are declared by a strategy and by a task; rename one")
+    return dataclasses.make_dataclass(cls.__name__, strategies + tasks, bases=(cls,),
                                       namespace={"__doc__": cls.__doc__, "__module__": cls.__module__,
                                                  "__qualname__": cls.__qualname__})
 
 
-@_with_strategy_options
+@_with_component_options
 @dataclass
 class TrainConfig:
     """Everything a run needs: the one source of the training options. ``nesgpu train``'s flags are
     generated from these fields (``--batch-size`` for ``batch_size``), and YAML/JSON configs use the same
     names. ``None`` means "the task's default" (see :func:`presets` and TASK_DEFAULTS).
 
-    Besides the fields below, every option of every strategy is a field of its own (``top_b`` of ars,
-    ``shaping`` of openai_es and pgpe, ``optimizer`` of backprop, ...): each strategy's ``Options`` declare
-    them; None takes the strategy's default, and one set under another strategy is an error."""
+    Besides the fields below, every option of every strategy and of every built-in task is a field of its own
+    (``top_b`` of ars, ``shaping`` of openai_es and pgpe, ``optimizer`` of backprop, ``batch_size`` of the
+    supervised tasks, ``episodes`` of the RL tasks, ...): each strategy's and task's ``Options`` declare them;
+    None takes the owner's default (or the task's tuned value), and one set under another strategy or task is an
+    error."""
 
     task: str = opt("digits", "digits | mnist1d | reverse | sort | cartpole | pendulum | acrobot | mountaincar | "
                     "gym:<id> | arithmetic | countdown (a language model on a reward: --model hf:DIR)")
@@ -85,11 +92,6 @@ class TrainConfig:
     hidden: tuple[int, ...] | None = opt(help="hidden sizes, e.g. 64,64; 0 for a linear model; cnn: channels per "
                                          "Conv1d; transformer: d_model[,n_layers[,n_heads[,dim_feedforward]]]",
                                          per_task=True, metavar="N,N")
-    batch_size: int | None = opt(help="supervised: samples per member per step", per_task=True)
-    episodes: int | None = opt(help="RL: episodes (start states) per member per step", per_task=True)
-    eval_episodes: int = opt(10, "RL: episodes of each evaluation of the plain policy")
-    vector_mode: str = opt("sync", "gym:<id> tasks: step the envs in this process (sync) or in one subprocess "
-                           "each (async)", choices=("sync", "async"))
     antithetic: bool = opt(True, "mirrored sampling: each direction evaluated at +sigma and -sigma")
     layer_options: dict = opt(dict, "options of the layer kind (each also a flag of its own, e.g. --rank)")
     bits: int | None = opt(help="low-bit weights in every Linear and Conv layer: 1 (binary) or 8 (int8), each with a "
@@ -121,16 +123,6 @@ class TrainConfig:
     dtype: str | None = opt(help="ES: the dtype the model's weights are held in (default: the model's own; a "
                             "Hugging Face model is loaded in it); below float32 the population runs in it and "
                             "float32 master weights take the updates", choices=DTYPES)
-    reward_shift: float = opt(0.0, "RL: subtracted from every training step's reward (ARS's survival-bonus shift: "
-                              "1 for Hopper, Walker2d, Ant); evaluations are unshifted")
-    start_states: str = opt("shared", "RL: shared (every direction and sign starts from the step's episodes' "
-                            "states: common random numbers) or independent (a start state per rollout, as ARS)",
-                            choices=("shared", "independent"))
-    policy_output: str = opt("auto", "RL, continuous actions: tanh (bounded) or linear (the raw output, as ARS's "
-                             "linear policy); auto: linear for ars with --hidden 0, else tanh",
-                             choices=("auto", "tanh", "linear"))
-    observation_clip: float | None = opt(help="RL: clip standardised observations to +-this; 0: none (default: "
-                                         "5; ars: none, as the paper)", per_task=True)
     preset: str | None = opt(help="a published setting: ars-paper (ARS V2-t's alpha, N, b, nu, shift and "
                              "threshold for gym:HalfCheetah/Hopper/Walker2d/Ant/Humanoid-v5); it expands into the "
                              "options it sets, except those given explicitly", choices=PRESETS)
@@ -150,12 +142,13 @@ class TrainConfig:
             expand_preset(values, {name for name, value in values.items() if value != defaults[name]})
         defaults = presets(values["task"], values["model"], values["strategy"])
         check_strategy_options(values, defaults["strategy"], field_defaults(), defaults, tuned_options(values["task"]))
+        # what RL runs resolve to (a printed config of one) and ars's clip, which older runs recorded for every task
+        TASK.drop_foreign(values, task_key(values["task"]), allowed={"observation_clip": 0.0, "policy_output": "tanh"})
         for name, value in defaults.items():
             if values.get(name) is None:
                 values[name] = value
         values["hidden"] = tuple(values["hidden"])
-        custom = values["task"].startswith(CUSTOM)
-        if values["policy_output"] == "auto" and not custom and not is_supervised(values["task"]):
+        if values["policy_output"] == "auto":  # an RL task's
             own = STRATEGIES.get(values["strategy"])  # None for the gradient baseline
             linear = own is not None and own.linear_policy and not values["hidden"]
             values["policy_output"] = "linear" if linear else "tanh"
@@ -267,7 +260,12 @@ def labelled(cfg: TrainConfig, task) -> TrainConfig:
         raise ValueError(f"task {name!r}: defaults {unknown} are not TrainConfig options")
     # the other side's defaults do not apply to it, nor other strategies' options
     strategy = cfg.strategy or defaults.get("strategy") or GLOBAL_DEFAULTS["strategy"]
-    skip = set(option_names()) - set(defaults_of(strategy)) | (set(ES_ONLY) if strategy == BACKPROP else set())
+    skip = set(STRATEGY.names()) - set(STRATEGY.defaults_of(strategy)) | (set(ES_ONLY) if strategy == BACKPROP
+                                                                           else set())
+    wrong = sorted(set(defaults) & set(TASK.names()))
+    if wrong:  # a task of your own owns no built-in task's options: it reads none of them
+        raise ValueError(f"task {name!r}: defaults {wrong} are options of the built-in tasks, which train() does not "
+                         f"pass to a task of your own; set them in your task")
     unset = {k: v for k, v in defaults.items() if getattr(cfg, k) is None and k not in skip}
     return dataclasses.replace(cfg, task=label, **unset)
 

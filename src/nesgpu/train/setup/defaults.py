@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...strategies import STRATEGIES
 from ...tasks import TASKS, DifferentiableTask, task_spec
-from .options import BACKPROP, defaults_of, option_names
+from .options import BACKPROP, STRATEGY, TASK, task_key
 
 # the gradient baseline is a strategy name of the config, so a run differs from an ES run by one option; its
 # step size is AdamW's own (its other options are BackpropOptions')
@@ -17,7 +17,7 @@ STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
 ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic",
            "sigma_schedule", "sigma_final", "chunk_size", "compile", "dtype")
 # what neither the task nor its model sets
-GLOBAL_DEFAULTS = dict(strategy="openai_es", episodes=1, batch_size=64, lr_schedule="constant", lr_final=1.0)
+GLOBAL_DEFAULTS = dict(strategy="openai_es", lr_schedule="constant", lr_final=1.0)
 # a task of the user's own (``train(cfg, task=...)``) is labelled "custom:<name>"; it starts from these where
 # neither the config nor the task's own ``defaults`` mapping sets an option
 CUSTOM = "custom:"
@@ -40,9 +40,10 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
     else:
         spec = task_spec(task)
         model = model or spec.models[0]
-        values = {**GLOBAL_DEFAULTS, **spec.defaults, **spec.model_defaults.get(model, {}), "model": model}
+        values = {**GLOBAL_DEFAULTS, **TASK.defaults_of(task_key(task)), **spec.defaults,
+                  **spec.model_defaults.get(model, {}), "model": model}
     own = values["strategy"]  # the strategy the task's values were tuned for
-    tuned = {name: values.pop(name) for name in option_names() if name in values}
+    tuned = {name: values.pop(name) for name in STRATEGY.names() if name in values}
     if strategy is not None and strategy != values["strategy"]:
         if strategy == BACKPROP:
             values.update(strategy=strategy, **BACKPROP_DEFAULTS)
@@ -51,10 +52,11 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
         else:
             values.update(strategy=strategy, lr=STRATEGIES[strategy].default_lr)
     # the strategy's options: its own defaults, less what the task tuned for it (for its own strategy only)
-    values.update(defaults_of(values["strategy"]))
+    values.update(STRATEGY.defaults_of(values["strategy"]))
     values.update({k: v for k, v in tuned.items() if values["strategy"] == own and k in values})
-    es = STRATEGIES.get(values["strategy"])  # the gradient baseline clips as OpenAI-ES does
-    values["observation_clip"] = es.observation_clip if es is not None else 5.0
+    if "observation_clip" in values:  # an RL task's: the strategy's (the gradient baseline clips as OpenAI-ES)
+        es = STRATEGIES.get(values["strategy"])
+        values["observation_clip"] = es.observation_clip if es is not None else 5.0
     return values
 
 
@@ -64,7 +66,7 @@ def tuned_options(task: str) -> dict:
     if task.startswith(CUSTOM):
         return {}
     spec = task_spec(task)
-    return {name: value for name, value in spec.defaults.items() if name in option_names()}
+    return {name: value for name, value in spec.defaults.items() if name in STRATEGY.names()}
 
 
 def is_supervised(task: str, obj=None) -> bool:

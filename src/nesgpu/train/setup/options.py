@@ -1,104 +1,131 @@
 """The options the training configuration takes from its components. Every field of a strategy's
-``Options`` (and of backprop's) becomes a flat option of the configuration, of the CLI (``--top-b``) and of
-config files (``top_b:``), owned by the components that declare it; its default there is None, "the
-owner's own". A resolved configuration holds the values of its strategy's options and None for every other
-strategy's; one set under another strategy is an error that names its owners.
+``Options`` (backprop's too) and of a built-in task's becomes a flat option of the configuration, of the CLI
+(``--top-b``, ``--episodes``) and of config files (``top_b:``), owned by the components that declare it; its
+default there is None, "the owner's own". A resolved configuration holds the values of its strategy's and its
+task's options and None for every other's; one set under another owner is an error that names its owners.
 
-Adding a strategy with options of its own touches nothing here: its ``Options`` are read from the registry.
+Adding a strategy or a task with options of its own touches nothing here: its ``Options`` are read from the
+registries (``nesgpu.strategies.STRATEGIES``, ``nesgpu.tasks.TASKS``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ...options import annotation_text
 from ...options import values as option_values
 from ...strategies import STRATEGIES
+from ...tasks import TASKS
 from ..steps.backprop import BackpropOptions
 
 # the gradient baseline: not an ES strategy (no population, no noise) but a strategy name of the config
 BACKPROP = "backprop"
-# every strategy's options, by the strategy's config name
-STRATEGY_OPTIONS: dict[str, type] = {**{name: cls.Options for name, cls in STRATEGIES.items()},
-                                     BACKPROP: BackpropOptions}
 
 
-def owners(name: str) -> list[str]:
-    """The strategies whose options include ``name``."""
-    return [s for s, options in STRATEGY_OPTIONS.items() if name in {f.name for f in dataclasses.fields(options)}]
+@dataclass(frozen=True)
+class Owners:
+    """The components of one kind ("strategy", "task") and their Options, by the name the config uses."""
+
+    kind: str
+    registry: Mapping[str, type]
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # how an owner is named ("gym:<id>")
+
+    def label(self, owner: str) -> str:
+        return self.labels.get(owner, owner)
+
+    def owners(self, name: str) -> list[str]:
+        """The components whose options include ``name``."""
+        return [o for o, options in self.registry.items() if name in {f.name for f in dataclasses.fields(options)}]
+
+    def names(self) -> list[str]:
+        """Every option's name, once, in the registry's order."""
+        return list(dict.fromkeys(f.name for options in self.registry.values() for f in dataclasses.fields(options)))
+
+    def defaults_of(self, owner: str | None) -> dict:
+        """The options of ``owner`` at their defaults (an unknown one, or None: none)."""
+        options = self.registry.get(owner)
+        return option_values(options()) if options is not None else {}
+
+    def options_of(self, owner: str, values: dict):
+        """``owner``'s Options built from the config ``values`` of them (None: the default), checked by the
+        Options themselves."""
+        options = self.registry[owner]
+        return options(**{f.name: values[f.name] for f in dataclasses.fields(options)
+                          if values.get(f.name) is not None})
+
+    def refusal(self, name: str, value, owner: str | None, hint: str = "") -> ValueError:
+        """The error of option ``name`` set to ``value`` under ``owner``, which does not take it."""
+        theirs = [self.label(o) for o in self.owners(name)]
+        mine = f"{self.kind} {self.label(owner)!r}" if owner else f"a {self.kind} of your own"
+        fix = f" or choose --{self.kind} {theirs[0]}" if self.kind == "strategy" else ""
+        return ValueError(f"option {name!r} (= {value!r}) applies to {self.kind} {' or '.join(map(repr, theirs))}, "
+                          f"not to {mine}{hint}; drop it{fix}")
+
+    def drop_foreign(self, values: dict, owner: str | None, allowed: Mapping | None = None) -> None:
+        """Set to None, in ``values``, the options ``owner`` does not take. One that holds anything but None,
+        an owner's default or ``allowed``'s value (older run directories recorded every option) is an error:
+        an option that does not apply is never silently ignored."""
+        own, allowed = self.defaults_of(owner), allowed or {}
+        for name in self.names():
+            value = values.get(name)
+            if name in own or value is None:
+                continue
+            known = [self.defaults_of(o)[name] for o in self.owners(name)]
+            known += [allowed[name]] if name in allowed else []
+            if value not in known:
+                raise self.refusal(name, value, owner)
+            values[name] = None
+
+    def own_only(self, values: dict, owner: str | None) -> dict:
+        """A copy of ``values`` with every option ``owner`` does not take None (what a resolved configuration
+        holds; older run directories recorded them all)."""
+        own = self.defaults_of(owner)
+        return {**values, **{name: None for name in self.names() if name not in own and name in values}}
+
+    def config_fields(self) -> list[tuple[str, str, dataclasses.Field]]:
+        """The configuration's fields of these options, for ``dataclasses.make_dataclass``: each None by
+        default (its owner's default applies), with its owners' docs and choices. Components declaring one
+        name must declare one type."""
+        fields = []
+        for name in self.names():
+            declared = [(o, f) for o, options in self.registry.items() for f in dataclasses.fields(options)
+                        if f.name == name]
+            types = {annotation_text(f.type) for _, f in declared}
+            if len(types) > 1:
+                raise TypeError(f"{self.kind} option {name!r} is declared with different types {sorted(types)} by "
+                                f"{[o for o, _ in declared]}")
+            docs: dict[str, list[str]] = {}  # doc -> the owners that give it
+            for o, f in declared:
+                docs.setdefault(f.metadata["help"], []).append(self.label(o))
+            help = "; ".join(f"{', '.join(who)}: {doc}" for doc, who in docs.items())
+            if "default" not in help:
+                shown = dict.fromkeys("none" if f.default is None else str(f.default) for _, f in declared)
+                help += f" (default: {' / '.join(shown)})"
+            first = declared[0][1]
+            meta = {"help": help, "choices": first.metadata.get("choices"), "owned_by": self.kind}
+            text = annotation_text(first.type)
+            fields.append((name, text if "None" in text.split(" | ") else f"{text} | None",
+                           dataclasses.field(default=None, metadata=meta)))
+        return fields
 
 
-def option_names() -> list[str]:
-    """Every strategy option's name, once, in the registry's order."""
-    return list(dict.fromkeys(f.name for options in STRATEGY_OPTIONS.values() for f in dataclasses.fields(options)))
+# every strategy's options, by the strategy's config name; every built-in task's, by its registry key
+STRATEGY = Owners("strategy", {**{name: cls.Options for name, cls in STRATEGIES.items()}, BACKPROP: BackpropOptions})
+TASK = Owners("task", {name: spec.options for name, spec in TASKS.items()}, labels={"gym": "gym:<id>"})
 
 
-def _optional(annotation: str) -> str:
-    return annotation if "None" in annotation.split(" | ") else f"{annotation} | None"
+def task_key(task: str) -> str | None:
+    """The registry key that owns a task name's options ("gym" for gym:<id>; None for a task of your own)."""
+    if task.startswith("gym:"):
+        return "gym"
+    return task if task in TASKS else None
 
 
-def config_fields() -> list[tuple[str, str, dataclasses.Field]]:
-    """The configuration's fields of the strategy options, for ``dataclasses.make_dataclass``: each is None
-    by default (its owner's default applies), with its owners' doc and choices. Two strategies declaring one
-    name must declare one type."""
-    fields = []
-    for name in option_names():
-        declared = [(s, f) for s, options in STRATEGY_OPTIONS.items() for f in dataclasses.fields(options)
-                    if f.name == name]
-        types = {annotation_text(f.type) for _, f in declared}
-        if len(types) > 1:
-            raise TypeError(f"strategy option {name!r} is declared with different types {sorted(types)} by "
-                            f"{[s for s, _ in declared]}")
-        first = declared[0][1]
-        docs = {f.metadata["help"] for _, f in declared}
-        help = (f"{', '.join(s for s, _ in declared)}: {first.metadata['help']}" if len(docs) == 1
-                else "; ".join(f"{s}: {f.metadata['help']}" for s, f in declared))
-        if "default" not in help:
-            shown = dict.fromkeys("none" if f.default is None else str(f.default) for _, f in declared)
-            help += f" (default: {' / '.join(shown)})"
-        meta = {"help": help, "choices": first.metadata.get("choices"), "owners": tuple(s for s, _ in declared),
-                "strategy_option": True}
-        fields.append((name, _optional(annotation_text(first.type)), dataclasses.field(default=None, metadata=meta)))
-    return fields
+def own_only(values: dict, strategy: str, task: str) -> dict:
+    """``values`` with the options neither ``strategy`` nor ``task`` takes set to None."""
+    return TASK.own_only(STRATEGY.own_only(values, strategy), task_key(task))
 
 
-def defaults_of(strategy: str) -> dict:
-    """The options of ``strategy`` at their defaults (an unknown strategy: none)."""
-    options = STRATEGY_OPTIONS.get(strategy)
-    return option_values(options()) if options is not None else {}
-
-
-def options_of(strategy: str, values: dict):
-    """``strategy``'s Options built from the config ``values`` of its options (None: the default), checked
-    by the Options themselves."""
-    options = STRATEGY_OPTIONS[strategy]
-    own = {f.name: values[f.name] for f in dataclasses.fields(options) if values.get(f.name) is not None}
-    return options(**own)
-
-
-def drop_foreign(values: dict, strategy: str, allowed: dict) -> None:
-    """Set to None, in ``values``, the options of other strategies than ``strategy``. One that holds
-    anything but None, its owners' default or ``allowed``'s value (the task's, which older run directories
-    recorded for every strategy) is an error: an option of another strategy is never silently ignored."""
-    own = defaults_of(strategy)
-    for name in option_names():
-        value = values.get(name)
-        if name in own or value is None:
-            continue
-        known = [defaults_of(s)[name] for s in owners(name)] + ([allowed[name]] if name in allowed else [])
-        if value not in known:
-            mine = owners(name)
-            raise ValueError(f"option {name!r} (= {value!r}) applies to strategy {' or '.join(map(repr, mine))}, "
-                             f"not {strategy!r}; drop it or choose --strategy {mine[0]}")
-        values[name] = None
-
-
-def own_only(values: dict, strategy: str) -> dict:
-    """A copy of ``values`` with every option that is not ``strategy``'s None (what a resolved configuration
-    of ``strategy`` holds; older run directories recorded every strategy's)."""
-    own = defaults_of(strategy)
-    return {**values, **{name: None for name in option_names() if name not in own and name in values}}
-
-
-__all__ = ["own_only", "BACKPROP", "STRATEGY_OPTIONS", "config_fields", "defaults_of", "drop_foreign", "option_names",
-           "options_of", "owners"]
+__all__ = ["BACKPROP", "STRATEGY", "TASK", "Owners", "own_only", "task_key"]

@@ -13,7 +13,7 @@ from ...options import check_type
 from ...strategies import STRATEGIES
 from ...tasks import SUPERVISED, task_spec
 from .defaults import BACKPROP, CUSTOM, ES_ONLY, is_supervised, torch_env_tasks
-from .options import drop_foreign, options_of
+from .options import STRATEGY, TASK, task_key
 
 
 def validate(cfg) -> None:
@@ -29,9 +29,7 @@ def validate(cfg) -> None:
     _check_ranges(cfg)
     _check_es(cfg)
     _check_low_bit(cfg, custom)
-    if cfg.strategy == BACKPROP and not custom and not is_supervised(cfg.task):
-        raise ValueError(f"strategy 'backprop' trains supervised tasks {sorted(SUPERVISED)}; task "
-                         f"{cfg.task!r} has no differentiable loss (use an ES strategy)")
+    _check_backprop_task(cfg.strategy, cfg.task)
     if not custom:
         _check_task_options(cfg)
     if cfg.chunk_size is not None and cfg.chunk_size != "auto" and not (
@@ -52,8 +50,7 @@ def _check_model(cfg) -> None:
 
 
 def _check_ranges(cfg) -> None:
-    for name, low in (("population", 2), ("steps", 1), ("batch_size", 1), ("episodes", 1),
-                      ("eval_episodes", 1), ("seed", 0), ("eval_every", 0), ("checkpoint_every", 0)):
+    for name, low in (("population", 2), ("steps", 1), ("seed", 0), ("eval_every", 0), ("checkpoint_every", 0)):
         if getattr(cfg, name) < low:
             raise ValueError(f"{name} must be >= {low}; got {getattr(cfg, name)}")
     if cfg.seed >= 2**63:
@@ -68,14 +65,10 @@ def _check_ranges(cfg) -> None:
             raise ValueError(f"{name} must be a finite number >= 0; got {getattr(cfg, name)}")
     if cfg.target is not None and not math.isfinite(cfg.target):
         raise ValueError(f"target must be a finite number; got {cfg.target}")
-    if max(cfg.population, cfg.steps, cfg.batch_size, cfg.episodes, cfg.eval_episodes) > 1 << 40:
-        raise ValueError(f"population, steps, batch_size and episodes must be below 2^40; got {cfg.population}, "
-                         f"{cfg.steps}, {cfg.batch_size}, {cfg.episodes}")
+    if max(cfg.population, cfg.steps) > 1 << 40:
+        raise ValueError(f"population and steps must be below 2^40; got {cfg.population} and {cfg.steps}")
     if any(h < 1 for h in cfg.hidden):
         raise ValueError(f"hidden sizes must be >= 1; got {cfg.hidden}")
-    if not math.isfinite(cfg.reward_shift) or not 0 <= cfg.observation_clip < math.inf:
-        raise ValueError(f"reward_shift must be finite and observation_clip a finite number >= 0 (0: none); "
-                         f"got {cfg.reward_shift} and {cfg.observation_clip}")
 
 
 def _check_es(cfg) -> None:
@@ -83,7 +76,7 @@ def _check_es(cfg) -> None:
     if cfg.antithetic and cfg.population % 2:
         raise ValueError(f"population must be even with antithetic sampling (pairs of +/- members); "
                          f"got {cfg.population}")
-    options = options_of(cfg.strategy, vars(cfg))  # the strategy's options check themselves
+    options = STRATEGY.options_of(cfg.strategy, vars(cfg))  # the strategy's options check themselves
     strategy = STRATEGIES.get(cfg.strategy)
     if strategy is not None:
         strategy.check_options(options, cfg.directions)
@@ -111,16 +104,17 @@ def _check_low_bit(cfg, custom: bool) -> None:
 
 
 def _check_task_options(cfg) -> None:
-    """RL-only options under a supervised task, and compile outside the torch environments."""
-    rl_only = {"reward_shift": (0.0,), "start_states": ("shared",), "policy_output": ("auto", "tanh")}
-    if is_supervised(cfg.task):
-        for name, allowed in rl_only.items():
-            if getattr(cfg, name) not in allowed:
-                raise ValueError(f"option {name!r} (= {getattr(cfg, name)!r}) applies to RL tasks; task "
-                                 f"{cfg.task!r} is supervised")
+    """The task's options (they check themselves), and compile outside the torch environments."""
+    TASK.options_of(task_key(cfg.task), vars(cfg))
     if cfg.compile == "on" and cfg.task not in torch_env_tasks():
         raise ValueError(f"compile='on' applies to the built-in torch environments {torch_env_tasks()}; task "
                          f"{cfg.task!r} runs eagerly (use --compile auto or off)")
+
+
+def _check_backprop_task(strategy: str, task: str) -> None:
+    if strategy == BACKPROP and not task.startswith(CUSTOM) and not is_supervised(task):
+        raise ValueError(f"strategy 'backprop' trains supervised tasks {sorted(SUPERVISED)}; task "
+                         f"{task!r} has no differentiable loss (use an ES strategy)")
 
 
 def check_strategy_options(values: dict, strategy: str, defaults: dict, preset: dict, tuned: dict) -> None:
@@ -128,6 +122,7 @@ def check_strategy_options(values: dict, strategy: str, defaults: dict, preset: 
     openai_es) are errors or, at their defaults, dropped (:func:`~nesgpu.train.setup.options.drop_foreign`;
     ``tuned``: the task's values of them). ``defaults`` are the fields' defaults, ``preset`` the run's
     :func:`presets`."""
+    _check_backprop_task(strategy, values["task"])  # before its options are found not to be the task's
     if strategy == BACKPROP:
         for name in ES_ONLY:
             value = values.get(name)
@@ -135,7 +130,7 @@ def check_strategy_options(values: dict, strategy: str, defaults: dict, preset: 
             if value is not None and value not in (defaults[name], preset.get(name, defaults[name])):
                 raise ValueError(f"option {name!r} (= {values[name]!r}) applies to the ES strategies, not to "
                                  f"strategy 'backprop'; drop it or choose an ES strategy")
-    drop_foreign(values, strategy, tuned)
+    STRATEGY.drop_foreign(values, strategy, tuned)
 
 
 def check_layer_options(layer: str, options: dict) -> None:

@@ -25,7 +25,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log)
 
     def check(state):
         old = state.get("config", {}) if isinstance(state, dict) else {}
-        old = own_only({**rundir.legacy(supervised), **old}, cfg.strategy)  # what an older nesgpu's run did
+        old = own_only({**rundir.legacy(supervised), **old}, cfg.strategy, cfg.task)  # what an older nesgpu's run did
         if old.get("task") != cfg.task:
             raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
         changed = rundir.differences(old, new, rundir.defining(cfg.strategy))
@@ -41,7 +41,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log)
         stepper.load_state_dict(state["strategy"])
     except (KeyError, ValueError, RuntimeError) as e:
         raise ValueError(f"checkpoint in {out} does not match this configuration: {e}") from e
-    old = own_only(state["config"], cfg.strategy)
+    old = own_only(state["config"], cfg.strategy, cfg.task)
     stepper.apply_changes(old, cfg)
     # a new schedule (or a new --steps, which stretches one) applies from the next step: say where it jumps
     jumps = [f"{name} {before:.4g} -> {after:.4g}" for name, before, after in scheduled_values(old, cfg, stepper.step)

@@ -88,7 +88,8 @@ def _check_saved_with(cfg: TrainConfig, metadata: dict, directory: Path) -> None
         saved = json.loads(metadata["nesgpu_config"])
     except (KeyError, ValueError):
         return  # weights saved without nesgpu's metadata: only their names, shapes and dtypes can be checked
-    differ = rundir.differences(own_only(saved, cfg.strategy), dataclasses.asdict(cfg), rundir.defining(cfg.strategy))
+    saved = own_only(saved, cfg.strategy, cfg.task)
+    differ = rundir.differences(saved, dataclasses.asdict(cfg), rundir.defining(cfg.strategy))
     if differ:
         raise ValueError(f"{directory}: config.json does not describe the run that saved model.safetensors "
                          f"({'; '.join(differ)}, from the weights' own record to config.json); restore the run's "

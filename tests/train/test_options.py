@@ -15,19 +15,20 @@ import pytest
 from nesgpu.options import NoOptions, check_options, option
 from nesgpu.strategies import ARS, PGPE, STRATEGIES, OpenAIES
 from nesgpu.train import TrainConfig
-from nesgpu.train.setup.options import STRATEGY_OPTIONS, owners
+from nesgpu.train.setup.options import STRATEGY, TASK
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 
 def test_every_strategy_option_is_a_config_option_owned_by_its_strategies():
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    for name, options in STRATEGY_OPTIONS.items():
-        for f in dataclasses.fields(options):
-            assert f.name in fields and name in fields[f.name].metadata["owners"]
-            assert fields[f.name].default is None  # None: the strategy's own default
-    assert owners("shaping") == ["openai_es", "pgpe"] and owners("top_b") == ["ars"]
-    assert owners("optimizer") == ["backprop"]
+    for owners in (STRATEGY, TASK):
+        for name, options in owners.registry.items():
+            for f in dataclasses.fields(options):
+                assert fields[f.name].metadata["owned_by"] == owners.kind
+                assert fields[f.name].default is None  # None: the owner's own default
+    assert STRATEGY.owners("shaping") == ["openai_es", "pgpe"] and STRATEGY.owners("top_b") == ["ars"]
+    assert STRATEGY.owners("optimizer") == ["backprop"] and TASK.owners("vector_mode") == ["gym"]
 
 
 def test_a_resolved_config_holds_its_strategys_options_and_none_of_the_others():
@@ -48,9 +49,9 @@ def test_a_resolved_config_holds_its_strategys_options_and_none_of_the_others():
     (dict(strategy="pgpe", max_speed=-1.0), "pgpe: option 'max_speed' must be > 0"),
     (dict(weight_decay=float("nan")), "openai_es: option 'weight_decay' must be finite"),
     (dict(shaping="ranks"), "shaping'? must be one of"),
-    (dict(top_b=4), r"option 'top_b' \(= 4\) applies to strategy 'ars', not 'openai_es'"),
-    (dict(strategy="ars", shaping="z_score"), "applies to strategy 'openai_es' or 'pgpe', not 'ars'"),
-    (dict(strategy="backprop", sigma_lr=0.5), "applies to strategy 'pgpe', not 'backprop'"),
+    (dict(top_b=4), r"option 'top_b' \(= 4\) applies to strategy 'ars', not to strategy 'openai_es'"),
+    (dict(strategy="ars", shaping="z_score"), "applies to strategy 'openai_es' or 'pgpe', not to strategy 'ars'"),
+    (dict(strategy="backprop", sigma_lr=0.5), "applies to strategy 'pgpe', not to strategy 'backprop'"),
 ])
 def test_bad_strategy_options_are_refused_naming_strategy_option_and_value(options, message):
     with pytest.raises(ValueError, match=message):
@@ -134,3 +135,47 @@ def test_a_new_strategy_with_an_option_is_one_file_plus_one_registry_line(tmp_pa
     assert "Traceback" not in bad.stderr
     other = nesgpu(*small, "--strategy", "ars", "--baseline-decay", "0.5", "--print-config")
     assert other.returncode != 0 and "applies to strategy 'baseline_es', not to strategy 'ars'" in other.stderr
+
+
+def test_a_resolved_config_holds_its_tasks_options_and_none_of_the_others():
+    digits = TrainConfig().resolved()
+    assert (digits.batch_size, digits.episodes, digits.reward_shift, digits.vector_mode) == (128, None, None, None)
+    pendulum = TrainConfig(task="pendulum").resolved()
+    assert (pendulum.batch_size, pendulum.episodes, pendulum.eval_episodes, pendulum.policy_output) == (
+        None, 2, 10, "tanh")
+    gym = TrainConfig(task="gym:Pendulum-v1", vector_mode="async").resolved()
+    assert (gym.vector_mode, gym.episodes) == ("async", 1)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(task="pendulum", episodes=0), "RL task: option 'episodes' must be >= 1; got 0"),
+    (dict(task="pendulum", reward_shift=float("inf")), "RL task: option 'reward_shift' must be finite"),
+    (dict(task="digits", batch_size=2**41), "option 'batch_size' must be <= "),
+    (dict(task="digits", episodes=3), r"'episodes' \(= 3\) applies to task 'cartpole' or .*, not to task 'digits'"),
+    (dict(task="pendulum", vector_mode="async"), "applies to task 'gym:<id>', not to task 'pendulum'"),
+    (dict(task="pendulum", batch_size=32), "applies to task 'digits' or .*, not to task 'pendulum'"),
+])
+def test_bad_task_options_are_refused_naming_option_value_and_owners(options, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**options).resolved()
+
+
+def test_an_older_run_directorys_config_of_every_tasks_options_still_loads():
+    # a digits run's config.json from before the options moved: every RL option at the value it recorded
+    old = dict(task="digits", batch_size=128, episodes=1, eval_episodes=10, vector_mode="sync", reward_shift=0.0,
+               start_states="shared", policy_output="auto", observation_clip=5.0)
+    cfg = TrainConfig.from_dict(old).resolved()
+    assert (cfg.batch_size, cfg.episodes, cfg.policy_output, cfg.observation_clip) == (128, None, None, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "digits", "--episodes", "1"], "'episodes' (= 1) applies to task 'cartpole' or"),
+    (["--task", "pendulum", "--batch-size", "64"], "'batch_size' (= 64) applies to task 'digits' or"),
+    (["--task", "cartpole", "--vector-mode", "sync"], "'vector_mode' (= 'sync') applies to task 'gym:<id>'"),
+])
+def test_the_cli_refuses_another_tasks_options_even_at_their_defaults(argv, message, capsys):
+    from nesgpu.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", *argv, "--print-config"])
+    assert stop.value.code != 0 and message in capsys.readouterr().err
