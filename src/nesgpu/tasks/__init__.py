@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from . import control, gym_tasks, reward_tasks, sequence, supervised
+from . import control, dataset_tasks, gym_tasks, reward_tasks, sequence, supervised
 from .envs import ENVS
 from .generation import GenerationTask
 from .gym import GymVectorEnv
@@ -22,7 +22,7 @@ from .streaming import StepBatchSampler, StreamingClassificationTask
 from .supervised import ClassificationTask, Conv1dNet, digits, mnist1d
 
 TASKS: dict[str, TaskSpec] = {**supervised.TASKS, **sequence.TASKS, **control.TASKS, **gym_tasks.TASKS,
-                              **reward_tasks.TASKS}
+                              **reward_tasks.TASKS, **dataset_tasks.TASKS}
 SUPERVISED = {name: spec for name, spec in TASKS.items() if spec.supervised}
 TASK_NAMES = [*sorted(SUPERVISED), *sorted(n for n in TASKS if n not in SUPERVISED and n != "gym"), "gym:<id>"]
 # model architectures per task (make_model's ``model`` argument); the first is the default

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -72,7 +73,16 @@ class GenerationTask:
                 raise ValueError(f"{label} must be an int >= 1; got {value!r}")
         if not 0 <= temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
-        self.tokenizer, self.reward, self.stop = tokenizer, reward, tuple(stop)
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)  # "END" is one stop, not three letters
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings; got {stop!r:.80}")
+        if correct_at is not None and (isinstance(correct_at, bool) or not isinstance(correct_at, (int, float))
+                                       or not math.isfinite(correct_at)):
+            raise ValueError(f"correct_at must be a finite number or None; got {correct_at!r}")
+        if prompts_per_step > len(self.prompts):
+            warnings.warn(f"prompts_per_step {prompts_per_step} is more than the {len(self.prompts)} training "
+                          f"prompts: each step uses all {len(self.prompts)}", stacklevel=2)
+        self.tokenizer, self.reward, self.stop = tokenizer, reward, stop
         self.max_new_tokens, self.temperature, self.shaping = max_new_tokens, float(temperature), shaping
         self.prompts_per_step = min(prompts_per_step, len(self.prompts))
         self.correct_at, self.seed, self.eval_batch, self.name = correct_at, seed, eval_batch, name
@@ -185,12 +195,14 @@ class GenerationTask:
     def _score(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
         """The reward function's values, checked: a tensor of one finite float per completion."""
         try:
-            rewards = self.reward(prompts, completions)
+            rewards = self.reward(list(prompts), list(completions))  # copies: samples.jsonl keeps what was made
         except Exception as e:  # the user's function: its error, named as its own
             raise ValueError(f"the reward function raised {type(e).__name__}: {e}") from e
         if not isinstance(rewards, torch.Tensor):
             raise TypeError(f"the reward function must return a torch.Tensor of {len(completions)} floats; got "
                             f"{type(rewards).__name__}")
+        if rewards.is_complex():
+            raise TypeError(f"the reward function must return real rewards; got a {rewards.dtype} tensor")
         if rewards.shape != (len(completions),):
             raise ValueError(f"the reward function must return shape ({len(completions)},), one reward per "
                              f"completion; got {tuple(rewards.shape)}")

@@ -83,9 +83,9 @@ class PretrainedGenerationTask(GenerationTask):
     """A :class:`GenerationTask` whose model is a local Hugging Face directory: :meth:`make_model` loads it
     and :meth:`save` writes the trained one beside the run's weights, loadable by ``from_pretrained``."""
 
-    def __init__(self, directory: Path, dtype: str | None = None, **options):
+    def __init__(self, directory: Path, dtype: str | None = None, tokenizer=None, **options):
         self.directory, self.dtype = directory, dtype
-        super().__init__(tokenizer=load_tokenizer(directory), **options)
+        super().__init__(tokenizer=load_tokenizer(directory) if tokenizer is None else tokenizer, **options)
 
     def make_model(self, hidden, model: str) -> nn.Module:
         return load_causal_lm(self.directory, dtype=self.dtype or "auto")
@@ -126,12 +126,12 @@ class PromptOptions:
 
 # fine-tuning a pretrained small model (OpenAI-ES + Adam on low-rank noise; measured on the demo's model, where
 # sigma 0.02 and lr 0.002 unlearn it); batch_size = prompts per step
-_DEFAULTS = dict(population=32, sigma=0.003, lr=1e-4, steps=1000, hidden=(), batch_size=8)
+DEFAULTS = dict(population=32, sigma=0.003, lr=1e-4, steps=1000, hidden=(), batch_size=8)
 TASKS = {
-    "arithmetic": TaskSpec(_maker(arithmetic_problems, arithmetic_reward, 6), _DEFAULTS, models=("hf:DIR",),
+    "arithmetic": TaskSpec(_maker(arithmetic_problems, arithmetic_reward, 6), DEFAULTS, models=("hf:DIR",),
                            model_prefix=HF, options=PromptOptions),
-    "countdown": TaskSpec(_maker(countdown_problems, countdown_reward, 16), _DEFAULTS, models=("hf:DIR",),
+    "countdown": TaskSpec(_maker(countdown_problems, countdown_reward, 16), DEFAULTS, models=("hf:DIR",),
                           model_prefix=HF, options=PromptOptions),
 }
 
-__all__ = ["HF", "PretrainedGenerationTask", "TASKS", "hf_directory", "load_tokenizer", "splits"]
+__all__ = ["DEFAULTS", "HF", "PretrainedGenerationTask", "TASKS", "hf_directory", "load_tokenizer", "splits"]

@@ -42,6 +42,12 @@ class TaskOptions:
     start_states: str = "shared"
     policy_output: str = "tanh"
     observation_clip: float | None = 5.0
+    prompts: str | None = None  # --task generation: the prompts file, the held-out one, the reward functions
+    eval_prompts: str | None = None
+    reward: str | None = None
+    reward_weights: str | None = None
+    max_new_tokens: int = 32
+    temperature: float = 0.0
     model: str | None = None  # the config's model option (the language-model tasks: hf:DIR)
     dtype: str | None = None  # the dtype a Hugging Face model is loaded in (None: its checkpoint's)
 

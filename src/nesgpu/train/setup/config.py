@@ -75,7 +75,8 @@ class TrainConfig:
     error."""
 
     task: str = opt("digits", "digits | mnist1d | reverse | sort | cartpole | pendulum | acrobot | mountaincar | "
-                    "gym:<id> | arithmetic | countdown (a language model on a reward: --model hf:DIR)")
+                    "gym:<id> | arithmetic | countdown | generation (a language model on a reward, --model hf:DIR; "
+                    "generation: your --prompts and --reward)")
     strategy: str | None = opt(help="the ES algorithm, or backprop: the gradient baseline (supervised tasks)",
                                choices=STRATEGY_CHOICES, per_task=True)
     layer: str = opt("lowrank", "perturbation kind of the model's matrices", choices=tuple(sorted(KINDS)))

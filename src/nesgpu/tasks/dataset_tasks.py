@@ -1,0 +1,64 @@
+"""``--task generation``: a language model fine-tuned on your own prompts and reward functions, in TRL's shapes
+(:mod:`nesgpu.tasks.reward_data`), from the command line::
+
+    nesgpu train --task generation --model hf:DIR --prompts train.jsonl --eval-prompts test.jsonl \\
+        --reward rewards:correct,rewards:short --reward-weights 1,0.2
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ..options import check_options, option
+from .reward_data import dataset_task, load_function
+from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, hf_directory, load_tokenizer
+from .spec import MAX_COUNT, TaskOptions, TaskSpec
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """The options of ``--task generation``."""
+
+    prompts: str | None = option(None, "a JSON-lines file of rows with a 'prompt' (text, or chat messages); "
+                                       "the other columns reach the reward functions")
+    eval_prompts: str | None = option(None, "held-out rows, as --prompts (default: the training prompts)")
+    reward: str | None = option(None, "reward functions, module:function or file.py:function, comma-separated; "
+                                      "TRL's signature f(completions, prompts=..., **columns) -> list[float]")
+    reward_weights: str | None = option(None, "one weight per reward function, comma-separated (default: 1 each)")
+    batch_size: int = option(8, "prompts per step", at_least=1, at_most=MAX_COUNT)
+    max_new_tokens: int = option(32, "tokens each completion may have", at_least=1, at_most=1 << 20)
+    temperature: float = option(0.0, "0: greedy completions; above: sampled at this temperature", at_least=0)
+
+    def __post_init__(self):
+        check_options(self, "task generation")
+
+
+def _weights(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--reward-weights must be comma-separated numbers like 1,0.5; got {text!r}") from None
+
+
+def make_dataset_task(name: str, options: TaskOptions) -> PretrainedGenerationTask:
+    """The generation task of the options' prompts file and reward functions, over ``--model hf:DIR``."""
+    if options.prompts is None or options.reward is None:
+        raise ValueError("task 'generation' needs --prompts FILE.jsonl (rows with a 'prompt') and --reward "
+                         "module:function (TRL's reward signature)")
+    directory = hf_directory(options.model)
+    tokenizer = load_tokenizer(directory)
+    functions = [load_function(spec.strip()) for spec in options.reward.split(",")]
+    make = functools.partial(PretrainedGenerationTask, directory, options.dtype)
+    return dataset_task(options.prompts, tokenizer, functions, _weights(options.reward_weights),
+                        eval_data=options.eval_prompts, task_class=make, prompts_per_step=options.batch_size,
+                        max_new_tokens=options.max_new_tokens, temperature=options.temperature,
+                        correct_at=None, seed=options.seed, name=name)
+
+
+TASKS = {"generation": TaskSpec(make_dataset_task, DEFAULTS, models=("hf:DIR",), model_prefix=HF,
+                                options=DatasetOptions)}
+
+__all__ = ["DatasetOptions", "TASKS", "make_dataset_task"]

@@ -1,0 +1,132 @@
+"""TRL's shapes in: prompts as text or chat messages from a list of dicts, a dataset-like object or a JSON-lines
+file; every other column reaching each reward function as a keyword list aligned with the completions;
+several weighted reward functions; a reward function written for GRPOTrainer unchanged; and --task generation
+from the command line, with one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import char_tokenizer
+from test_generation import tiny_llama
+
+from nesgpu import PerturbedModel, convert
+from nesgpu.tasks.reward_data import Rewards, dataset_task, load_function, prompt_rows
+
+pytest.importorskip("transformers")
+
+ROWS = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "level": a % 2} for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)]]
+
+
+def grpo_style_correct(completions, answer, **kwargs):
+    """Written as for TRL's GRPOTrainer: completions, a dataset column by name, the rest in kwargs."""
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+
+def test_every_column_reaches_each_reward_function_aligned_with_its_completion():
+    calls = []
+
+    def spy(completions, prompts, answer, level, **kwargs):
+        calls.append((list(prompts), list(completions), list(answer), list(level)))
+        return [float(len(c)) for c in completions]
+
+    reward = Rewards([spy, grpo_style_correct], {r["prompt"]: r for r in ROWS}, weights=[1.0, 10.0])
+    prompts = ["5+6=", "1+2=", "5+6="]
+    values = reward(prompts, ["11", "4", "x"])
+    assert calls == [(prompts, ["11", "4", "x"], ["11", "3", "11"], [1, 1, 1])]
+    assert values.tolist() == [2.0 + 10.0, 1.0, 1.0]
+
+
+def test_none_is_skipped_and_a_completion_no_function_scores_is_nan():
+    some = Rewards([lambda completions, **kw: [None, 1.0], lambda completions, **kw: [None, None]],
+                   {"a": {"prompt": "a"}})
+    values = some(["a", "a"], ["x", "y"])
+    assert torch.isnan(values[0]) and values[1] == 1.0
+    with pytest.raises(ValueError, match="must return a list of 2 floats"):
+        Rewards(lambda completions, **kw: [1.0], {"a": {"prompt": "a"}})(["a", "a"], ["x", "y"])
+    with pytest.raises(TypeError, match="expected a float or None"):
+        Rewards(lambda completions, **kw: ["1", 1.0], {"a": {"prompt": "a"}})(["a", "a"], ["x", "y"])
+
+
+def test_conversational_prompts_render_with_the_chat_template_and_completions_come_back_as_messages():
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}={% endif %}")
+    seen = []
+
+    def reward(completions, prompts, **kwargs):
+        seen.append((prompts[0], completions[0]))
+        return [0.0] * len(completions)
+
+    task = dataset_task([{"prompt": [{"role": "user", "content": "12+3"}]}], tokenizer, reward, max_new_tokens=2,
+                        prompts_per_step=1, correct_at=None)
+    assert task.prompts == ["12+3="]
+    task._score(["12+3="], ["15"])
+    assert seen == [([{"role": "user", "content": "12+3"}], [{"role": "assistant", "content": "15"}])]
+    plain = char_tokenizer()
+    with pytest.raises(ValueError, match="need a tokenizer with a chat template"):
+        dataset_task([{"prompt": [{"role": "user", "content": "1"}]}], plain, reward)
+
+
+def test_a_dataset_like_object_and_a_jsonl_file_give_the_same_rows(tmp_path):
+    class Dataset(list):  # what a datasets.Dataset offers: rows as dicts, and column_names
+        column_names = ["prompt", "answer", "level"]
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in ROWS) + "\n\n")
+    assert prompt_rows(Dataset(ROWS)) == prompt_rows(str(path)) == ROWS
+    path.write_text('{"prompt": "1+1="}\n{"prompt": \n')
+    with pytest.raises(ValueError, match=r"p.jsonl, line 2: not JSON"):
+        prompt_rows(str(path))
+    with pytest.raises(ValueError, match="row 0 has no 'prompt' column"):
+        prompt_rows([{"question": "1+1="}])
+
+
+def test_a_population_step_scores_every_row_with_its_prompts_columns():
+    task = dataset_task(ROWS, char_tokenizer(), [grpo_style_correct], max_new_tokens=3, prompts_per_step=2,
+                        correct_at=None, shaping="none")
+    pm = PerturbedModel(convert(tiny_llama(), "lowrank"), directions=4, sigma=0.05, antithetic=True)
+    pm.set_noise(step=1)
+    fitness, info = task.fitness(pm, 1)
+    assert fitness.shape == (4, 4) and bool(((fitness == 0) | (fitness == 1)).all())
+    assert 0 <= task.evaluate(pm.model) <= 1
+
+
+def test_reward_functions_load_by_module_or_file_with_one_line_errors(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text("def short(completions, **kw):\n    return [0.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_function("my_rewards:short").__name__ == "short"
+    assert load_function(f"{tmp_path / 'my_rewards.py'}:short")(["a"]) == [0.0]
+    for spec, message in [("my_rewards", "module:function"), ("my_rewards:long", "has no function 'long'"),
+                          ("nowhere_at_all:f", "cannot import 'nowhere_at_all'"), ("gone.py:f", "no file gone.py")]:
+        with pytest.raises(ValueError, match=message):
+            load_function(spec)
+
+
+def test_the_cli_trains_on_a_prompts_file_and_reward_functions(tmp_path):
+    model_dir = tmp_path / "lm"
+    tiny_llama().save_pretrained(model_dir)
+    char_tokenizer().save_pretrained(model_dir)
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS))
+    (tmp_path / "rewards.py").write_text(
+        "def correct(completions, answer, **kwargs):\n"
+        "    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]\n")
+
+    def nesgpu(*args):
+        return subprocess.run([sys.executable, "-m", "nesgpu", "train", "--task", "generation", "--model",
+                               f"hf:{model_dir}", *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    done = nesgpu("--prompts", "train.jsonl", "--reward", "rewards:correct", "--steps", "2", "--population", "4",
+                  "--batch-size", "2", "--max-new-tokens", "3", "--out", "run", "--log", "none")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["metric"] == "mean_reward" and summary["steps"] == 2
+    for args, message in [(["--reward", "rewards:correct"], "needs --prompts FILE.jsonl"),
+                          (["--prompts", "missing.jsonl", "--reward", "rewards:correct"], "cannot read the prompts"),
+                          (["--prompts", "train.jsonl", "--reward", "rewards:nope"], "has no function 'nope'"),
+                          (["--prompts", "train.jsonl", "--reward", "rewards:correct", "--episodes", "2"],
+                           "'episodes' (= 2) applies to task")]:
+        bad = nesgpu(*args, "--steps", "1", "--out", "bad", "--log", "none")
+        assert bad.returncode != 0 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
