@@ -6,10 +6,10 @@ a task is one module plus one line here. Any object meeting :class:`~nesgpu.task
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
+from ..options import Owners
+from ..options import values as options_values
 from . import control, dataset_tasks, gym_tasks, reward_tasks, sequence, supervised
 from .envs import ENVS
 from .generation import GenerationTask
@@ -25,6 +25,8 @@ TASKS: dict[str, TaskSpec] = {**supervised.TASKS, **sequence.TASKS, **control.TA
                               **reward_tasks.TASKS, **dataset_tasks.TASKS}
 SUPERVISED = {name: spec for name, spec in TASKS.items() if spec.supervised}
 TASK_NAMES = [*sorted(SUPERVISED), *sorted(n for n in TASKS if n not in SUPERVISED and n != "gym"), "gym:<id>"]
+# every task's options by its registry key, for make_task and the training configuration
+TASK_OPTIONS = Owners("task", {name: spec.options for name, spec in TASKS.items()}, labels={"gym": "gym:<id>"})
 # model architectures per task (make_model's ``model`` argument); the first is the default
 MODELS = {name: spec.models for name, spec in TASKS.items()}
 
@@ -55,15 +57,14 @@ def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, norm
     language-model tasks ``model`` = "hf:DIR" and ``dtype`` (float32, bfloat16 or float16: what the model is
     loaded in)."""
     spec = task_spec(name)
-    own = {f.name for f in dataclasses.fields(spec.options)}
-    foreign = sorted(set(options) - own)
+    key = "gym" if name.startswith("gym:") else name
+    foreign = sorted(set(options) - set(TASK_OPTIONS.defaults_of(key)))
+    if foreign and TASK_OPTIONS.owners(foreign[0]):
+        raise TASK_OPTIONS.refusal(foreign[0], options[foreign[0]], key)
     if foreign:
-        theirs = sorted(n if n != "gym" else "gym:<id>" for n, s in TASKS.items()
-                        if foreign[0] in {f.name for f in dataclasses.fields(s.options)})
-        raise ValueError(f"option {foreign[0]!r} (= {options[foreign[0]]!r}) applies to task "
-                         f"{' or '.join(map(repr, theirs)) or 'none'}, not to task {name!r}; its options: "
-                         f"{sorted(own) or 'none'}")
-    values = dataclasses.asdict(spec.options(**options))  # the task's options check themselves
+        raise TypeError(f"make_task got an unknown option {foreign[0]!r}; task {name!r} takes "
+                        f"{sorted(TASK_OPTIONS.defaults_of(key)) or 'none'}")
+    values = options_values(spec.options(**options))  # the task's options check themselves
     if values.get("policy_output") == "auto":  # resolved by the training config; a task alone squashes
         values["policy_output"] = "tanh"
     if "observation_clip" in values:
@@ -75,5 +76,6 @@ def make_task(name: str, device: torch.device | str = "cpu", seed: int = 0, norm
 
 __all__ = ["ClassificationTask", "Conv1dNet", "DifferentiableTask", "ENVS", "GenerationTask", "GymVectorEnv", "MODELS",
            "ModelMaker", "ObservationNorm", "Policy", "RLTask", "SUPERVISED", "SequenceTask", "SequenceTransformer",
-           "StepBatchSampler", "StreamingClassificationTask", "TASKS", "TASK_NAMES", "Task", "TaskOptions", "TaskSpec",
-           "digits", "make_task", "mnist1d", "model_choices", "reverse", "rollout", "sort", "task_spec"]
+           "StepBatchSampler", "StreamingClassificationTask", "TASKS", "TASK_NAMES", "TASK_OPTIONS", "Task",
+           "TaskOptions", "TaskSpec", "digits", "make_task", "mnist1d", "model_choices", "reverse", "rollout", "sort",
+           "task_spec"]

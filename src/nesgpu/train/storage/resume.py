@@ -28,7 +28,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log)
         old = own_only({**rundir.legacy(supervised), **old}, cfg.strategy, cfg.task)  # what an older nesgpu's run did
         if old.get("task") != cfg.task:
             raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
-        changed = rundir.differences(old, new, rundir.defining(cfg.strategy))
+        changed = rundir.differences(old, new, rundir.DEFINING)
         if changed:
             raise ValueError(f"cannot resume {out}: options that define the run differ from its checkpoint "
                              f"({'; '.join(changed)}); start a new run to change them")

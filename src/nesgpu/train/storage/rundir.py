@@ -24,12 +24,6 @@ DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "
             "policy_output", "observation_clip", "bits", "noise_on", "act_bits", "dtype", "init", "optimizer")
 
 
-def defining(strategy: str | None) -> list[str]:
-    """The DEFINING options of a run of ``strategy``: an ES run's optimizer is its strategy's own (its
-    config.json recorded backprop's "adamw" before it recorded none), so only a backprop run's defines it."""
-    return [n for n in DEFINING if n != "optimizer" or strategy == "backprop"]
-
-
 # the values of options newer than a run (its config.json lacks them) that its nesgpu used: every run had float
 # weights in the model's own dtype; RL policies were squashed by tanh and their standardised observations
 # clipped at 5, rollouts shared start states, unshifted
