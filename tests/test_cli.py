@@ -32,3 +32,14 @@ def test_the_version_answers_without_importing_torch():
     code = "import sys; from nesgpu.cli import main; main(['--version']); print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.split() == ["nesgpu", __import__("nesgpu").__version__, "False"]
+
+
+@pytest.mark.parametrize("args", [["train", "--reward-s", "1"], ["train", "--ste", "3"], ["eval", "--dev", "cpu", "x"],
+                                  ["tune", "--tria", "2"], ["compare", "--time-b", "5"], ["check", "--model", "m", "--direc", "2"],
+                                  ["play", "--epis", "2", "x"], ["bench", "layers", "--repeat", "2"]])
+def test_no_parser_takes_a_prefix_of_a_flag(args, capsys):
+    from nesgpu.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit:
+        build_parser().parse_args(args)
+    assert exit.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err

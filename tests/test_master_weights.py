@@ -69,3 +69,49 @@ def test_a_bf16_language_model_runs_its_population_in_bf16_with_fp32_masters():
     masters = [p for p in pm.parameters() if p.shape == before.shape]
     assert len(masters) == 1 and masters[0].dtype == torch.float32
     assert (masters[0] - before.float()).abs().max() > 0  # kept in fp32, though below bf16's resolution
+
+
+def half_mlp():
+    torch.manual_seed(0)
+    return nesgpu.convert(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), "lowrank").to(torch.bfloat16)
+
+
+def test_an_optimizer_on_the_half_weights_is_told_it_trains_nothing():
+    model = half_mlp()
+    pm = nesgpu.PerturbedModel(model, 8, sigma=1e-2, antithetic=True)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)  # the half weights: their .grad stays None
+    with pytest.warns(RuntimeWarning, match=r"not applied.*build the optimizer on PerturbedModel.parameters\(\)"):
+        for _ in range(2):
+            pm.set_noise()
+            opt.zero_grad()
+            pm.update(torch.randn(2, 8))
+            opt.step()
+
+
+def test_the_right_optimizer_and_chunked_updates_give_no_warning():
+    import warnings
+
+    model = half_mlp()
+    pm = nesgpu.PerturbedModel(model, 8, sigma=1e-2, antithetic=True)
+    opt = torch.optim.Adam(pm.parameters(), lr=1e-2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(1, 4):
+            opt.zero_grad()
+            for block in (range(0, 4), range(4, 8)):  # the blocks of one step add up before the step
+                pm.set_noise(step=step, directions=block)
+                pm.update(torch.randn(2, 4))
+            opt.step()
+            pm.set_noise(step=step + 1)
+
+
+def test_export_right_after_a_step_has_the_steps_weights():
+    model = half_mlp()
+    pm = nesgpu.PerturbedModel(model, 8, sigma=1e-2, antithetic=True)
+    opt = torch.optim.SGD(pm.parameters(), lr=10.0)  # a step large enough to show in bf16
+    pm.set_noise()
+    pm.update(torch.randn(2, 8))
+    opt.step()  # no call of the model since: its own weights are the step before's
+    plain = nesgpu.export(model)
+    for p, master in zip(plain.parameters(), pm.parameters()):
+        assert torch.equal(p, master.detach().to(torch.bfloat16))

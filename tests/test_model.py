@@ -202,7 +202,7 @@ def test_weights_of_the_wrong_shape():
 def test_bad_constructor_arguments():
     with pytest.raises(ValueError, match="no perturbed parameters"):
         nesgpu.PerturbedModel(nn.Linear(2, 2), 4)
-    with pytest.raises(ValueError, match="sigma must be a positive finite number; got 0"):
+    with pytest.raises(ValueError, match="sigma must be a finite number >= 1e-12; got 0"):
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 4, sigma=0)
     with pytest.raises(ValueError, match="directions must be a positive int"):
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 0)
@@ -284,8 +284,9 @@ def test_a_parameter_frozen_after_convert_is_an_error_at_the_next_draw():
 
 
 @pytest.mark.parametrize("options, match", [
-    (dict(sigma=float("inf")), "sigma must be a positive finite number"),
-    (dict(sigma=float("nan")), "sigma must be a positive finite number"),
+    (dict(sigma=float("inf")), "sigma must be a finite number >= 1e-12"),
+    (dict(sigma=float("nan")), "sigma must be a finite number >= 1e-12"),
+    (dict(sigma=1e-45), "sigma must be a finite number >= 1e-12; got 1e-45"),  # 1 / sigma: inf grads
     (dict(seed=1.7), r"seed must be an int in \[0, 2\*\*63\)"),
     (dict(seed=-1), "seed must be an int"),
     (dict(seed=2**64), "seed must be an int"),
@@ -295,6 +296,21 @@ def test_bad_sigma_and_seed_are_refused(options, match):
     net = nesgpu.convert(nn.Sequential(nn.Linear(3, 4)), "lowrank")
     with pytest.raises(ValueError, match=match):
         nesgpu.PerturbedModel(net, 4, **options)
+
+
+def test_antithetic_steps_and_weights_of_the_wrong_kind_are_refused():
+    net = nesgpu.convert(nn.Sequential(nn.Linear(3, 4)), "lowrank")
+    with pytest.raises(TypeError, match="antithetic must be True or False; got 'no'"):
+        nesgpu.PerturbedModel(net, 4, antithetic="no")
+    pm = nesgpu.PerturbedModel(net, 4)
+    for step in (1.5, True, -1, "2"):
+        with pytest.raises(TypeError, match="step must be an int >= 0"):
+            pm.set_noise(step=step)
+    pm.set_noise(step=3)
+    with pytest.raises(TypeError, match="weights must be a real torch.Tensor .* got torch.complex64"):
+        pm.update(torch.ones(4, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="sigma must be a finite number >= 1e-12"):
+        pm.update(torch.ones(4), sigma=1e-45)
 
 
 def test_a_model_on_the_meta_device_is_refused_with_what_to_do():

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .frontends.train_cli import add_eval_parser, add_train_parser
     from .tune import cli as tune_cli
 
-    parser = argparse.ArgumentParser(prog="nesgpu", description="Evolution strategies for PyTorch.")
+    parser = ExactFlags(prog="nesgpu", description="Evolution strategies for PyTorch.")
     parser.add_argument("--version", action="version", version=f"nesgpu {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -50,6 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench_modules.add_parser(benchmarks)
 
     return parser
+
+
+class ExactFlags(argparse.ArgumentParser):
+    """A parser that takes only whole flag names: argparse would read ``--reward`` (any unique prefix) as
+    ``--reward-shift``, so a mistyped or future flag would set another option. Every subcommand's parser is
+    of this class too (``add_subparsers`` makes its parsers of the parent's class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
 
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:

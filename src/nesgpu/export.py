@@ -18,6 +18,7 @@ from .layers import LowBitConv1d, LowBitConv2d, LowBitConv3d, LowBitLinear, Pert
 from .layers.functional import FALLBACK_ROOT, child_call_guard
 from .layers.registry import CONVERSIONS
 from .layers.sharing import ALIASES
+from .masters import MASTERS, sync_masters
 
 LOW_BIT = (LowBitLinear, LowBitConv1d, LowBitConv2d, LowBitConv3d)
 
@@ -32,6 +33,7 @@ def export(model: nn.Module) -> nn.Module:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
+    sync_masters(model)  # a half-precision model: the weights of the optimizer's latest step, not the last call's
     for m in model.modules():
         if isinstance(m, PerturbedModule):
             m.free_memory()  # the noise is not part of the model (and not copied)
@@ -50,6 +52,7 @@ def unconvert(model: nn.Module) -> nn.Module:
     for m in model.modules():  # the exact fallback's guards on its children, the guards of aliases
         m.__dict__.pop(FALLBACK_ROOT, None)
         m.__dict__.pop(ALIASES, None)
+        m.__dict__.pop(MASTERS, None)  # the original's PerturbedModel's
         for key, hook in list(m._forward_pre_hooks.items()):
             if hook is child_call_guard:
                 del m._forward_pre_hooks[key]

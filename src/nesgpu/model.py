@@ -19,7 +19,19 @@ from .layers.guard import NeedsFallback
 from .layers.layout import RowLayout, one_sequence_per_row
 from .layers.sequential import shared_forward
 from .masters import MasterWeights
+from .masters import register as register_masters
 from .trainable import check_trainable, uncovered_parameters
+
+# the smallest noise scale taken: below it 1 / (D sigma) overflows float32 for large D, and the noise is lost in
+# the rounding of any weight larger than 1e-5 anyway (float32 keeps 7 digits)
+MIN_SIGMA = 1e-12
+
+
+def check_sigma(value) -> float:
+    """``value`` as a float if it is a finite noise scale of at least :data:`MIN_SIGMA`; else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_SIGMA <= value < math.inf:
+        raise ValueError(f"sigma must be a finite number >= {MIN_SIGMA:g}; got {value!r}")
+    return float(value)
 
 
 def direction_blocks(directions: range, size: int | None) -> list[range]:
@@ -65,7 +77,9 @@ class PerturbedModel:
         self.model = model
         self.directions = directions
         self.sigma = sigma
-        self.antithetic = bool(antithetic)
+        if not isinstance(antithetic, bool):  # "no" would be True
+            raise TypeError(f"antithetic must be True or False; got {antithetic!r}")
+        self.antithetic = antithetic
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
             raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}")
         self.seed = int(seed)
@@ -110,6 +124,7 @@ class PerturbedModel:
             layer.layer_name = name
         perturbed = (p for layer in self.layers.values() for p in layer.perturbed_parameters().values())
         self._masters = MasterWeights(perturbed, getattr(self, "_masters", None))
+        register_masters(model, self._masters)
 
     @property
     def sigma(self) -> float:
@@ -117,9 +132,7 @@ class PerturbedModel:
 
     @sigma.setter
     def sigma(self, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise ValueError(f"sigma must be a positive finite number; got {value!r}")
-        self._sigma = float(value)
+        self._sigma = check_sigma(value)
 
     def parameters(self) -> list[nn.Parameter]:
         """Every perturbed parameter (what the ES update writes .grad into): build the optimizer on these.
@@ -176,7 +189,11 @@ class PerturbedModel:
         """
         if sigma is not None:
             self.sigma = sigma  # checked by the setter
+        if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0):
+            raise TypeError(f"step must be an int >= 0; got {step!r}")
         step = self.step + 1 if step is None else int(step)
+        if step != self.step:
+            self._masters.check_stepped()
         self._check_frozen()
         self.sync_weights()
         if directions is None:
@@ -335,9 +352,9 @@ class PerturbedModel:
         With ``weights = losses``, ``optimizer.step()`` descends.
         """
         local = self.local_directions
-        if not isinstance(weights, torch.Tensor):
-            raise TypeError(f"weights must be a torch.Tensor of shape ({local},) or (R, {local}); "
-                            f"got {type(weights).__name__}")
+        if not isinstance(weights, torch.Tensor) or weights.is_complex():  # complex: the imaginary part would go
+            raise TypeError(f"weights must be a real torch.Tensor of shape ({local},) or (R, {local}); "
+                            f"got {weights.dtype if isinstance(weights, torch.Tensor) else type(weights).__name__}")
         if weights.dim() == 2 and weights.shape[1] == local:
             repeats = weights.shape[0]
             if self.antithetic and repeats % 2:
@@ -346,15 +363,13 @@ class PerturbedModel:
             weights = (signs.view(-1, 1) * weights).mean(0)
         elif weights.shape != (local,):
             raise ValueError(f"weights must have shape ({local},) or (R, {local}); got {tuple(weights.shape)}")
-        if sigma is not None and (isinstance(sigma, bool) or not isinstance(sigma, (int, float))
-                                  or not 0 < sigma < math.inf):
-            raise ValueError(f"sigma must be a positive finite number; got {sigma!r}")
-        coef = weights / (self.directions * (self.sigma if sigma is None else float(sigma)))
+        coef = weights / (self.directions * (self.sigma if sigma is None else check_sigma(sigma)))
         for layer in self.layers.values():
             if layer.perturbs:
                 masters = {name: master for name, p in layer.perturbed_parameters().items()
                            if (master := self._masters.of(p)) is not p}
                 layer.accumulate_grad(coef, masters or None)
+        self._masters.note_update()
 
     @property
     def noise_range(self) -> range | None:

@@ -30,6 +30,21 @@ class ShapesFitness(Protocol):
         ...
 
 
+@runtime_checkable
+class DescribesFitness(Protocol):
+    """A task whose raw fitness means something to its user (a generation task's rewards): before any shaping,
+    :meth:`describe` turns the whole population's fitness into the step's statistics (the reward's mean, spread,
+    best). ``describes`` names every statistic a user should read for the task (these and any of its
+    :meth:`~nesgpu.tasks.protocol.Task.fitness`'s): the trainer shows them in the progress line in place of
+    the fitness and gives each a column of metrics.csv."""
+
+    describes: tuple[str, ...]
+
+    def describe(self, fitness: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Scalar tensors (on the fitness's device: no host reads) from the raw fitness (R, D)."""
+        ...
+
+
 class Evaluation(NamedTuple):
     """What one step's population gives back, gathered over every process."""
 
@@ -141,6 +156,8 @@ class Population:
         norms = info.pop("__sq_norms__", None)
         info = {k: v if k in task.summed_info else v / self.pm.directions for k, v in info.items()}
         task.finish_step(self.pm, info)
+        if isinstance(task, DescribesFitness):  # the raw fitness, before shaping makes it a mean of zero
+            info.update(task.describe(fitness))
         if isinstance(task, ShapesFitness):  # over the whole population, the same in every process
             fitness = task.shape(fitness)
         return Evaluation(fitness, norms, info)
@@ -169,4 +186,4 @@ class _BlockTotals:
         return dict(self.totals)
 
 
-__all__ = ["Evaluation", "Population", "ShapesFitness"]
+__all__ = ["DescribesFitness", "Evaluation", "Population", "ShapesFitness"]

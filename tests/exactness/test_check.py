@@ -98,7 +98,7 @@ def test_bad_arguments_name_what_was_expected():
         nesgpu.check(mlp(), 3)
     with pytest.raises(ValueError, match="directions must be a positive int; got 0"):
         nesgpu.check(mlp(), torch.randn(3, 4), directions=0)
-    with pytest.raises(ValueError, match="sigma must be a positive finite number"):
+    with pytest.raises(ValueError, match="sigma must be a finite number >= 1e-12"):
         nesgpu.check(mlp(), torch.randn(3, 4), sigma=float("inf"))
     refused = nesgpu.check(mlp(), torch.randn(3, 4), fallback=["nope"])
     assert not refused.exact and "fallback: 'nope' names no module of the model" in refused.refused

@@ -138,7 +138,7 @@ def test_train_and_resume_a_language_model_on_a_reward(tmp_path):
 
     samples = [[json.loads(line) for line in (tmp_path / d / "samples.jsonl").read_text().splitlines()]
                for d in ("straight", "split")]
-    assert samples[0] == samples[1] and [s["step"] for s in samples[0]] == [2] * 12 + [4] * 12
+    assert samples[0] == samples[1] and [s["step"] for s in samples[0]] == [0] * 12 + [2] * 12 + [4] * 12
     assert set(samples[0][0]) == {"step", "prompt", "completion", "reward"}
 
 

@@ -252,7 +252,7 @@ def test_train_reverse_end_to_end_through_the_cli(tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert config["model"] == "transformer" and config["hidden"] == [8, 1]
     assert evaluate_run(out, "cpu")["value"] == pytest.approx(summary["value"])
-    assert len((out / "metrics.csv").read_text().strip().splitlines()) == 1 + 2
+    assert len((out / "metrics.csv").read_text().strip().splitlines()) == 1 + 1 + 2  # the header, step 0, steps 1-2
 
 
 def test_train_resumes_reverse_exactly(tmp_path):

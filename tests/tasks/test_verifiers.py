@@ -31,7 +31,8 @@ def test_arithmetic(completion, reward):
     ("12/(7-7)", 0.0),  # a division by zero is no answer
     ("7*3+12=33", 0.0), ("7 * 3 + 12", CORRECT), ("-7+3*12", 0.0),  # unary minus is not an operation here
     ("__import__('os').system('touch /tmp/pwned')", 0.0), ("(lambda: 33)()", 0.0), ("7**3", 0.0),
-    ("33.0", 0.0), ("[33]", 0.0), ("", 0.0), ("(" * 200, 0.0)])
+    ("33.0", 0.0), ("[33]", 0.0), ("", 0.0), ("(" * 200, 0.0),
+    ("7*3+12#comment", 0.0), ("0x7*3+12", 0.0), ("7*3+1_2", 0.0), ("7*3+\uff11\uff12", 0.0)])  # not arithmetic
 def test_countdown(completion, reward):
     assert countdown_reward("3 7 12>33:", completion) == reward
 

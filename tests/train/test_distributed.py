@@ -57,7 +57,7 @@ def test_two_processes_bit_identical_to_one(tmp_path, task):
     assert metrics("one") == metrics("two")
     # only rank 0 wrote: one row per step, one summary line on stdout
     rows = (tmp_path / "two" / "metrics.csv").read_text().strip().splitlines()
-    assert len(rows) == 1 + 4
+    assert len(rows) == 1 + 1 + 4  # the header, step 0, steps 1-4
     assert two.stdout.count('"task"') == 1 and '"processes": 2' in two.stdout
 
 

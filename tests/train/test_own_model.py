@@ -41,7 +41,7 @@ def test_own_model_and_task_get_a_run_directory(tmp_path):
     assert summary["task"] == "custom:toy" and summary["metric"] == "test_accuracy" and summary["steps"] == 6
     assert {"config.json", "metrics.csv", "model.safetensors", "summary.json", "checkpoint"} <= {
         p.name for p in out.iterdir()}
-    assert [row["step"] for row in MetricsLog.read(out / "metrics.csv")] == list(range(1, 7))
+    assert [row["step"] for row in MetricsLog.read(out / "metrics.csv")] == list(range(0, 7))
 
 
 @pytest.mark.parametrize("strategy", ["openai_es", "pgpe", "backprop"])
@@ -112,7 +112,7 @@ def test_a_protocol_task_with_its_own_defaults_and_model(tmp_path):
     assert summary["task"] == "custom:Target" and summary["population"] == 8 and summary["steps"] == 4
     assert summary["sigma"] == 0.2
     rows = MetricsLog.read(tmp_path / "t" / "metrics.csv")  # the task's own metric has its column
-    assert [r["step"] for r in rows if "minus_error" in r] == [2, 4] and rows[-1]["minus_error"] == pytest.approx(
+    assert [r["step"] for r in rows if "minus_error" in r] == [0, 2, 4] and rows[-1]["minus_error"] == pytest.approx(
         summary["value"], rel=1e-5)
 
 

@@ -39,6 +39,28 @@ def test_a_new_run_that_fails_before_its_first_step_gives_the_old_run_back(tmp_p
     assert files(out) == before  # the same files, byte for byte: nothing of the new run is left
 
 
+def test_one_ctrl_c_during_the_new_runs_first_step_keeps_the_old_run(tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+
+    from nesgpu.train import Interrupted
+
+    out = tmp_path / "run"
+    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    before = files(out)
+    original = EvolutionStep.run
+
+    def interrupted_first_step(self):
+        if self.step == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # one Ctrl-C while the first step is under way
+        return original(self)
+    monkeypatch.setattr(EvolutionStep, "run", interrupted_first_step)
+    with pytest.raises(Interrupted, match="the old run in .* is kept as it was"):
+        train(TrainConfig(**{**RUN, "seed": 1}, out=str(out)), log=quiet, overwrite=True)
+    assert files(out) == before
+    assert "stopping at the end of this step" in capsys.readouterr().err  # said at once, not after the step
+
+
 def test_once_the_new_run_has_made_a_step_the_old_run_is_gone(tmp_path, monkeypatch):
     out = tmp_path / "run"
     train(TrainConfig(**{**RUN, "steps": 3}, out=str(out)), log=quiet)

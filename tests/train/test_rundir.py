@@ -334,15 +334,15 @@ def test_resume_applies_a_new_schedule_or_a_stretched_one_from_the_next_step(tmp
     assert "steps: 6 -> 9" in logs[0] and "lr factor 0.1 -> " in logs[0]  # the schedule is stretched: it jumps
     rows = MetricsLog.read(out / "metrics.csv")
     stretched = Schedule("cosine", 0.1, 9)
-    for row in rows[6:]:  # after step s, the optimizer holds the lr of step s + 1: base * factor(s)
+    for row in rows[7:]:  # after step s, the optimizer holds the lr of step s + 1: base * factor(s)
         assert row["lr"] == pytest.approx(base * stretched(int(row["step"])), rel=1e-5)
     old = Schedule("cosine", 0.1, 6)
-    for row in rows[:6]:
+    for row in rows[1:7]:
         assert row["lr"] == pytest.approx(base * old(int(row["step"])), rel=1e-5)
     logs.clear()  # a constant lr from step 10 on, at half the step size
     train(TrainConfig(**{**RUN, "lr": base / 2, "steps": 11}, out=str(out)), resume=True, log=logs.append)
     assert "lr_schedule: 'cosine' -> 'constant'" in logs[0]
-    assert [r["lr"] for r in MetricsLog.read(out / "metrics.csv")[9:]] == pytest.approx([base / 2] * 2)
+    assert [r["lr"] for r in MetricsLog.read(out / "metrics.csv")[10:]] == pytest.approx([base / 2] * 2)
 
 
 def test_a_new_lr_on_resume_also_moves_clipups_speed_cap(tmp_path):

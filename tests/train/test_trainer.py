@@ -37,7 +37,7 @@ def test_run_writes_every_output(tmp_path, name):
     assert on_disk == summary
     assert set(on_disk) >= {"task", "metric", "value", "steps", "seconds"}
     assert on_disk["metric"] == ("test_accuracy" if name == "digits" else "eval_return")
-    assert len((tmp_path / "metrics.csv").read_text().strip().splitlines()) == 1 + 6
+    assert len((tmp_path / "metrics.csv").read_text().strip().splitlines()) == 1 + 1 + 6  # the header, step 0, steps 1-6
     # the saved weights load into the plain model, and eval reproduces the summary's value
     assert evaluate_run(tmp_path, "cpu")["value"] == pytest.approx(summary["value"])
 
@@ -67,7 +67,7 @@ def test_resume_after_a_crash_ends_with_identical_weights(tmp_path, monkeypatch,
         train(TrainConfig(**cfg, out=str(tmp_path / "split")), log=quiet)
     monkeypatch.setattr(task_cls, "fitness", original)
     rows = (tmp_path / "split" / "metrics.csv").read_text().strip().splitlines()
-    assert len(rows) == 1 + 3  # steps 1-3 ran; the checkpoint holds step 2
+    assert len(rows) == 1 + 1 + 3  # step 0 and steps 1-3 ran; the checkpoint holds step 2
     train(TrainConfig(**cfg, out=str(tmp_path / "split")), resume=True, log=quiet)
     a = load_file(tmp_path / "straight" / "model.safetensors")
     b = load_file(tmp_path / "split" / "model.safetensors")
@@ -75,7 +75,7 @@ def test_resume_after_a_crash_ends_with_identical_weights(tmp_path, monkeypatch,
     for k in a:
         assert torch.equal(a[k], b[k]), k
     rows = (tmp_path / "split" / "metrics.csv").read_text().strip().splitlines()
-    assert [r.split(",")[0] for r in rows[1:]] == [str(i) for i in range(1, 7)]
+    assert [r.split(",")[0] for r in rows[1:]] == [str(i) for i in range(0, 7)]
 
 
 def test_failure_mid_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):

@@ -10,7 +10,6 @@ so a difference is reported where it starts, not only at the logits. With ``max_
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from contextlib import contextmanager
 
@@ -21,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..conversion import convert
 from ..layers import FunctionalPerturbed, PerturbedModule
-from ..model import PerturbedModel
+from ..model import PerturbedModel, check_sigma
 from .generation import compare_generate
 from .report import CheckReport, ModuleError
 from .rows import Inputs, compare_rows, each_member, first_tensor, member_index
@@ -109,8 +108,7 @@ def _population_of(net: nn.Module, kind: str, directions: int, sigma: float, see
 def _check_arguments(directions, sigma, dtype) -> None:
     if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
         raise ValueError(f"directions must be a positive int; got {directions!r}")
-    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 < sigma < math.inf:
-        raise ValueError(f"sigma must be a positive finite number; got {sigma!r}")
+    check_sigma(sigma)
     if dtype not in (torch.float64, torch.float32):
         raise ValueError(f"dtype must be torch.float64 or torch.float32; got {dtype}")
 

@@ -52,7 +52,13 @@ class GenerationTask:
     """
 
     default_target = None
-    summed_info = frozenset()
+    summed_info = frozenset({"generated_tokens"})
+    # what a user reads each step (the progress line, metrics.csv), never the shaped fitness: the raw reward's
+    # mean, std and best over the members (a member's reward: its mean over the step's prompts), the share of
+    # prompts whose rewards differ across members (one whose rewards are all alike carries no signal), and the
+    # kept completions' mean length in tokens, and the tokens the step generated (every row, to the longest)
+    describes = ("reward_mean", "reward_std", "reward_best", "prompts_with_spread", "completion_tokens",
+                 "generated_tokens")
 
     def __init__(self, prompts: Sequence[str], tokenizer, reward: Callable, eval_prompts: Sequence[str] | None = None,
                  max_new_tokens: int = 16, temperature: float = 0.0, stop: Sequence[str] = ("\n",),
@@ -105,9 +111,22 @@ class GenerationTask:
             new = self._generate(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed)
         signs, d = (2 if pm.antithetic else 1), pm.local_directions
         row_prompts = [prompts[(n // d) % len(prompts)] for n in range(new.shape[0])]
-        rewards = self._score(row_prompts, self._decode(new))
+        completions = self._decode(new)
+        rewards = self._score(row_prompts, completions)
         fitness = pm.by_member(rewards.to(ids.device)).reshape(signs * len(prompts), d)
-        return fitness, {"reward_mean": rewards.mean().to(ids.device)}
+        lengths = [len(t) for t in self.tokenizer(completions, add_special_tokens=False).input_ids]
+        return fitness, {"completion_tokens": torch.tensor(sum(lengths) / len(lengths), device=ids.device),
+                         "generated_tokens": torch.tensor(new.numel(), device=ids.device)}
+
+    def describe(self, fitness: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The raw rewards (signs * prompts, D) of the whole population: their mean, the std and best of the
+        members' rewards, and the share of the step's prompts whose rewards are not all alike."""
+        signs = fitness.shape[0] // self.prompts_per_step
+        members = fitness.view(signs, self.prompts_per_step, -1).mean(1).flatten()
+        by_prompt = fitness.view(signs, self.prompts_per_step, -1).transpose(0, 1).reshape(self.prompts_per_step, -1)
+        spread = (by_prompt.amax(1) > by_prompt.amin(1)).to(fitness.dtype).mean()
+        return {"reward_mean": members.mean(), "reward_std": members.std(unbiased=False),
+                "reward_best": members.max(), "prompts_with_spread": spread}
 
     def shape(self, fitness: torch.Tensor) -> torch.Tensor:
         """Per-prompt shaping of the whole population's fitness (after the exchange between processes): each

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..model import PerturbedModel
-from ..population import ShapesFitness  # noqa: F401 (part of the protocol a task may meet)
+from ..population import DescribesFitness, ShapesFitness  # noqa: F401 (parts of the protocol a task may meet)
 
 
 @runtime_checkable
@@ -119,4 +119,4 @@ def check_differentiable(task: object) -> DifferentiableTask:
     return task
 
 
-__all__ = ["DIFFERENTIABLE_MEMBERS", "DifferentiableTask", "ModelMaker", "ShapesFitness", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]
+__all__ = ["DIFFERENTIABLE_MEMBERS", "DescribesFitness", "DifferentiableTask", "ModelMaker", "ShapesFitness", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]

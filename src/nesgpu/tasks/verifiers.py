@@ -34,8 +34,10 @@ def answer_text(completion: str) -> str:
 
 def parse(expression: str) -> tuple[Fraction, list[int]] | None:
     """(exact value, the integer literals used) of an arithmetic expression, or None when it is not one
-    (another node, a float, a division by zero, too long, a syntax error)."""
-    if not expression or len(expression) > MAX_EXPRESSION:
+    (another node, a float, a division by zero, too long, a syntax error). Only decimal digits, ``+ - * /``,
+    parentheses and spaces are read: Python's comments (``#``), hex (``0x7``) and digit separators (``1_2``)
+    are not arithmetic."""
+    if not expression or len(expression) > MAX_EXPRESSION or not re.fullmatch(r"[0-9+\-*/() ]+", expression):
         return None
     try:
         tree = ast.parse(expression, mode="eval")

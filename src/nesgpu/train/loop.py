@@ -1,6 +1,7 @@
 """The steps of a run, nanoGPT-style: run a step, then evaluate, call back, record, checkpoint and stop,
 each when due. The step itself (ES: ask, evaluate, tell, update, optimizer step; backprop: forward,
-backward, optimizer step) is the step object's (:mod:`nesgpu.train.steps.evolution`, :mod:`nesgpu.train.steps.backprop`).
+backward, optimizer step) is the step object's (:mod:`nesgpu.train.steps.evolution`,
+:mod:`nesgpu.train.steps.backprop`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..tasks.protocol import KeepsSamples
+from ..tasks.protocol import DescribesFitness, KeepsSamples
 from .setup.config import TrainConfig
 from .steps.evolution import Stepper
 from .storage.checkpoint import WEIGHTS, save_checkpoint
@@ -23,8 +24,8 @@ from .storage.checkpoint import WEIGHTS, save_checkpoint
 class Interrupted(Exception):
     """The run was stopped (Ctrl-C, SIGTERM) at a step boundary, after writing a checkpoint."""
 
-    def __init__(self, out: Path, step: int):
-        super().__init__(f"interrupted: checkpoint at step {step} in {out}; continue with --resume {out}")
+    def __init__(self, out: Path, step: int, message: str | None = None):
+        super().__init__(message or f"interrupted: checkpoint at step {step} in {out}; continue with --resume {out}")
         self.out, self.step = out, step
 
 
@@ -61,6 +62,9 @@ class Loop:
     def __post_init__(self):
         cfg = self.cfg
         self.eval_every = cfg.eval_every or max(1, cfg.steps // 10)
+        # a budgeted run's steps are not known ahead: it evaluates every tenth of its budget, unless told otherwise
+        budgeted = cfg.time_budget is not None and not cfg.eval_every and not self.stepper.needs_sync
+        self.eval_seconds = cfg.eval_seconds or (cfg.time_budget / 10 if budgeted else 0.0)
         self.checkpoint_every = cfg.checkpoint_every or max(1, cfg.steps // 10)
         self.target = cfg.target if cfg.target is not None else self.task.default_target
         if self.target is not None and self.distributed:  # only rank 0 evaluates: the ranks could not stop together
@@ -85,6 +89,7 @@ class Loop:
             if self._met_already():
                 return
             self.progress.stopped = self.progress.stopped_value = None  # it goes on: it has not ended yet
+            self._evaluate_start()
             while self.stepper.step < self.cfg.steps:
                 stats = self.stepper.run()  # the step's one read from the device
                 step = self.stepper.step
@@ -131,11 +136,19 @@ class Loop:
         self.log(f"the run ended at step {step}: {why}; no step is taken (raise {option} to train further)")
         return True
 
+    def _evaluate_start(self) -> None:
+        """A new run's first point: the metric of the model before any step (and its samples), as step 0. A
+        sharded job has none: gathering its state before the first step would initialise the optimizer's."""
+        if self.stepper.step == 0 and self.main and not self.stepper.needs_sync:
+            row = {"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: self.task.evaluate(self.stepper.model)}
+            self._write_samples(0)
+            self.metrics.write(row)
+
     def _out_of_time(self) -> bool:
         return self.cfg.time_budget is not None and self.progress.elapsed >= self.cfg.time_budget
 
     def _eval_due(self, step: int) -> bool:
-        seconds = self.cfg.eval_seconds and self.progress.elapsed - self.progress.last_eval >= self.cfg.eval_seconds
+        seconds = self.eval_seconds and self.progress.elapsed - self.progress.last_eval >= self.eval_seconds
         return step % self.eval_every == 0 or step == self.cfg.steps or self._out_of_time() or bool(seconds)
 
     def _checkpoint_due(self, step: int) -> bool:
@@ -173,7 +186,7 @@ class Loop:
 
     def _show(self, bar, row: dict, last_line: float) -> float:
         """The progress bar on a terminal; else a plain line every ``progress_every`` seconds."""
-        shown = (self.stepper.progress_key, self.task.metric)
+        shown = (*shown_statistics(self.task, self.stepper.progress_key), self.task.metric)
         if bar is not None and not bar.disable:
             bar.update(1)
             bar.set_postfix({k: f"{row[k]:.4g}" for k in shown if k in row})
@@ -191,6 +204,12 @@ class Loop:
             "env_steps": self.progress.env_steps, "config": dataclasses.asdict(self.cfg),
             "stopped": [self.progress.stopped, self.progress.stopped_value]})
         self.progress.last_checkpoint = step
+
+
+def shown_statistics(task, progress_key: str) -> tuple[str, ...]:
+    """The step statistics a user reads for ``task``: those it describes (a generation task's raw reward, never
+    the shaped fitness), else the stepper's own (``progress_key``)."""
+    return tuple(task.describes) if isinstance(task, DescribesFitness) else (progress_key,)
 
 
 # a trained weight beyond this has left every scale a network works at (initialisations are ~1, trained
@@ -243,4 +262,4 @@ def _progress_bar(total: int, initial: int):
     return tqdm(total=total, initial=initial, disable=not sys.stderr.isatty(), unit="step", dynamic_ncols=True)
 
 
-__all__ = ["Interrupted", "Loop", "Progress", "check_finite"]
+__all__ = ["Interrupted", "Loop", "Progress", "check_finite", "shown_statistics"]

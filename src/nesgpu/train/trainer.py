@@ -24,7 +24,7 @@ from torch import nn
 from ..distributed import Ranks, init_from_environment, shutdown
 from ..tasks.protocol import SavesModel
 from ..version import __version__
-from .loop import Interrupted, Loop, Progress, check_finite
+from .loop import Interrupted, Loop, Progress, check_finite, shown_statistics
 from .setup.build import Built, build, check_own, resolve_device
 from .setup.config import TrainConfig, is_supervised, resolve_for
 from .storage import rundir
@@ -47,6 +47,8 @@ def _stop_requests(enabled: bool):
         if requested:
             raise KeyboardInterrupt
         requested.append(signum)
+        print("stopping at the end of this step, with a checkpoint (again to stop at once)", file=sys.stderr,
+              flush=True)
 
     saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -54,10 +56,6 @@ def _stop_requests(enabled: bool):
     finally:
         for sig, previous in saved.items():
             signal.signal(sig, previous)
-
-
-def _log_to_stderr(*args, **kwargs) -> None:
-    print(*args, file=sys.stderr, **kwargs)  # stdout carries the summary JSON only
 
 
 def _log_to_stderr(*args, **kwargs) -> None:
@@ -142,10 +140,13 @@ def _train(job: _Job) -> dict:
     if main:
         write_json(out / "config.json", json.loads(cfg.to_json()))
     metrics = MetricsLog(out, resume_step=built.step.step if job.resume else 0, loggers=loggers,
-                         config=dataclasses.asdict(cfg), extra_columns=[built.task.metric]) if main else None
+                         config=dataclasses.asdict(cfg),
+                         extra_columns=[*shown_statistics(built.task, built.step.progress_key), built.task.metric]) \
+        if main else None
     try:
         loop = Loop(cfg, out, built.task, built.step, main, job.ranks.distributed, metrics, job.log,
-                    _first_step_then(replaced.discard, job.callback), job.stop_requested, progress)
+                    _first_step_then(replaced.discard, job.callback, job.stop_requested), job.stop_requested,
+                    progress)
         loop.run()
         built.step.finish()
         summary = {**_summary(cfg, built, job, progress), "stopped": loop.stopped, "target": loop.target}
@@ -156,6 +157,9 @@ def _train(job: _Job) -> dict:
             metrics.close(status="KILLED" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "FAILED")
         if replaced.aside is not None:
             replaced.restore()
+            if isinstance(e, Interrupted):  # not "continue with --resume": the new run's files are gone
+                raise Interrupted(out, e.step, f"interrupted at the new run's first step: the old run in {out} "
+                                               f"is kept as it was") from None
             job.log(f"the old run in {out} is kept: the new run failed before its first step")
         raise
     if metrics is not None:
@@ -163,10 +167,13 @@ def _train(job: _Job) -> dict:
     return summary
 
 
-def _first_step_then(settle, callback):
-    """The loop's callback: ``settle()`` after every step (the first one's does the work), then ``callback``."""
+def _first_step_then(settle, callback, stop_requested):
+    """The loop's callback: ``settle()`` after every step (the first one's does the work), then ``callback``. A
+    step during which a stop was asked for (Ctrl-C) settles nothing: an --overwrite's old run stays until the
+    new run has made a step it goes on from."""
     def after_step(step: int, row: dict) -> bool:
-        settle()
+        if not stop_requested():
+            settle()
         return callback is not None and bool(callback(step, row))
     return after_step
 

@@ -92,16 +92,9 @@ def config_value(name: str, value: Value):
 
 def read_space(path: str | Path) -> dict:
     """The mapping of a space YAML file (checked by :func:`parse_space`)."""
-    import yaml
+    from ..train.setup.yaml_file import read_yaml_file
 
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ValueError(f"cannot read the space file {path}: {e.strerror}") from e
-    try:
-        values = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from e
+    values = read_yaml_file(path, "space file")
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of option names to ranges, e.g. "
                          f"\"lr: {{low: 1.0e-4, high: 0.1, log: true}}\"; got {type(values).__name__}")

@@ -106,9 +106,9 @@ class TrainConfig:
     sigma_final: float = opt(1.0, "sigma factor at the last step")
     lr_schedule: str | None = opt(help="lr over the steps", choices=SCHEDULES, per_task=True)
     lr_final: float | None = opt(help="lr factor at the last step", per_task=True)
-    eval_every: int = opt(0, "steps between evaluations (0: a tenth of the run)")
+    eval_every: int = opt(0, "steps between evaluations, after the one at step 0 (0: a tenth of the run)")
     eval_seconds: float = opt(0.0, "also evaluate once this many seconds have passed since the last evaluation "
-                              "(0: by steps only)")
+                              "(0: by steps only; with --time-budget and no --eval-every, a tenth of the budget)")
     time_budget: float | None = opt(help="stop once training has run this many seconds (the run ends as a "
                                     "finished one, at that step)")
     log: str | None = opt(help="experiment trackers, comma-separated: tensorboard, wandb, mlflow; none for no "
@@ -203,18 +203,9 @@ class TrainConfig:
     @classmethod
     def read_yaml(cls, path: str | Path) -> dict:
         """The options a YAML (or JSON) file sets, checked against the fields (as from_dict does)."""
-        import yaml
+        from .yaml_file import read_yaml_file
 
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ValueError(f"cannot read the config file {path}: {e.strerror}") from e
-        try:
-            values = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path} is not valid YAML: {str(e).splitlines()[0]}"
-                             + (f" (line {e.problem_mark.line + 1})" if getattr(e, "problem_mark", None)
-                                else "")) from e
+        values = read_yaml_file(path) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of options; got {type(values).__name__}")
         types = {f.name: f.type for f in dataclasses.fields(cls)}

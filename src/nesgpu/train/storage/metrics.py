@@ -126,7 +126,8 @@ def plot_curve(rows: list[dict], metric: str, path: Path, title: str) -> bool:
 def curve_figure(rows: list[dict], metric: str, title: str):
     """The learning curve against steps, one axis per quantity, each named with its sign. A supervised run
     (rows with ``train_loss``): the training loss (an ES member's fitness is its negated loss) above the
-    evaluation metric. An RL run (``eval_return``): the training episodes' mean return and the evaluation
+    evaluation metric. A generation task (``reward_mean``): the training reward (the raw one, of the members and
+    the best member) above the metric. An RL run (``eval_return``): the training episodes' mean return and the evaluation
     return on one axis. Any other task: its mean fitness above its metric. Every metric is higher-better."""
     import matplotlib.pyplot as plt
 
@@ -145,6 +146,13 @@ def curve_figure(rows: list[dict], metric: str, title: str):
             es = any(r.get("fitness_mean") is not None for r in rows)
             _line(axes[0], rows, "train_loss", None)
             axes[0].set_ylabel("training loss (lower is better)" + ("\nES fitness = -loss" if es else ""))
+        elif any(r.get("reward_mean") is not None for r in rows):  # a generation task: its raw reward
+            _line(axes[0], rows, "reward_mean", "mean over the members")
+            points = [(r["step"], r["reward_best"]) for r in rows if r.get("reward_best") is not None]
+            if points:
+                axes[0].plot(*zip(*points), color="tab:green", alpha=0.6, label="best member")
+            axes[0].set_ylabel("training reward (higher is better)")
+            axes[0].legend(loc="best")
         else:
             _line(axes[0], rows, "fitness_mean", None)
             axes[0].set_ylabel("mean fitness (higher is better)")
