@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,10 +24,18 @@ def hf_directory(model: str | None) -> Path:
     if not model or not model.startswith(HF) or len(model) == len(HF):
         raise ValueError(f"the language-model tasks need --model hf:DIR, a local Hugging Face model directory; got "
                          f"{model!r}")
-    directory = Path(model[len(HF):]).expanduser()
+    try:
+        directory = Path(model[len(HF):]).expanduser()
+    except RuntimeError as e:  # ~nobody: no such user
+        raise ValueError(f"--model {model}: {e}") from e
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} is not a Hugging Face model directory (no config.json); expected what "
                          f"save_pretrained writes")
+    try:
+        json.loads((directory / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{directory / 'config.json'} cannot be read as JSON ({e}); expected what save_pretrained "
+                         f"writes") from e
     return directory
 
 
@@ -36,9 +45,19 @@ def load_causal_lm(directory: Path, **options) -> nn.Module:
     import torch
 
     try:
-        model = _causal_lm_class(directory).from_pretrained(directory, local_files_only=True, **options).eval()
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{directory} holds no causal language model transformers can load ({e})") from e
+        model, info = _causal_lm_class(directory).from_pretrained(directory, local_files_only=True,
+                                                                   output_loading_info=True, **options)
+    except Exception as e:  # a truncated or garbage weights file, a pickle that is no tensor: its loader's words
+        raise ValueError(f"{directory} holds no causal language model transformers can load "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+    for what, names in (("has no weights for", info.get("missing_keys")),
+                        ("has weights the config has no place for:", info.get("unexpected_keys")),
+                        ("has weights of another shape for", info.get("mismatched_keys"))):
+        if names:  # transformers would initialise them at random (or drop them) with a log line only
+            names = sorted(str(n if isinstance(n, str) else n[0]) for n in names)
+            raise ValueError(f"{directory}: the checkpoint {what} {names[:3]}{' ...' if len(names) > 3 else ''} "
+                             f"({len(names)} tensors); its config.json does not describe these weights")
+    model.eval()
     with torch.device("meta"):  # the architecture's own model, without memory or initialisation
         fresh = type(model)(model.config)
     fixed = {n for n, p in fresh.named_parameters() if not p.requires_grad}
@@ -88,7 +107,12 @@ class PretrainedGenerationTask(GenerationTask):
         super().__init__(tokenizer=load_tokenizer(directory) if tokenizer is None else tokenizer, **options)
 
     def make_model(self, hidden, model: str) -> nn.Module:
-        return load_causal_lm(self.directory, dtype=self.dtype or "auto")
+        lm = load_causal_lm(self.directory, dtype=self.dtype or "auto")
+        rows = lm.get_input_embeddings().num_embeddings
+        if len(self.tokenizer) > rows:  # ids past the table would fail deep inside the embedding
+            raise ValueError(f"the tokenizer in {self.directory} has {len(self.tokenizer)} tokens, but the model's "
+                             f"embedding has {rows} rows; use the tokenizer the model was trained with")
+        return lm
 
     def save(self, model: nn.Module, directory: Path) -> None:
         """``model`` and the tokenizer in ``directory`` (save_pretrained), for ``from_pretrained``."""

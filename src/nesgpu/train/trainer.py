@@ -28,7 +28,7 @@ from .loop import Interrupted, Loop, Progress, check_finite, shown_statistics
 from .setup.build import Built, build, check_own, resolve_device
 from .setup.config import TrainConfig, is_supervised, resolve_for
 from .storage import rundir
-from .storage.checkpoint import require_safetensors, save_weights, write_json
+from .storage.checkpoint import require_safetensors, save_weights, write_directory, write_json
 from .storage.loggers import make_loggers
 from .storage.metrics import MetricsLog, plot_curve
 from .storage.resume import resume as resume_run
@@ -207,7 +207,7 @@ def _write_results(cfg: TrainConfig, out: Path, built: Built, summary: dict, met
     save_weights(built.model, out / "model.safetensors", metadata={"nesgpu_config": cfg.to_json(),
                                                                     "nesgpu_version": __version__})
     if isinstance(built.task, SavesModel):  # e.g. a language model, for from_pretrained
-        built.task.save(built.model, out / "hf")
+        write_directory(out / "hf", lambda tmp: built.task.save(built.model, tmp))  # atomically, files 0644
     plot_curve(metrics.rows, built.task.metric, out / "curve.png", f"{cfg.task}: {cfg.strategy}, {cfg.layer}")
     write_json(out / "summary.json", summary)
     log(f"{cfg.task}: {built.task.metric} = {summary['value']:.4f} after {built.step.step} steps in "

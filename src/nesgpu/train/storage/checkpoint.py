@@ -113,11 +113,7 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
 
 def save_checkpoint(directory: Path, model: nn.Module, state: dict) -> None:
     """Write ``directory`` = {model.safetensors, state.pt}, replacing any previous one atomically."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
-    try:
-        os.chmod(tmp, 0o755)
+    def write(tmp: Path) -> None:
         save_weights(model, tmp / WEIGHTS)
         with open(tmp / STATE, "wb") as f:
             try:
@@ -126,6 +122,21 @@ def save_checkpoint(directory: Path, model: nn.Module, state: dict) -> None:
                 raise write_failure(f, directory, e) from e
             f.flush()
             os.fsync(f.fileno())
+    write_directory(directory, write)
+
+
+def write_directory(directory: Path, write) -> None:
+    """``write(tmp)`` fills a new directory beside ``directory``, which then replaces ``directory`` atomically
+    (a failure leaves the old one as it was); its files are made 0644 and its directories 0755, as run files
+    are (some writers, e.g. ``save_pretrained``, make 0600 temporary files)."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    try:
+        write(tmp)
+        for path in (tmp, *tmp.rglob("*")):
+            if not path.is_symlink():
+                os.chmod(path, 0o755 if path.is_dir() else 0o644)
         prev = directory.with_name(directory.name + ".prev")
         if prev.exists():
             shutil.rmtree(prev)
