@@ -135,6 +135,7 @@ class Population:
             else:
                 with self.autocast():
                     fitness, info = task.fitness(self.pm, step)
+            check_block_fitness(task, fitness, info, len(block))
             parts.append(fitness.to(torch.float32 if fitness.dtype in (torch.bfloat16, torch.float16)
                                     else fitness.dtype))
             if sq_norms:
@@ -169,6 +170,22 @@ class Population:
         for block in self.blocks.update_blocks():
             self._draw(self.step, block, sigma)
             self.pm.update(weights[..., block.start:block.stop], sigma)
+
+def check_block_fitness(task, fitness, info, directions: int) -> None:
+    """What ``task.fitness`` gave for a block of ``directions``: a real tensor (R, directions) and a dict; else
+    an error naming the task and what was expected (not a failure deep inside the exchange or the strategy)."""
+    name = type(task).__name__
+    if not isinstance(fitness, torch.Tensor) or fitness.is_complex() or fitness.dtype == torch.bool:
+        got = fitness.dtype if isinstance(fitness, torch.Tensor) else type(fitness).__name__
+        raise TypeError(f"{name}.fitness must return (a real torch.Tensor of shape (R, {directions}), a dict); "
+                        f"got {got} as the fitness")
+    if fitness.dim() != 2 or fitness.shape[1] != directions:
+        raise ValueError(f"{name}.fitness must return fitness of shape (R, {directions}): R repeats of the "
+                         f"block's {directions} directions; got shape {tuple(fitness.shape)}")
+    if not isinstance(info, dict):
+        raise TypeError(f"{name}.fitness must return (fitness, a dict of statistics); got {type(info).__name__} as "
+                        f"the statistics")
+
 
 class _BlockTotals:
     """This process's step statistics from its blocks: the task's summed ones added, the others weighted by

@@ -73,3 +73,21 @@ def test_a_budgeted_run_evaluates_every_tenth_of_its_budget(tmp_path, monkeypatc
     evaluated = [r["step"] for r in rows if "mean_reward" in r]
     assert evaluated[0] == 0 and len(evaluated) >= 5  # step 0, then about every 4 s of a 40 s budget
     assert max(b - a for a, b in zip(evaluated, evaluated[1:])) < 10 ** 5
+
+
+def test_a_samples_file_cut_short_by_a_kill_still_resumes(tmp_path):
+    cfg = TrainConfig(steps=2, population=8, sigma=0.5, eval_every=1, log="none", out=str(tmp_path))
+    train(cfg, model=tiny_llama(), task=task(), log=lambda *a, **k: None)
+    samples = tmp_path / "samples.jsonl"
+    whole = samples.read_text()
+    samples.write_text(whole + '{"step": 3, "prompt": "1+')  # a kill in the middle of a line
+    lines = []
+    train(TrainConfig(steps=3, population=8, sigma=0.5, eval_every=1, log="none", out=str(tmp_path)),
+          model=tiny_llama(), task=task(), resume=True, log=lines.append)
+    assert any("its last line was cut short" in line for line in lines)
+    first = whole.splitlines()
+    first[1] = "not json"
+    samples.write_text("\n".join(first) + "\n")
+    with pytest.raises(ValueError, match=r"samples.jsonl, line 2, is not a sample .*move the file away"):
+        train(TrainConfig(steps=4, population=8, sigma=0.5, eval_every=1, log="none", out=str(tmp_path)),
+              model=tiny_llama(), task=task(), resume=True, log=lambda *a, **k: None)

@@ -102,3 +102,10 @@ def test_run_hf_is_written_whole_with_files_for_everyone_to_read(tmp_path):
     files = [p for p in (out / "hf").rglob("*") if p.is_file()]
     assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in files)
     assert not list(out.glob(".hf.tmp-*")) and not (out / "hf.prev").exists()
+
+
+def test_hidden_sizes_for_a_checkpoints_task_are_refused(tmp_path):
+    hf = saved(tmp_path / "m")
+    with pytest.raises(ValueError, match="option 'hidden' \\(= 8\\) does not apply to task 'arithmetic'"):
+        TrainConfig(task="arithmetic", model=f"hf:{hf}", hidden=(8,)).resolved()
+    assert TrainConfig(task="arithmetic", model=f"hf:{hf}").resolved().hidden == ()

@@ -143,3 +143,46 @@ def test_compare_and_tune_take_your_model_and_task(tmp_path):
                  trials=2, out=tmp_path / "tune", model=model, task=toy_task(), plots=False, log=quiet)
     assert len([t for t in study.trials if t.value is not None]) == 2
     assert all(torch.equal(p, q) for p, q in zip(before, model.parameters()))
+
+
+class Sequential2(nn.Sequential):
+    """The same parameter names as toy_model's: only the class tells them apart."""
+
+
+def test_another_model_class_or_task_name_is_refused_by_load_run_and_resume(tmp_path):
+    train(config(tmp_path, steps=2), model=toy_model(), task=toy_task(), log=quiet)
+    other = Sequential2(*toy_model())
+    with pytest.raises(ValueError, match=r"saved from a torch.nn.modules.container.Sequential; got a .*Sequential2"):
+        nesgpu.load_run(tmp_path / "run", model=other, task=toy_task())
+    renamed = toy_task()
+    renamed.name = "other"
+    with pytest.raises(ValueError, match="trained task 'custom:toy'; got a task named 'custom:other'"):
+        nesgpu.load_run(tmp_path / "run", model=toy_model(), task=renamed)
+    with pytest.raises(ValueError, match="got a .*Sequential2"):
+        train(config(tmp_path, steps=4), model=Sequential2(*toy_model()), task=toy_task(), resume=True, log=quiet)
+    train(config(tmp_path, steps=4), model=toy_model(), task=toy_task(), resume=True, log=quiet)  # the same: fine
+
+
+class Broken(Target):
+    def __init__(self, fitness=None, value=None):
+        super().__init__()
+        self.bad_fitness, self.value = fitness, value
+
+    def fitness(self, pm, step):
+        good, info = super().fitness(pm, step)
+        return (good if self.bad_fitness is None else self.bad_fitness(good)), info
+
+    def evaluate(self, model):
+        return super().evaluate(model) if self.value is None else self.value
+
+
+@pytest.mark.parametrize("task, error, match", [
+    (Broken(fitness=lambda f: f.tolist()), TypeError, r"Broken.fitness must return \(a real torch.Tensor of shape "
+                                                      r"\(R, 4\), a dict\); got list"),
+    (Broken(fitness=lambda f: f.flatten()), ValueError, r"fitness of shape \(R, 4\).*got shape \(8,\)"),
+    (Broken(fitness=lambda f: f.T), ValueError, r"got shape \(4, 2\)"),
+    (Broken(value="0.5"), TypeError, r"Broken.evaluate must return a number \(its 'minus_error'\); got str"),
+])
+def test_a_custom_task_that_breaks_the_protocol_is_named(tmp_path, task, error, match):
+    with pytest.raises(error, match=match):
+        train(TrainConfig(out=str(tmp_path / "t"), log="none"), task=task, log=quiet)

@@ -72,14 +72,29 @@ class Loop:
             self.target = None
         if cfg.time_budget is not None and self.distributed:
             raise ValueError("time_budget cannot stop a torchrun job (the ranks would not stop together); use --steps")
-        samples = self.out / "samples.jsonl"
-        if self.main and samples.is_file():  # a resumed run: the samples after its checkpoint go, as metrics rows do
-            kept = [line for line in samples.read_text().splitlines(keepends=True)
-                    if json.loads(line)["step"] <= self.stepper.step]
-            samples.write_text("".join(kept))
+        if self.main:
+            self._keep_samples_to(self.stepper.step)
         if cfg.eval_seconds and self.stepper.needs_sync:
             raise ValueError("eval_seconds cannot time the evaluations of a sharded job (every rank gathers the "
                              "weights at the same step); use --eval-every")
+
+    def _keep_samples_to(self, step: int) -> None:
+        """A resumed run: the samples after its checkpoint go, as metrics rows do (a line cut short by a kill
+        is dropped with a warning; any other damage is an error naming the file)."""
+        samples = self.out / "samples.jsonl"
+        if not samples.is_file():
+            return
+        lines, kept = samples.read_text().splitlines(keepends=True), []
+        for number, line in enumerate(lines, 1):
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError) as e:
+                if number < len(lines):
+                    raise ValueError(f"{samples}, line {number}, is not a sample ({e}); move the file away to "
+                                     f"resume without it") from e
+                self.log(f"warning: {samples}: its last line was cut short (a killed run); it is dropped")
+        samples.write_text("".join(kept))
 
     def run(self) -> None:
         """Steps until ``cfg.steps``, a target, the time budget, the callback or a stop request."""
@@ -140,7 +155,7 @@ class Loop:
         """A new run's first point: the metric of the model before any step (and its samples), as step 0. A
         sharded job has none: gathering its state before the first step would initialise the optimizer's."""
         if self.stepper.step == 0 and self.main and not self.stepper.needs_sync:
-            row = {"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: self.task.evaluate(self.stepper.model)}
+            row = {"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: evaluated(self.task, self.stepper.model)}
             self._write_samples(0)
             self.metrics.write(row)
 
@@ -159,7 +174,7 @@ class Loop:
         stop = None
         if self._eval_due(step):
             metric = self.task.metric
-            row[metric] = self.task.evaluate(self.stepper.model)
+            row[metric] = evaluated(self.task, self.stepper.model)
             self.progress.last_eval = self.progress.elapsed
             self._write_samples(step)
             if self.target is not None and row[metric] >= self.target:
@@ -204,6 +219,17 @@ class Loop:
             "env_steps": self.progress.env_steps, "config": dataclasses.asdict(self.cfg),
             "stopped": [self.progress.stopped, self.progress.stopped_value]})
         self.progress.last_checkpoint = step
+
+
+def evaluated(task, model) -> float:
+    """``task.evaluate(model)``, checked: a real number (the metric), else an error naming the task."""
+    value = task.evaluate(model)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{type(task).__name__}.evaluate must return a number (its {task.metric!r}); got "
+                        f"{type(value).__name__} {value!r:.40}")
+    return float(value)
 
 
 def shown_statistics(task, progress_key: str) -> tuple[str, ...]:
@@ -262,4 +288,4 @@ def _progress_bar(total: int, initial: int):
     return tqdm(total=total, initial=initial, disable=not sys.stderr.isatty(), unit="step", dynamic_ncols=True)
 
 
-__all__ = ["Interrupted", "Loop", "Progress", "check_finite", "shown_statistics"]
+__all__ = ["Interrupted", "Loop", "Progress", "check_finite", "evaluated", "shown_statistics"]

@@ -24,7 +24,7 @@ from torch import nn
 from ..distributed import Ranks, init_from_environment, shutdown
 from ..tasks.protocol import SavesModel
 from ..version import __version__
-from .loop import Interrupted, Loop, Progress, check_finite, shown_statistics
+from .loop import Interrupted, Loop, Progress, check_finite, evaluated, shown_statistics
 from .setup.build import Built, build, check_own, resolve_device
 from .setup.config import TrainConfig, is_supervised, resolve_for
 from .storage import rundir
@@ -195,7 +195,7 @@ def _write_results(cfg: TrainConfig, out: Path, built: Built, summary: dict, met
     """Rank 0: the final evaluation, the weights, the curve and summary.json."""
     log(f"final evaluation of the model after step {built.step.step} ({built.task.metric})")
     started = time.perf_counter()
-    summary["value"] = built.task.evaluate(built.model)
+    summary["value"] = evaluated(built.task, built.model)
     final = time.perf_counter() - started  # summary.json's seconds: the training and this evaluation
     summary.update(seconds=round(progress.elapsed + final, 3), final_evaluation_seconds=round(final, 3))
     metric = built.task.metric  # the best evaluation of the run (its earlier evaluations and this one)

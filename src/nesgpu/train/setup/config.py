@@ -31,7 +31,7 @@ from .defaults import (
 )
 from .initialization import INITS
 from .options import STRATEGY, TASK, task_key
-from .validation import check_strategy_options, validate
+from .validation import check_hidden_applies, check_strategy_options, validate
 
 
 def field_defaults() -> dict:
@@ -142,6 +142,7 @@ class TrainConfig:
             defaults = field_defaults()
             expand_preset(values, {name for name, value in values.items() if value != defaults[name]})
         defaults = presets(values["task"], values["model"], values["strategy"])
+        check_hidden_applies(values)
         check_strategy_options(values, defaults["strategy"], field_defaults(), defaults, tuned_options(values["task"]))
         # what RL runs resolve to (a printed config of one) and ars's clip, which older runs recorded for every task
         TASK.drop_foreign(values, task_key(values["task"]), allowed={"observation_clip": 0.0, "policy_output": "tanh"})
@@ -238,11 +239,16 @@ def expand_preset(values: dict, given) -> None:
     values["preset"] = None
 
 
+def custom_label(task) -> str:
+    """The task name a run of the user's own ``task`` records: ``custom:<its name or class name>``."""
+    return f"{CUSTOM}{getattr(task, 'name', None) or type(task).__name__}"
+
+
 def labelled(cfg: TrainConfig, task) -> TrainConfig:
     """``cfg`` for a run of the user's own ``task`` object: labelled ``custom:<its name>`` (unless it is
     already) and with the task's ``defaults`` mapping, if it has one, in the options left unset (None)."""
     name = getattr(task, "name", None) or type(task).__name__
-    label = cfg.task if cfg.task.startswith(CUSTOM) else f"{CUSTOM}{name}"
+    label = cfg.task if cfg.task.startswith(CUSTOM) else custom_label(task)
     defaults = getattr(task, "defaults", None) or {}
     if not isinstance(defaults, dict):
         raise TypeError(f"a task's defaults must be a dict of TrainConfig options; got {type(defaults).__name__}")
@@ -273,5 +279,6 @@ def resolve_for(cfg: TrainConfig, task=None) -> TrainConfig:
     return labelled(cfg, task).resolved()
 
 
-__all__ = ["BACKPROP", "CUSTOM", "STRATEGY_CHOICES", "TASK_DEFAULTS", "TrainConfig", "compiles", "is_supervised",
+__all__ = ["BACKPROP", "CUSTOM", "STRATEGY_CHOICES", "TASK_DEFAULTS", "TrainConfig", "compiles", "custom_label",
+           "is_supervised",
            "labelled", "presets", "resolve_for", "torch_env_tasks"]

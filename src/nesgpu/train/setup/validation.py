@@ -12,6 +12,7 @@ from ...layers.lowbit import check_low_bit_options
 from ...options import check_type
 from ...strategies import STRATEGIES
 from ...tasks import SUPERVISED, task_spec
+from ...tasks import TASKS as TASKS_BY_NAME
 from .defaults import BACKPROP, CUSTOM, ES_ONLY, is_supervised, torch_env_tasks
 from .options import STRATEGY, TASK, task_key
 
@@ -36,6 +37,16 @@ def validate(cfg) -> None:
             isinstance(cfg.chunk_size, int) and 1 <= cfg.chunk_size <= cfg.directions):
         raise ValueError(f"chunk_size must be 'auto' or a number of directions in [1, {cfg.directions}]; "
                          f"got {cfg.chunk_size!r}")
+
+
+def check_hidden_applies(values: dict) -> None:
+    """``hidden`` sizes given for a task whose model is a loaded checkpoint (``hf:DIR``) would be recorded and
+    ignored: an error (before the task's default, no hidden layers, fills them in)."""
+    if values["task"] not in TASKS_BY_NAME or not values.get("hidden"):
+        return
+    if task_spec(values["task"]).model_prefix is not None:
+        raise ValueError(f"option 'hidden' (= {','.join(map(str, values['hidden']))}) does not apply to task "
+                         f"{values['task']!r}: its model is the checkpoint --model names, as it is; drop it")
 
 
 def _check_model(cfg) -> None:

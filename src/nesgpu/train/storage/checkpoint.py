@@ -55,6 +55,12 @@ def require_safetensors() -> None:
 
 
 TIED = "nesgpu_tied"  # metadata key: {name: the name whose tensor it shares} (tied weights are stored once)
+MODEL_CLASS = "nesgpu_model_class"  # metadata key: the class of the model the weights were saved from
+
+
+def class_name(model: nn.Module) -> str:
+    """``model``'s class as ``module.QualifiedName``: what a weights file records it was saved from."""
+    return f"{type(model).__module__}.{type(model).__qualname__}"
 
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -76,7 +82,7 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
         overlaps = value.numel() and storage in storages  # another view of a stored tensor: a copy of its own
         storages.add(storage)
         tensors[name] = value.contiguous().cpu().clone() if overlaps else value.contiguous().cpu()
-    meta = dict(metadata or {})
+    meta = {**(metadata or {}), MODEL_CLASS: class_name(model)}
     if tied:
         meta[TIED] = json.dumps(tied)
     atomic_write_bytes(Path(path), save(tensors, metadata=meta or None))
@@ -93,6 +99,10 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
             tensors = {name: f.get_tensor(name) for name in f.keys()}
     except Exception as e:
         raise ValueError(f"cannot read weights {path}: the file is corrupt or not safetensors ({e})") from e
+    saved_from = metadata.get(MODEL_CLASS)  # older files did not say
+    if saved_from is not None and saved_from != class_name(model):  # the same names can hide another network
+        raise ValueError(f"weights {path} were saved from a {saved_from}; got a {class_name(model)} to load them into "
+                         f"(pass the model class the run trained)")
     try:
         tied = json.loads(metadata.get(TIED, "{}"))
         tensors.update({name: tensors[first] for name, first in tied.items()})

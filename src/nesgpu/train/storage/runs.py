@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..setup.build import build, resolve_device
-from ..setup.config import CUSTOM, TrainConfig, is_supervised, resolve_for
+from ..setup.config import CUSTOM, TrainConfig, custom_label, is_supervised, resolve_for
 from ..setup.options import own_only
 from . import rundir
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
@@ -47,6 +47,9 @@ def read_config(directory: Path, task=None) -> TrainConfig:
     if cfg.task.startswith(CUSTOM) and task is None:
         raise ValueError(f"{directory} trained a task of your own ({cfg.task}); pass it (and its model unless the "
                          f"task makes it): load_run({str(directory)!r}, task=..., model=...)")
+    if task is not None and cfg.task != custom_label(task):
+        raise ValueError(f"{directory} trained task {cfg.task!r}; got a task named {custom_label(task)!r} (pass the "
+                         f"task the run trained)")
     return resolve_for(cfg, task)
 
 
