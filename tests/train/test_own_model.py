@@ -186,3 +186,11 @@ class Broken(Target):
 def test_a_custom_task_that_breaks_the_protocol_is_named(tmp_path, task, error, match):
     with pytest.raises(error, match=match):
         train(TrainConfig(out=str(tmp_path / "t"), log="none"), task=task, log=quiet)
+
+
+def test_a_model_with_nan_weights_is_refused_before_any_step(tmp_path):
+    model = toy_model()
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"weights \['0.weight'\] hold NaN or infinity before the first step"):
+        train(config(tmp_path), model=model, task=toy_task(), log=quiet)

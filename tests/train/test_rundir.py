@@ -446,3 +446,16 @@ def test_summary_says_why_the_run_stopped_its_best_value_and_size(tmp_path, opti
     evaluations = [float(r[summary["metric"]]) for r in rows if r[summary["metric"]]]
     assert written["best"] == max(evaluations + [written["value"]]) >= written["value"]
     assert written["parameters"] == 4 * 4 + 4 + 4 * 2 + 2  # cartpole's MLP, hidden 4: 4 -> 4 -> 2
+
+
+def test_an_out_that_is_a_dangling_symlink_is_named_as_one(tmp_path):
+    link = tmp_path / "run"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(ValueError, match=r"is a symbolic link to .*gone, which does not exist"):
+        train(TrainConfig(**RUN, out=str(link)), log=quiet)
+
+
+def test_a_checkpoints_task_without_model_says_so():
+    with pytest.raises(ValueError, match="needs --model hf:DIR, a local Hugging Face model directory; no --model was "
+                                         "given"):
+        TrainConfig(task="arithmetic").resolved()

@@ -203,7 +203,7 @@ def add_compare_parser(commands) -> None:
     from .train_cli import _hidden
 
     p = commands.add_parser("compare", help="ES and backprop side by side under one wall-clock budget",
-                            description=__doc__.splitlines()[0])
+                            description=__doc__.splitlines()[0].replace("``", ""))  # plain text in --help
     p.add_argument("--task", default="digits", help="a supervised task (default: digits)")
     p.add_argument("--time-budget", "--budget", dest="budget", type=float, default=60.0,
                    help="seconds of training per run, as train's --time-budget (default: 60)")

@@ -154,10 +154,13 @@ class Loop:
     def _evaluate_start(self) -> None:
         """A new run's first point: the metric of the model before any step (and its samples), as step 0. A
         sharded job has none: gathering its state before the first step would initialise the optimizer's."""
-        if self.stepper.step == 0 and self.main and not self.stepper.needs_sync:
-            row = {"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: evaluated(self.task, self.stepper.model)}
+        if self.stepper.step != 0 or self.stepper.needs_sync:
+            return
+        check_start_finite(self.stepper.model)  # every rank: they stop together
+        if self.main:
+            metric = evaluated(self.task, self.stepper.model)
             self._write_samples(0)
-            self.metrics.write(row)
+            self.metrics.write({"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: metric})
 
     def _out_of_time(self) -> bool:
         return self.cfg.time_budget is not None and self.progress.elapsed >= self.cfg.time_budget
@@ -267,6 +270,16 @@ def check_finite(stepper: Stepper, step: int, last_good: int | None, checkpoint:
         advice = f"the checkpoint of step {last_good} is kept; resume it with a smaller {sizes}"
     raise ValueError(f"step {step} made non-finite values in {bad[:4]}{' ...' if len(bad) > 4 else ''}; the run "
                      f"stops: {advice}")
+
+
+def check_start_finite(model) -> None:
+    """Refuse a model whose weights are NaN or infinite before any step (no step size is to blame then)."""
+    tensors = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
+    if not tensors or bool(torch.stack([torch.isfinite(p).all() for _, p in tensors]).all()):
+        return
+    bad = [n for n, p in tensors if not bool(torch.isfinite(p).all())]
+    raise ValueError(f"the model's weights {bad[:4]}{' ...' if len(bad) > 4 else ''} hold NaN or infinity before "
+                     f"the first step: the model passed in (or the checkpoint it was loaded from) is damaged")
 
 
 def _largest_weight(checkpoint: Path | None, parameters: set[str]) -> float | None:

@@ -53,8 +53,9 @@ def _check_model(cfg) -> None:
     spec = task_spec(cfg.task)
     if spec.model_prefix is not None:  # a location: hf:DIR
         if not cfg.model.startswith(spec.model_prefix) or cfg.model in spec.models:
+            got = "no --model was given" if cfg.model in spec.models else f"got {cfg.model!r}"
             raise ValueError(f"task {cfg.task!r} needs --model {spec.models[0]}, a local Hugging Face model "
-                             f"directory; got {cfg.model!r}")
+                             f"directory; {got}")
         return
     if cfg.model not in spec.models:
         raise ValueError(f"unknown model {cfg.model!r} for task {cfg.task!r}; expected one of {list(spec.models)}")

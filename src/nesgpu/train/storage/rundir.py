@@ -139,6 +139,9 @@ class RunLock:
         out = self.path.parent
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; expected a directory for the run")
+        if out.is_symlink() and not out.exists():
+            raise ValueError(f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist; create "
+                             f"that directory or choose another --out")
         self.created = not out.exists()
         try:
             out.mkdir(parents=True, exist_ok=True)
