@@ -90,6 +90,23 @@ def test_an_old_run_left_aside_by_a_killed_overwrite_is_named_not_deleted(tmp_pa
     assert (aside / "summary.json").read_text() == "{}"
 
 
+def test_eval_after_a_killed_overwrite_names_the_run_moved_aside(tmp_path):
+    import os
+
+    import nesgpu
+
+    out = tmp_path / "run"
+    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    aside = out / ".replaced-4242"  # SIGKILL during the new run's first step: its config.json, no weights
+    aside.mkdir()
+    for name in os.listdir(out):
+        if name not in (".replaced-4242", "config.json"):
+            os.replace(out / name, aside / name)
+    with pytest.raises(ValueError, match=r"holds no weights yet .*replaced-4242 holds the run an --overwrite moved "
+                                         r"aside .*move its files back"):
+        nesgpu.load_run(out)
+
+
 def test_an_allocation_failure_is_one_line_and_keeps_the_old_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     args = ["train", "--task", "cartpole", "--steps", "2", "--population", "8", "--hidden", "4", "--out", str(out)]

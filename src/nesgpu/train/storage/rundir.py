@@ -79,6 +79,16 @@ def check(out: Path, resume: bool, overwrite: bool) -> None:
                          f"replace it")
 
 
+def moved_aside(out: Path) -> str:
+    """A sentence naming the old runs an --overwrite moved aside in ``out`` and could not put back ("" if none),
+    for errors about a run directory that holds no usable run."""
+    asides = sorted(str(a) for a in Path(out).glob(f"{REPLACED}-*"))
+    if not asides:
+        return ""
+    return (f"; {asides[0]} holds the run an --overwrite moved aside before its process was killed: move its files "
+            f"back into {out} to use it")
+
+
 def clear(out: Path) -> None:
     """Remove what killed writes left behind (a checkpoint directory or a file being written)."""
     for leftover in out.glob(".*.tmp-*"):

@@ -35,7 +35,7 @@ def read_config(directory: Path, task=None) -> TrainConfig:
     """A run directory's resolved config (``config.json``)."""
     config_path = directory / "config.json"
     if not config_path.is_file():
-        raise ValueError(f"{directory} is not a run directory (no config.json)")
+        raise ValueError(f"{directory} is not a run directory (no config.json){rundir.moved_aside(directory)}")
     try:
         values = json.loads(config_path.read_text())
     except json.JSONDecodeError as e:
@@ -77,7 +77,7 @@ def load_run(directory: str | Path, device: str = "auto", model: nn.Module | Non
                       f"continue it with nesgpu train --resume {directory}", stacklevel=2)
     else:
         raise ValueError(f"{directory} holds no weights yet (no model.safetensors, no checkpoint): the run stopped "
-                         f"before its first checkpoint")
+                         f"before its first checkpoint{rundir.moved_aside(directory)}")
     bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         raise ValueError(f"{directory / 'model.safetensors'} holds non-finite values in {bad[:4]}; the run diverged")
