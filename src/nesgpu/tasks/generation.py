@@ -123,7 +123,7 @@ class GenerationTask:
         members' rewards, and the share of the step's prompts whose rewards are not all alike."""
         signs = fitness.shape[0] // self.prompts_per_step
         members = fitness.view(signs, self.prompts_per_step, -1).mean(1).flatten()
-        by_prompt = fitness.view(signs, self.prompts_per_step, -1).transpose(0, 1).reshape(self.prompts_per_step, -1)
+        by_prompt = self._by_prompt(fitness)
         spread = (by_prompt.amax(1) > by_prompt.amin(1)).to(fitness.dtype).mean()
         return {"reward_mean": members.mean(), "reward_std": members.std(unbiased=False),
                 "reward_best": members.max(), "prompts_with_spread": spread}
@@ -135,10 +135,15 @@ class GenerationTask:
         if self.shaping == "none":
             return fitness
         signs = fitness.shape[0] // self.prompts_per_step
-        by_prompt = fitness.view(signs, self.prompts_per_step, -1).transpose(0, 1).reshape(self.prompts_per_step, -1)
+        by_prompt = self._by_prompt(fitness)
         mean, std = by_prompt.mean(1, keepdim=True), by_prompt.std(1, unbiased=False, keepdim=True)
         shaped = torch.where(std > 0, (by_prompt - mean) / std.clamp_min(1e-12), torch.zeros_like(by_prompt))
         return shaped.view(self.prompts_per_step, signs, -1).transpose(0, 1).reshape(fitness.shape)
+
+    def _by_prompt(self, fitness: torch.Tensor) -> torch.Tensor:
+        """(signs * prompts, D) -> (prompts, signs * D): each prompt's rewards over every member."""
+        signs = fitness.shape[0] // self.prompts_per_step
+        return fitness.view(signs, self.prompts_per_step, -1).transpose(0, 1).reshape(self.prompts_per_step, -1)
 
     def activation_bytes(self, pm: PerturbedModel) -> int:
         """Bytes the rows of one direction take in ``generate()``, which ``chunk="auto"`` counts: for each of

@@ -255,10 +255,9 @@ def check_finite(stepper: Stepper, step: int, last_good: int | None, checkpoint:
     tensors += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]  # observation statistics
     tensors += [(f"optimizer state {k}", v) for st in stepper.state_dict()["optimizer"]["state"].values()
                 for k, v in st.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    finite = torch.stack([torch.isfinite(t).all().to(tensors[0][1].device) for _, t in tensors])
-    if bool(finite.all()):  # one host read; the names only when something is wrong
+    bad = non_finite(tensors)
+    if not bad:
         return
-    bad = [n for (n, _), ok in zip(tensors, finite.tolist()) if not ok]
     sizes = "--lr" if stepper.chunk is None else "--lr or --sigma"  # backprop has no sigma
     largest = _largest_weight(checkpoint, {n for n, _ in model.named_parameters()}) if last_good else None
     if not last_good:
@@ -272,12 +271,21 @@ def check_finite(stepper: Stepper, step: int, last_good: int | None, checkpoint:
                      f"stops: {advice}")
 
 
+def non_finite(tensors: list) -> list[str]:
+    """The names among (name, tensor) pairs whose tensor holds NaN or infinity, in one host read."""
+    if not tensors:
+        return []
+    finite = torch.stack([torch.isfinite(t).all().to(tensors[0][1].device) for _, t in tensors])
+    if bool(finite.all()):  # the names only when something is wrong
+        return []
+    return [n for (n, _), ok in zip(tensors, finite.tolist()) if not ok]
+
+
 def check_start_finite(model) -> None:
     """Refuse a model whose weights are NaN or infinite before any step (no step size is to blame then)."""
-    tensors = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
-    if not tensors or bool(torch.stack([torch.isfinite(p).all() for _, p in tensors]).all()):
+    bad = non_finite([(n, p) for n, p in model.named_parameters() if p.is_floating_point()])
+    if not bad:
         return
-    bad = [n for n, p in tensors if not bool(torch.isfinite(p).all())]
     raise ValueError(f"the model's weights {bad[:4]}{' ...' if len(bad) > 4 else ''} hold NaN or infinity before "
                      f"the first step: the model passed in (or the checkpoint it was loaded from) is damaged")
 
