@@ -75,9 +75,10 @@ def pretrain(tokenizer, lines: list[str], steps: int, seed: int, batch: int = 12
     torch.manual_seed(seed)
     model = LlamaForCausalLM(llama_config(tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 3e-3, total_steps=steps, pct_start=0.05)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 3e-3, total_steps=steps, pct_start=max(0.05, 2 / steps))
     gen, equals = torch.Generator().manual_seed(seed), tokenizer.convert_tokens_to_ids("=")
-    for _ in range(steps):
+    start = shown = time.perf_counter()
+    for step in range(1, steps + 1):
         text = [lines[i] for i in torch.randint(len(lines), (batch,), generator=gen).tolist()]
         enc = tokenizer(text, return_tensors="pt", padding=True)
         answer = (enc.input_ids == equals).int().cumsum(1) > 0
@@ -87,6 +88,10 @@ def pretrain(tokenizer, lines: list[str], steps: int, seed: int, batch: int = 12
         loss.backward()
         optimizer.step()
         schedule.step()
+        if time.perf_counter() - shown >= 10 or step in (1, steps):  # progress, every 10 s
+            shown, elapsed = time.perf_counter(), time.perf_counter() - start
+            print(f"pretraining: step {step}/{steps}, loss {loss.item():.3f}, {elapsed:.0f} s, about "
+                  f"{elapsed / step * (steps - step):.0f} s to go", file=sys.stderr, flush=True)
     return model.eval()
 
 

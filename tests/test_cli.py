@@ -43,3 +43,15 @@ def test_no_parser_takes_a_prefix_of_a_flag(args, capsys):
     with pytest.raises(SystemExit) as exit:
         build_parser().parse_args(args)
     assert exit.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_a_value_that_starts_with_a_dash_gets_the_way_to_pass_it(capsys):
+    from nesgpu.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "layers", "--linear-sizes", "-8x8"])
+    err = capsys.readouterr().err
+    assert "write it as --linear-sizes=VALUE" in err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "layers", "--linear-sizes=-8x8"])
+    assert "expected OUTxIN with positive integers" in capsys.readouterr().err

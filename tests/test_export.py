@@ -86,3 +86,17 @@ def test_a_bf16_model_exports_without_the_perturbed_models_hooks():
     assert net._forward_pre_hooks and pm.master_state()
     plain = nesgpu.export(net)
     assert not plain._forward_pre_hooks and plain[0].weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("task, hidden, inputs", [("pendulum", (8,), lambda: torch.randn(5, 3)),
+                                                   ("cartpole", (), lambda: torch.randn(5, 4)),
+                                                   ("reverse", (16, 1), lambda: torch.randint(0, 10, (2, 12)))])
+def test_the_tasks_own_models_export_as_their_own_classes(task, hidden, inputs):
+    from nesgpu.tasks import make_task
+
+    model = nesgpu.convert(make_task(task).make_model(hidden), "lowrank")
+    plain = nesgpu.export(model)
+    assert type(plain) is type(model) and not any(isinstance(m, nesgpu.PerturbedModule) for m in plain.modules())
+    x = inputs()
+    with torch.no_grad():
+        assert torch.equal(plain(x), model(x))

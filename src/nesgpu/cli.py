@@ -17,6 +17,7 @@ register it in :func:`build_parser`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import signal
 import sys
@@ -60,6 +61,15 @@ class ExactFlags(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        """argparse reads a value that starts with '-' (``--linear-sizes -8x8``) as a flag and says only
+        "expected one argument"; say how to pass such a value."""
+        if message.endswith(("expected one argument", "expected at least one argument")):
+            flag = message.removeprefix("argument ").split(":")[0].split("/")[-1]
+            message += (f" (a value that starts with '-' is read as a flag: write it as {flag}=VALUE, "
+                        f"e.g. {flag}=-1)")
+        super().error(message)
 
 
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -121,30 +131,56 @@ def main(argv: list[str] | None = None) -> int:
         print("nesgpu: interrupted", file=sys.stderr)
         return 130
     args = parser.parse_args(argv)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _noting_ctrl_c() as pressed:
         warnings.showwarning = show_warning
         try:
             return args.func(args)
-        except (ValueError, TypeError, ImportError) as e:  # bad input: one clear line, not a traceback
-            parser.exit(2, f"nesgpu {args.command}: error: {e}\n")
-        except OSError as e:  # a full disk, a read-only path: the file, and why (checkpoints are written atomically)
-            where = f" ({e.filename})" if e.filename else ""
-            parser.exit(1, f"nesgpu {args.command}: error: {e.strerror or e}{where}; checkpoints are written "
-                           f"atomically, so the last one written (if any) is intact\n")
-        except (RuntimeError, MemoryError) as e:  # an allocation larger than the machine: one line, what to lower
-            from .memory import out_of_memory  # (here: --version runs without torch)
-            if not out_of_memory(e):
-                raise
-            parser.exit(1, f"nesgpu {args.command}: error: out of memory ({_asked(e)}); lower the sizes that "
-                           f"set it (--batch-size, --hidden, --population, --chunk-size, --episodes)\n")
-        except KeyboardInterrupt:  # a second Ctrl-C, or one outside the training loop
-            parser.exit(130, f"nesgpu {args.command}: interrupted\n")
-        except Exception as e:
-            from .train.trainer import Interrupted
-            if isinstance(e, Interrupted):  # the first Ctrl-C: stopped at a step with a checkpoint
-                parser.exit(130, f"nesgpu {args.command}: {e}\n")
-            raise
+        except BaseException as e:
+            if pressed and not isinstance(e, SystemExit):  # a Ctrl-C inside an import (numpy's, sklearn's) can
+                parser.exit(130, f"nesgpu {args.command}: interrupted\n")  # come out as any other error
+            _exit_with_one_line(parser, args.command, e)
 
+
+@contextlib.contextmanager
+def _noting_ctrl_c():
+    """Ctrl-C raises KeyboardInterrupt as before, and is noted in the list this yields (see main)."""
+    pressed = []
+
+    def note(signum, frame):
+        pressed.append(True)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, note)
+    except ValueError:  # not the main thread: Ctrl-C is the caller's
+        yield pressed
+        return
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _exit_with_one_line(parser: argparse.ArgumentParser, command: str, e: BaseException) -> None:
+    """A user's mistake, a full disk, an allocation too large or a Ctrl-C as one line and its exit status;
+    anything else is a bug, raised as it is."""
+    if isinstance(e, (ValueError, TypeError, ImportError)):  # bad input: one clear line, not a traceback
+        parser.exit(2, f"nesgpu {command}: error: {e}\n")
+    if isinstance(e, OSError):  # a full disk, a read-only path: the file, and why (checkpoints are atomic)
+        where = f" ({e.filename})" if e.filename else ""
+        parser.exit(1, f"nesgpu {command}: error: {e.strerror or e}{where}; checkpoints are written "
+                       f"atomically, so the last one written (if any) is intact\n")
+    if isinstance(e, (RuntimeError, MemoryError)):  # an allocation larger than the machine: what to lower
+        from .memory import out_of_memory  # (here: --version runs without torch)
+        if out_of_memory(e):
+            parser.exit(1, f"nesgpu {command}: error: out of memory ({_asked(e)}); lower the sizes that set it "
+                           f"(--batch-size, --hidden, --population, --chunk-size, --episodes)\n")
+    if isinstance(e, KeyboardInterrupt):  # a second Ctrl-C, or one outside the training loop
+        parser.exit(130, f"nesgpu {command}: interrupted\n")
+    from .train.trainer import Interrupted
+    if isinstance(e, Interrupted):  # the first Ctrl-C: stopped at a step with a checkpoint
+        parser.exit(130, f"nesgpu {command}: {e}\n")
+    raise e
 
 if __name__ == "__main__":
     raise SystemExit(main())

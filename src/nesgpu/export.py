@@ -69,8 +69,13 @@ def unconvert(model: nn.Module) -> nn.Module:
 
 
 def _is_ours(module: nn.Module) -> bool:
-    """Whether the module's class is (or derives from) one of nesgpu's."""
-    return any(c.__module__.startswith("nesgpu.") for c in type(module).__mro__)
+    """Whether converting made the module's class (it is, or derives from, one of nesgpu.layers'); nesgpu's
+    plain models (an RL task's Policy, its ObservationNorm) are torch modules like any other."""
+    return any(_converting(c) for c in type(module).__mro__)
+
+
+def _converting(cls: type) -> bool:
+    return cls.__module__.startswith("nesgpu.layers.")
 
 
 def _plain(module: nn.Module) -> nn.Module:
@@ -80,7 +85,7 @@ def _plain(module: nn.Module) -> nn.Module:
                     (isinstance(module, LOW_BIT) and c.source in type(module).__mro__)), None)
     if rebuilt is not None:
         return _rebuilt(module, rebuilt)
-    original = next(c for c in type(module).__mro__[1:] if not c.__module__.startswith("nesgpu."))
+    original = next(c for c in type(module).__mro__[1:] if not _converting(c))
     if isinstance(module, PerturbedModule):
         for attribute in _perturbation_attributes():
             module.__dict__.pop(attribute, None)

@@ -109,3 +109,19 @@ def test_hidden_sizes_for_a_checkpoints_task_are_refused(tmp_path):
     with pytest.raises(ValueError, match="option 'hidden' \\(= 8\\) does not apply to task 'arithmetic'"):
         TrainConfig(task="arithmetic", model=f"hf:{hf}", hidden=(8,)).resolved()
     assert TrainConfig(task="arithmetic", model=f"hf:{hf}").resolved().hidden == ()
+
+
+def test_a_finished_run_evaluates_after_its_source_directory_is_gone(tmp_path):
+    import shutil
+
+    from nesgpu.train import load_run
+    hf = saved(tmp_path / "m")
+    out = tmp_path / "run"
+    train(TrainConfig(task="arithmetic", model=f"hf:{hf}", steps=1, population=4, batch_size=2, log="none",
+                      out=str(out)), log=lambda *a, **k: None)
+    before = load_run(out, "cpu").model.state_dict()
+    shutil.rmtree(hf)
+    with pytest.warns(UserWarning, match="is gone: rebuilding the model from the run's own copy"):
+        run = load_run(out, "cpu")
+    assert run.config.model == f"hf:{hf}"  # the run's config as it was
+    assert all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())

@@ -228,3 +228,18 @@ def test_weights_of_an_old_unnormalised_policy_still_load_and_act_the_same():
     assert isinstance(new.norm, ObservationNorm)
     obs = torch.tensor([[9.0, -7.0, 0.5]])
     torch.testing.assert_close(new(obs), old(obs))
+
+
+@pytest.mark.parametrize("spaces, expected", [
+    (dict(discrete=True), "declares discrete = True with num_actions = 0; a discrete environment declares "
+                          "num_actions >= 2"),
+    (dict(discrete=False, action_dim=0), "declares discrete = False with action_dim = 0"),
+])
+def test_an_environment_without_its_action_space_is_named(spaces, expected):
+    from nesgpu.tasks.envs.base import TorchEnv
+
+    Env = type("Env", (TorchEnv,), dict(obs_dim=2, state_dim=2, max_steps=10, gym_id=None, **spaces))
+    with pytest.raises(ValueError, match=f"Env {expected}"):
+        RLTask(lambda n, device: Env(n, device), Env, name="env")
+    with pytest.raises(TypeError, match="NoSteps declares no max_steps"):
+        RLTask(lambda n, device: None, type("NoSteps", (), dict(obs_dim=2, discrete=True, num_actions=2)), name="x")

@@ -73,9 +73,14 @@ def test_load_run_needs_the_model_and_task_again_and_gives_the_trained_weights(t
 
 def test_a_converted_model_keeps_its_kinds(tmp_path):
     net = nesgpu.convert(toy_model(), "gaussian")
-    with pytest.warns(UserWarning, match=r"converted already \(kinds \['gaussian'\]\): the config's layer 'lowrank'"):
+    with pytest.warns(UserWarning, match=r"converted already \(kinds \['gaussian'\]\) and keeps its own options, so "
+                                         r"these config values are ignored: layer 'lowrank'$"):
         train(config(tmp_path, layer="lowrank"), model=net, task=toy_task(), log=quiet)
     assert [m.kind.name for m in net.modules() if isinstance(m, nesgpu.PerturbedModule)] == ["gaussian"] * 2
+    lowrank = nesgpu.convert(toy_model(), "lowrank")  # the config's very layer: only its options are named
+    with pytest.warns(UserWarning, match=r"ignored: layer options \{'rank': 2\}$"):
+        train(config(tmp_path, "same", layer="lowrank", layer_options={"rank": 2}), model=lowrank, task=toy_task(),
+              log=quiet)
 
 
 class Target:
@@ -194,3 +199,28 @@ def test_a_model_with_nan_weights_is_refused_before_any_step(tmp_path):
         model[0].weight[0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"weights \['0.weight'\] hold NaN or infinity before the first step"):
         train(config(tmp_path), model=model, task=toy_task(), log=quiet)
+
+
+def test_a_classification_task_of_your_own_makes_its_model(tmp_path):
+    summary = train(config(tmp_path, hidden=(8,)), task=toy_task(), log=quiet)  # no model=: the task's MLP
+    loaded, _, _ = nesgpu.load_run(tmp_path / "run", task=toy_task())
+    assert summary["task"] == "custom:toy" and toy_task().evaluate(loaded) == pytest.approx(summary["value"])
+
+
+def test_nesgpu_eval_takes_your_task_and_model_as_module_names(tmp_path, monkeypatch, capsys):
+    import json
+
+    from nesgpu.cli import main
+
+    summary = train(config(tmp_path), model=toy_model(), task=toy_task(), log=quiet)
+    here = str(__import__("pathlib").Path(__file__).parent)
+    (tmp_path / "mine.py").write_text(f"import sys\nsys.path.insert(0, {here!r})\nfrom test_own_model import "
+                                      f"toy_task, toy_model\ntask = toy_task()\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "run", "--task", "mine:task", "--model", "mine:toy_model", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["value"] == pytest.approx(summary["value"])
+    for args, message in [([], "or nesgpu eval run --task module:task"), (["--task", "mine:nope"], "mine has no task "
+                          "'nope'"), (["--task", "mine:toy_model"], "--task mine:toy_model: expected a task")]:
+        with pytest.raises(SystemExit) as stop:
+            main(["eval", "run", *args])
+        assert stop.value.code == 2 and message in capsys.readouterr().err

@@ -49,3 +49,39 @@ def test_ctrl_c_while_the_command_starts_is_one_line():
     process.send_signal(signal.SIGINT)
     err = process.communicate(timeout=60)[1]
     assert process.returncode == 130 and err.strip() == "nesgpu: interrupted"
+
+
+def test_an_old_copy_that_cannot_be_removed_is_named(tmp_path, monkeypatch):
+    (tmp_path / "hf.prev").mkdir()  # left by an earlier write that could not remove it (read-only files)
+
+    def refuse(path, *args, **kwargs):
+        if kwargs.get("ignore_errors"):
+            return
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", refuse)
+    with pytest.raises(OSError, match=r"cannot remove .*hf\.prev, the old copy an earlier write left \(Permission "
+                                      r"denied\); make it writable"):
+        checkpoint.write_directory(tmp_path / "hf", lambda tmp: (tmp / "a").write_text("new"))
+    monkeypatch.undo()
+    (tmp_path / "hf.prev").rmdir()
+    (tmp_path / "hf").mkdir()
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", refuse)
+    with pytest.warns(UserWarning, match="the old copy of hf could not be removed"):
+        checkpoint.write_directory(tmp_path / "hf", lambda tmp: (tmp / "a").write_text("new"))
+    assert (tmp_path / "hf" / "a").read_text() == "new"
+
+
+def test_ctrl_c_inside_a_late_import_is_one_line(tmp_path, monkeypatch, capsys):
+    import nesgpu.frontends.train_cli as train_cli
+
+    def import_interrupted(args):  # what numpy does with a KeyboardInterrupt during its import
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            raise RecursionError("maximum recursion depth exceeded while calling a Python object") from None
+    monkeypatch.setattr(train_cli, "run_train", import_interrupted)  # main's parser is built after this
+    with pytest.raises(SystemExit) as stop:
+        main([*ARGS, "--out", str(tmp_path / "r")])
+    assert stop.value.code == 130 and capsys.readouterr().err.strip() == "nesgpu train: interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # main put the handler back
+

@@ -214,14 +214,36 @@ def add_eval_parser(commands) -> None:
                             "on its task (test accuracy or mean return) and print JSON.")
     p.add_argument("run", metavar="DIR")
     p.add_argument("--device", default="auto")
+    p.add_argument("--task", metavar="MODULE:NAME", help="a run of a task of your own: the task (an object with "
+                   "fitness and evaluate, or what makes one when called), as module:name or file.py:name")
+    p.add_argument("--model", metavar="MODULE:NAME", help="a run of a model of your own (unless the task makes "
+                   "it): the model, or what makes one when called, as module:name or file.py:name")
     p.set_defaults(func=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from torch import nn
+
     from ..train.storage.runs import evaluate_run
 
-    print(json.dumps(evaluate_run(args.run, args.device)))
+    task = None if args.task is None else own_object(args.task, "--task", lambda o: hasattr(o, "fitness"))
+    model = None if args.model is None else own_object(args.model, "--model", lambda o: isinstance(o, nn.Module))
+    print(json.dumps(evaluate_run(args.run, args.device, model=model, task=task)))
     return 0
+
+
+def own_object(spec: str, flag: str, made):
+    """The object ``spec`` (module:name) names, or what it returns when called with no arguments, if it is
+    not yet ``made`` (a class or a function that makes a task or model)."""
+    from ..tasks.reward_data import load_object
+
+    found = load_object(spec, flag, kind=flag.removeprefix("--"))
+    if not made(found) and callable(found):
+        found = found()
+    if not made(found):
+        raise TypeError(f"{flag} {spec}: expected a {flag.removeprefix('--')}, or what makes one when called; got "
+                        f"{type(found).__name__}")
+    return found
 
 
 __all__ = ["add_eval_parser", "add_train_parser", "config_from_args"]

@@ -71,7 +71,8 @@ class ModelMaker(Protocol):
     """A task that builds its own model (every built-in task does): ``train`` needs no ``model=`` then."""
 
     def make_model(self, hidden: tuple[int, ...], model: str) -> nn.Module:
-        """A fresh plain model of architecture ``model`` (one of the task's choices) with ``hidden`` sizes."""
+        """A fresh plain model of architecture ``model`` (one of the task's choices, or "default": a run of a
+        task of your own asks for its default model) with ``hidden`` sizes."""
         ...
 
 

@@ -133,12 +133,22 @@ class Rewards:
 def load_function(spec: str) -> Callable:
     """A function from ``module:name`` (importable, the current directory first) or ``path/file.py:name``; a
     ValueError says what is missing."""
+    function = load_object(spec, "reward function", kind="function")
+    if not callable(function):
+        raise ValueError(f"reward function {spec!r}: {spec.rpartition(':')[0]} has no function "
+                         f"{spec.rpartition(':')[2]!r} (it is a {type(function).__name__})")
+    return function
+
+
+def load_object(spec: str, what: str, kind: str = "object"):
+    """The object ``module:name`` names (importable, the current directory first) or ``path/file.py:name``;
+    ``what`` it is for (and the ``kind`` of object) name it in a ValueError that says what is missing."""
     module_name, sep, name = spec.rpartition(":")
     if not sep or not module_name or not name:
-        raise ValueError(f"a reward function is given as module:function or file.py:function; got {spec!r}")
+        raise ValueError(f"a {what} is given as module:{kind} or file.py:{kind}; got {spec!r}")
     path = Path(module_name).expanduser()
     if module_name.endswith(".py") and not path.is_file():
-        raise ValueError(f"reward function {spec!r}: no file {path}")
+        raise ValueError(f"{what} {spec!r}: no file {path}")
     try:
         if module_name.endswith(".py"):
             loaded = importlib.util.spec_from_file_location(path.stem, path)
@@ -149,11 +159,10 @@ def load_function(spec: str) -> Callable:
                 sys.path.insert(0, "")
             module = importlib.import_module(module_name)
     except Exception as e:  # the user's module: its own error, in one line
-        raise ValueError(f"reward function {spec!r}: cannot import {module_name!r} ({type(e).__name__}: {e})") from e
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise ValueError(f"reward function {spec!r}: {module_name} has no function {name!r}")
-    return function
+        raise ValueError(f"{what} {spec!r}: cannot import {module_name!r} ({type(e).__name__}: {e})") from e
+    if not hasattr(module, name):
+        raise ValueError(f"{what} {spec!r}: {module_name} has no {kind} {name!r}")
+    return getattr(module, name)
 
 
 def rows_by_prompt(rows: list[dict], tokenizer, what: str) -> dict[str, dict]:
@@ -184,4 +193,5 @@ def dataset_task(data, tokenizer, reward_funcs, reward_weights=None, eval_data=N
                                           tokenizer=tokenizer, **options)
 
 
-__all__ = ["Rewards", "dataset_task", "rows_by_prompt", "load_function", "prompt_rows", "read_jsonl", "render"]
+__all__ = ["Rewards", "dataset_task", "rows_by_prompt", "load_function", "load_object",
+           "prompt_rows", "read_jsonl", "render"]

@@ -218,6 +218,24 @@ class CompiledStep:
 START_STATES = ("shared", "independent")
 
 
+def check_spaces(env_spec) -> None:
+    """An environment declares its action space whole: ``discrete = True`` with ``num_actions`` (the policy
+    gives one score per action and the environment gets the index of the largest), or ``discrete = False``
+    with ``action_dim`` and ``action_high``."""
+    name = getattr(env_spec, "__name__", type(env_spec).__name__)
+    for attribute in ("obs_dim", "discrete", "max_steps"):
+        if not hasattr(env_spec, attribute):
+            raise TypeError(f"{name} declares no {attribute}; an environment declares obs_dim, discrete, max_steps "
+                            f"and its actions (num_actions, or action_dim and action_high)")
+    if env_spec.discrete and not (isinstance(env_spec.num_actions, int) and env_spec.num_actions >= 2):
+        raise ValueError(f"{name} declares discrete = True with num_actions = {env_spec.num_actions!r}; a discrete "
+                         f"environment declares num_actions >= 2, its number of actions (step then gets a (rows,) "
+                         f"long tensor of action indices)")
+    if not env_spec.discrete and not (isinstance(env_spec.action_dim, int) and env_spec.action_dim >= 1):
+        raise ValueError(f"{name} declares discrete = False with action_dim = {env_spec.action_dim!r}; a continuous "
+                         f"environment declares action_dim >= 1 (and action_high, the bound of every action)")
+
+
 class RLTask:
     """Fitness = episode return of every member; metric = mean return of the plain policy.
 
@@ -254,6 +272,7 @@ class RLTask:
                  start_states: str = "shared", policy_output: str = "tanh", observation_clip: float | None = 5.0):
         if episodes < 1:
             raise ValueError(f"episodes must be >= 1; got {episodes}")
+        check_spaces(env_spec)
         if start_states not in START_STATES:
             raise ValueError(f"start_states must be one of {list(START_STATES)}; got {start_states!r}")
         if policy_output not in POLICY_OUTPUTS:

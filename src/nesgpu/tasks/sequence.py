@@ -188,9 +188,9 @@ class SequenceTask:
         Args:
             hidden: ``(d_model[, n_layers[, n_heads[, dim_feedforward]]])``; n_layers defaults to 2, n_heads
                 to 2 (or 1 where d_model is odd), dim_feedforward to 2 * d_model.
-            model: "transformer", the only choice.
+            model: "transformer", the only choice ("default", what a run of a task of your own asks for, is it).
         """
-        if model != "transformer":
+        if model not in ("transformer", "default"):
             raise ValueError(f"unknown model {model!r} for task {self.name!r}; expected one of ['transformer']")
         hidden = tuple(int(h) for h in hidden)
         if not 1 <= len(hidden) <= 4:

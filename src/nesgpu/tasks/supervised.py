@@ -61,8 +61,10 @@ class ClassificationTask:
 
         Args:
             hidden: "mlp": hidden layer sizes (tanh; inputs are flattened). "cnn": channels of each Conv1d.
-            model: "mlp", or "cnn" (a :class:`Conv1dNet`; 1-D inputs only).
+            model: "mlp", or "cnn" (a :class:`Conv1dNet`; 1-D inputs only); "default" (what a run of a task of
+                your own asks for) is the MLP.
         """
+        model = "mlp" if model == "default" else model
         if model == "cnn":
             if len(self.input_shape) != 1:
                 raise ValueError(f"model 'cnn' needs 1-D inputs of shape (N, length); got inputs of shape "

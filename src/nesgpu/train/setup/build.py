@@ -129,10 +129,12 @@ def perturbed(cfg: TrainConfig, model: nn.Module) -> nn.Module:
     it is (its kinds are its own)."""
     kinds = {m.kind.name for m in model.modules() if isinstance(m, PerturbedModule) and m.perturbs}
     if kinds:
-        if kinds != {cfg.layer} or cfg.layer_options or cfg.bits is not None:
-            warnings.warn(f"the model is converted already (kinds {sorted(kinds)}): the config's layer {cfg.layer!r}"
-                          f"{', its layer options' if cfg.layer_options else ''}"
-                          f"{' and bits' if cfg.bits is not None else ''} do not apply to it", stacklevel=3)
+        ignored = [f"layer {cfg.layer!r}"] if kinds != {cfg.layer} else []
+        ignored += [f"layer options {cfg.layer_options}"] if cfg.layer_options else []
+        ignored += [f"bits {cfg.bits}"] if cfg.bits is not None else []
+        if ignored:
+            warnings.warn(f"the model is converted already (kinds {sorted(kinds)}) and keeps its own options, so "
+                          f"these config values are ignored: {', '.join(ignored)}", stacklevel=3)
         return model
     return convert(model, cfg.layer, bits=cfg.bits, noise_on=cfg.noise_on, act_bits=cfg.act_bits, **cfg.layer_options)
 

@@ -15,6 +15,7 @@ import os
 import resource
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -149,14 +150,27 @@ def write_directory(directory: Path, write) -> None:
                 os.chmod(path, 0o755 if path.is_dir() else 0o644)
         prev = directory.with_name(directory.name + ".prev")
         if prev.exists():
-            shutil.rmtree(prev)
+            remove_old_copy(prev)
         if directory.exists():
             os.replace(directory, prev)
         os.replace(tmp, directory)
         shutil.rmtree(prev, ignore_errors=True)
+        if prev.exists():
+            warnings.warn(f"{prev}: the old copy of {directory.name} could not be removed (read-only?); remove "
+                          f"it, or the next write of {directory} will stop on it", stacklevel=2)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def remove_old_copy(prev: Path) -> None:
+    """Remove the ``.prev`` copy an earlier :func:`write_directory` left (it could not remove it), or say
+    which directory stops the write and what to do."""
+    try:
+        shutil.rmtree(prev)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot remove {prev}, the old copy an earlier write left ({e.strerror}); make it "
+                               f"writable (chmod -R u+w) or remove it, then run again", str(e.filename or prev)) from e
 
 
 def explained(error: OSError, path: Path) -> OSError:

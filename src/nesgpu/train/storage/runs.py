@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ...tasks.reward_tasks import HF
 from ..setup.build import build, resolve_device
 from ..setup.config import CUSTOM, TrainConfig, custom_label, is_supervised, resolve_for
 from ..setup.options import own_only
@@ -46,7 +47,8 @@ def read_config(directory: Path, task=None) -> TrainConfig:
     cfg = TrainConfig.from_dict({**rundir.legacy(supervised), **values}, source=str(config_path))
     if cfg.task.startswith(CUSTOM) and task is None:
         raise ValueError(f"{directory} trained a task of your own ({cfg.task}); pass it (and its model unless the "
-                         f"task makes it): load_run({str(directory)!r}, task=..., model=...)")
+                         f"task makes it): load_run({str(directory)!r}, task=..., model=...) in Python, or nesgpu eval "
+                         f"{directory} --task module:task [--model module:make_model]")
     if task is not None and cfg.task != custom_label(task):
         raise ValueError(f"{directory} trained task {cfg.task!r}; got a task named {custom_label(task)!r} (pass the "
                          f"task the run trained)")
@@ -67,7 +69,8 @@ def load_run(directory: str | Path, device: str = "auto", model: nn.Module | Non
     directory = Path(directory)
     cfg = read_config(directory, task)
     cfg.device = device
-    built = build(cfg, resolve_device(device), model=model, task=task, log=lambda *a, **k: None)
+    built = build(with_saved_source(cfg, directory), resolve_device(device), model=model, task=task,
+                  log=lambda *a, **k: None)
     model = built.model
     if (directory / "model.safetensors").is_file():
         _check_saved_with(cfg, load_weights(model, directory / "model.safetensors"), directory)
@@ -83,6 +86,19 @@ def load_run(directory: str | Path, device: str = "auto", model: nn.Module | Non
         raise ValueError(f"{directory / 'model.safetensors'} holds non-finite values in {bad[:4]}; the run diverged")
     model.eval()
     return Run(model, built.task, cfg)
+
+
+def with_saved_source(cfg: TrainConfig, directory: Path) -> TrainConfig:
+    """The config to rebuild a run's model from: a finished ``--model hf:DIR`` run whose source directory is
+    gone is rebuilt from its own copy, ``RUN/hf`` (the fine-tuned model and its tokenizer), with a warning."""
+    model = cfg.model or ""
+    if not model.startswith(HF) or (Path(model[len(HF):]).expanduser() / "config.json").is_file():
+        return cfg
+    if not (directory / "hf" / "config.json").is_file():
+        return cfg  # nothing to stand in: the task names the missing source
+    warnings.warn(f"{model[len(HF):]} (the run's --model) is gone: rebuilding the model from the run's own copy, "
+                  f"{directory / 'hf'}", stacklevel=3)
+    return dataclasses.replace(cfg, model=HF + str(directory / "hf"))
 
 
 def _check_saved_with(cfg: TrainConfig, metadata: dict, directory: Path) -> None:
