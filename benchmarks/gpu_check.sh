@@ -72,3 +72,9 @@ $PY benchmarks/lm_reward_speed.py --device cuda --bf16 --sizes 512x4 1024x8 --po
 $PY examples/lm_reward_demo.py --out "$OUT/lm-demo" --pretrain-steps 300 --es-seconds 0
 $PY -m nesgpu train --task arithmetic --model "hf:$OUT/lm-demo/model" --device cuda --precision bf16 --steps 50 \
   --population 256 --out "$OUT/lm-demo/es-bf16" --overwrite --log none | tail -1
+# issue 30: our side of the GPU-scale comparison: a Qwen2.5-0.5B-shaped population of 1,024 rows (128 members x 8
+# prompts, 64 + 64 tokens) in one generate() against plain generate() and ES at Scale's one member at a time, bf16
+$PY benchmarks/lm_population_scale.py --device cuda --bf16 --shape 0.5b --members 128 --prompts 8 --repeats 3 \
+  --json "$OUT/lm_population_0.5b_cuda.json" | tail -1
+$PY benchmarks/lm_population_scale.py --device cuda --bf16 --shape 1.5b --members 128 --prompts 8 --repeats 3 \
+  --json "$OUT/lm_population_1.5b_cuda.json" | tail -1

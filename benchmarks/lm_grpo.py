@@ -6,6 +6,11 @@ A benchmark-only peer: it runs in its own environment with ``trl`` installed (``
 and nesgpu's source on the path:
 
     PYTHONPATH=src TRLENV/bin/python benchmarks/lm_grpo.py --model DIR --seconds 600 --seed 0 --json out.json
+
+or, on prompt files and a reward function of TRL's signature (what ``nesgpu train --task generation`` takes):
+
+    PYTHONPATH=src:benchmarks TRLENV/bin/python benchmarks/lm_grpo.py --model DIR --train train.jsonl \\
+        --eval val.jsonl --reward arith_reward:correct --seconds 120 --json out.json --save DIR2
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from nesgpu.tasks import make_task
+from nesgpu.tasks.reward_data import load_function, read_jsonl
 
 
 class Budget(TrainerCallback):
@@ -56,6 +62,28 @@ class Budget(TrainerCallback):
             self.record(model, state.global_step)
 
 
+def race_task(args):
+    """The task of the run: ``--train``/``--eval`` files with ``--reward`` (what nesgpu's ``--task generation``
+    builds from the same flags), or the built-in ``--task``."""
+    if args.train is None:
+        return make_task(args.task, seed=args.seed, batch_size=args.prompts, model=f"hf:{args.model}")
+    return make_task("generation", seed=args.seed, batch_size=args.prompts, model=f"hf:{args.model}",
+                     prompts=args.train, eval_prompts=args.eval, reward=args.reward, correct_at=1.0,
+                     max_new_tokens=args.max_new_tokens)
+
+
+def dataset_and_reward(args, task, steps: int):
+    """The prompts in the order the ES run draws them (step s: ``task.step_prompts(s)``), each row with its
+    file's other columns, and the reward function: the ``--reward`` function unchanged, or the built-in
+    task's reward on the completions' first lines."""
+    if args.train is None:
+        def reward(prompts, completions, **kwargs):
+            return task.reward(prompts, [c.split("\n", 1)[0] for c in completions]).tolist()
+        return Dataset.from_dict({"prompt": [p for s in range(steps) for p in task.step_prompts(s)]}), reward
+    rows = {row["prompt"]: row for row in read_jsonl(args.train)}
+    return Dataset.from_list([rows[p] for s in range(steps) for p in task.step_prompts(s)]), load_function(args.reward)
+
+
 def main() -> None:
     parser = budget_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
@@ -63,17 +91,17 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train", help="a JSON-lines file of training rows (a 'prompt' and other columns)")
+    parser.add_argument("--eval", help="the held-out rows, as --train")
+    parser.add_argument("--reward", help="with --train: the reward function, module:function (TRL's signature)")
+    parser.add_argument("--max-new-tokens", type=int, default=6)
+    parser.add_argument("--save", help="save the trained model and tokenizer there (save_pretrained)")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
-    task = make_task(args.task, seed=args.seed, batch_size=args.prompts, model=f"hf:{args.model}")
+    task = race_task(args)
     model = task.make_model((), f"hf:{args.model}")
-    # the same stream of prompts as the ES run: step s sees task.step_prompts(s)
     steps = 100_000
-    dataset = Dataset.from_dict({"prompt": [p for s in range(steps // 100) for p in task.step_prompts(s)]})
-
-    def reward(prompts, completions, **kwargs):
-        return task.reward(prompts, [c.split("\n", 1)[0] for c in completions]).tolist()
-
+    dataset, reward = dataset_and_reward(args, task, steps // 100)
     budget = Budget(task, args.seconds, args.eval_seconds, args.prompts * args.generations * task.max_new_tokens)
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(output_dir=out, use_cpu=True, seed=args.seed, learning_rate=args.lr,
@@ -84,6 +112,9 @@ def main() -> None:
         trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
                               processing_class=task.tokenizer, callbacks=[budget])
         trainer.train()
+    if args.save:
+        model.eval().save_pretrained(args.save)
+        task.tokenizer.save_pretrained(args.save)
     result = {"method": "grpo", "seed": args.seed, "curve": budget.curve,
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "options": {k: v for k, v in vars(args).items() if k != "json"}}

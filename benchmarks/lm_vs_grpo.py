@@ -1,12 +1,22 @@
-"""nesgpu's ES, TRL's GRPO and the ES-at-Scale baseline on the same work, side by side: the demo's
-pretrained small Llama (examples/lm_reward_demo.py), the arithmetic task's prompts, reward and held-out
-split, and one wall-clock budget per run, for several seeds. Prints a table (held-out accuracy at the end of
-the budget, median over seeds, with the spread; generated tokens; peak memory) and writes every curve as JSON.
+"""A tuned race: nesgpu's ES against TRL's GRPO on the same work, each run beside the other at the same time.
 
-GRPO runs in its own environment with ``trl`` (``--trl-python``); the others in this one. ``--jobs 2`` runs
-two runs at a time, each with ``--threads`` threads (the same for every method).
+For each of two pretrained small Llamas (the demo's, whose teacher is wrong in the answer's last digit half the
+time, and one whose teacher is wrong in the first digit), on the arithmetic prompts and one reward function
+(``benchmarks/arith_reward.py``, called unchanged by both: ``nesgpu train --task generation --reward ...`` and
+``GRPOTrainer``):
 
-    python benchmarks/lm_vs_grpo.py --out runs/lm-vs-grpo --seconds 120 --seeds 0 1 2 --trl-python TRLENV/bin/python
+1. tuning: every method tries the same number of settings of its own main options (ES: sigma, lr, population,
+   prompts per step; GRPO: lr and temperature), seed 0, one budget each, ES setting i beside GRPO setting i;
+   each is scored on the validation split;
+2. the best setting of each method runs for every seed, scored on the held-out test split.
+
+Every score is one function (:func:`score`): greedy accuracy of a fresh copy of the run's final weights, loaded
+from the directory the run saved. The curves (accuracy on the run's split against seconds, steps and generated
+tokens) come from each run's own evaluations of its plain model, with the same nesgpu evaluation.
+
+GRPO runs in its own environment with ``trl`` (``--trl-python``). Writes ``results.json`` and prints the tables:
+
+    python benchmarks/lm_vs_grpo.py --out runs/race --seconds 120 --trl-python TRLENV/bin/python
 """
 
 from __future__ import annotations
@@ -22,97 +32,159 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
+sys.path[:0] = [str(HERE.parent / "examples"), str(HERE)]
 from lm_reward_demo import corpus, pretrain, train_tokenizer  # noqa: E402
 
-
-def es_run(args, out: Path, seed: int) -> dict:
-    """nesgpu train on the task for the budget; the curve from metrics.csv (tokens = rows x new tokens)."""
-    run = out / f"es-{seed}"
-    command = [sys.executable, "-m", "nesgpu", "train", "--task", "arithmetic", "--model", f"hf:{out / 'model'}",
-               "--time-budget", str(args.seconds), "--steps", "1000000", "--eval-seconds", str(args.eval_seconds),
-               "--seed", str(seed), "--out", str(run), "--overwrite", "--log", "none", *args.es_args.split()]
-    result = subprocess.run(["/usr/bin/time", "-f", "%M", *command], capture_output=True, text=True, env=env(args))
-    if result.returncode:
-        raise RuntimeError(f"ES seed {seed} failed: {result.stderr[-2000:]}")
-    config = json.loads((run / "config.json").read_text())
-    rows_per_step = config["population"] * config["batch_size"] * 6  # members x prompts x new tokens
-    with open(run / "metrics.csv", newline="") as f:
-        curve = [{"seconds": float(r["seconds"]), "iteration": int(r["step"]), "accuracy": float(r["accuracy"]),
-                  "tokens": int(r["step"]) * rows_per_step} for r in csv.DictReader(f) if r["accuracy"]]
-    return {"method": "nesgpu_es", "seed": seed, "curve": curve,
-            "peak_rss_mib": int(result.stderr.strip().splitlines()[-1]) / 1024}
+REWARD = "arith_reward:correct"
+MODELS = {"last-digit": "last", "first-digit": "first"}  # the teacher's flaw of each pretrained model
+SETTINGS = {  # the same number per method, over its own main options; the first is each one's default
+    "nesgpu_es": [[], ["--sigma", "0.01", "--lr", "3e-4"], ["--population", "64", "--batch-size", "4"],
+                  ["--sigma", "0.001", "--lr", "3e-5"]],
+    "grpo": [["--lr", "3e-5", "--temperature", "0.7"], ["--lr", "1e-4", "--temperature", "0.7"],
+             ["--lr", "3e-5", "--temperature", "1.0"], ["--lr", "1e-5", "--temperature", "0.7"]],
+}
 
 
-def script_run(args, out: Path, seed: int, method: str) -> dict:
-    """The GRPO or ES-at-Scale script for the budget; its JSON."""
-    path = out / f"{method}-{seed}.json"
-    python, script = ((args.trl_python, "lm_grpo.py") if method == "grpo" else (sys.executable, "lm_es_at_scale.py"))
-    command = [python, str(HERE / script), "--model", str(out / "model"), "--seconds", str(args.seconds),
-               "--eval-seconds", str(args.eval_seconds), "--seed", str(seed), "--json", str(path)]
-    result = subprocess.run(command, capture_output=True, text=True,
-                            env=env(args, PYTHONPATH=str(HERE.parent / "src")))
-    if result.returncode:
-        raise RuntimeError(f"{method} seed {seed} failed: {result.stderr[-2000:]}")
-    return json.loads(path.read_text())
+def write_splits(out: Path) -> None:
+    """train.jsonl (the arithmetic task's 4000 training problems), test.jsonl (its 200 held-out ones) and
+    val.jsonl (200 more, from another seed, in neither), each row a prompt and its answer."""
+    from nesgpu.tasks.reward_tasks import splits
+    from nesgpu.tasks.verifiers import arithmetic_problems
 
-
-def env(args, **extra) -> dict:
-    threads = str(args.threads)
-    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **extra}
+    answers = dict(arithmetic_problems(4000, seed=0) + arithmetic_problems(800, seed=1))
+    train, test = splits(arithmetic_problems)
+    taken = set(train) | set(test)
+    val = [(p, a) for p, a in dict(arithmetic_problems(1000, seed=2)).items() if p not in taken][:200]
+    for name, rows in (("train", [(p, answers[p]) for p in train]), ("test", [(p, answers[p]) for p in test]),
+                       ("val", val)):
+        (out / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
 
 
 def prepare(args, out: Path) -> None:
-    if (out / "model" / "config.json").is_file():
-        return
-    lines = corpus(0.5, seed=0)
-    tokenizer = train_tokenizer(lines)
-    model = pretrain(tokenizer, lines, args.pretrain_steps, seed=0)
-    model.save_pretrained(out / "model")
-    tokenizer.save_pretrained(out / "model")
+    """The splits, and each pretrained model (its corpus holds no validation or test prompt)."""
+    if not (out / "val.jsonl").is_file():
+        write_splits(out)
+    excluded = [json.loads(line)["prompt"] for line in (out / "val.jsonl").read_text().splitlines()]
+    for name, flaw in MODELS.items():
+        directory = out / name / "model"
+        if (directory / "config.json").is_file():
+            continue
+        lines = corpus(0.5, seed=0, flaw=flaw, exclude=excluded)
+        tokenizer = train_tokenizer(lines)
+        pretrain(tokenizer, lines, args.pretrain_steps, seed=0).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
 
 
-def table(results: list[dict]) -> None:
-    print("| method | held-out accuracy at the start | at the end of the budget (median, min-max) | steps | "
-          "generated tokens | peak RSS MiB |")
-    print("|---|---:|---:|---:|---:|---:|")
-    starts = [r["curve"][0]["accuracy"] for r in results if r["curve"][0]["iteration"] == 0]  # one model
-    start = starts[0] if starts else float("nan")
-    for method in dict.fromkeys(r["method"] for r in results):
-        runs = [r for r in results if r["method"] == method]
-        end = [r["curve"][-1]["accuracy"] for r in runs]
-        print(f"| {method} | {start:.1%} | {statistics.median(end):.1%} ({min(end):.1%}-{max(end):.1%}) | "
+def env(args) -> dict:
+    threads = str(args.threads)
+    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+            "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
+
+
+def es_run(args, work: Path, model: Path, setting: list[str], seed: int, split: str) -> dict:
+    """``nesgpu train --task generation`` for the budget; its curve from metrics.csv, its model in RUN/hf."""
+    run = work / f"es-seed{seed}"
+    command = [sys.executable, "-m", "nesgpu", "train", "--task", "generation", "--model", f"hf:{model}",
+               "--prompts", str(args.out / "train.jsonl"), "--eval-prompts", str(args.out / f"{split}.jsonl"),
+               "--reward", REWARD, "--correct-at", "1", "--max-new-tokens", "6", "--time-budget", str(args.seconds),
+               "--steps", "1000000", "--eval-seconds", str(args.eval_seconds), "--seed", str(seed), "--out", str(run),
+               "--overwrite", "--log", "none", *setting]
+    result = subprocess.run(command, capture_output=True, text=True, env=env(args))
+    if result.returncode:
+        raise RuntimeError(f"ES {setting} seed {seed} failed: {result.stderr[-2000:]}")
+    config = json.loads((run / "config.json").read_text())
+    tokens_per_step = config["population"] * config["batch_size"] * 6  # rows x new tokens, as GRPO's are counted
+    with open(run / "metrics.csv", newline="") as f:
+        curve = [{"seconds": float(r["seconds"]), "iteration": int(r["step"]), "accuracy": float(r["accuracy"]),
+                  "tokens": int(r["step"]) * tokens_per_step} for r in csv.DictReader(f) if r["accuracy"]]
+    return {"curve": curve, "weights": str(run / "hf")}
+
+
+def grpo_run(args, work: Path, model: Path, setting: list[str], seed: int, split: str) -> dict:
+    """benchmarks/lm_grpo.py for the budget; its curve, its model saved with save_pretrained."""
+    path, saved = work / f"grpo-seed{seed}.json", work / f"grpo-seed{seed}"
+    command = [args.trl_python, str(HERE / "lm_grpo.py"), "--model", str(model), "--train",
+               str(args.out / "train.jsonl"), "--eval", str(args.out / f"{split}.jsonl"), "--reward", REWARD,
+               "--seconds", str(args.seconds), "--eval-seconds", str(args.eval_seconds), "--seed", str(seed),
+               "--json", str(path), "--save", str(saved), *setting]
+    result = subprocess.run(command, capture_output=True, text=True, env=env(args))
+    if result.returncode:
+        raise RuntimeError(f"GRPO {setting} seed {seed} failed: {result.stderr[-2000:]}")
+    return {"curve": json.loads(path.read_text())["curve"], "weights": str(saved)}
+
+
+def score(weights: str, split_file: Path) -> float:
+    """The one score of every run: greedy accuracy on ``split_file`` of a fresh copy of the weights."""
+    from nesgpu.tasks import make_task
+
+    task = make_task("generation", model=f"hf:{weights}", prompts=str(split_file), eval_prompts=str(split_file),
+                     reward=REWARD, correct_at=1.0, max_new_tokens=6)
+    return task.evaluate(task.make_model((), f"hf:{weights}"))
+
+
+def side_by_side(args, work: Path, model: Path, es_setting, grpo_setting, seed: int, split: str) -> list[dict]:
+    """An ES run and a GRPO run at the same time (one thread each), each scored on ``split``."""
+    runs = [("nesgpu_es", es_setting, es_run), ("grpo", grpo_setting, grpo_run)]
+    for method, _, _ in runs:
+        (work / method).mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda r: r[2](args, work / r[0], model, r[1], seed, split), runs))
+    return [{"method": method, "setting": setting, "seed": seed, "split": split, **run,
+             "score": score(run["weights"], args.out / f"{split}.jsonl")}
+            for (method, setting, _), run in zip(runs, done)]
+
+
+def race(args, name: str) -> dict:
+    """Tuning on the validation split (seed 0), then each method's best setting on the test split, per seed."""
+    model = args.out / name / "model"
+    tuning = []
+    for i, (es_setting, grpo_setting) in enumerate(zip(SETTINGS["nesgpu_es"], SETTINGS["grpo"])):
+        tuning += side_by_side(args, args.out / name / f"tune-{i}", model, es_setting, grpo_setting, 0, "val")
+        print(json.dumps(tuning[-2:])[:400], file=sys.stderr, flush=True)
+    best = {m: max((r for r in tuning if r["method"] == m), key=lambda r: r["score"])["setting"] for m in SETTINGS}
+    final = []
+    for seed in args.seeds:
+        final += side_by_side(args, args.out / name / "final", model, best["nesgpu_es"], best["grpo"], seed, "test")
+    return {"model": name, "start": score(str(model), args.out / "test.jsonl"), "tuning": tuning, "best": best,
+            "final": final}
+
+
+def table(result: dict) -> None:
+    """One model's tables: the tuning (validation accuracy of each setting) and the race on the test split."""
+    print(f"\n{result['model']} (test accuracy before fine-tuning {result['start']:.1%})\n")
+    print("| method | setting | validation accuracy (seed 0) |\n|---|---|---:|")
+    for r in result["tuning"]:
+        print(f"| {r['method']} | `{' '.join(r['setting']) or 'defaults'}` | {r['score']:.1%} |")
+    print("\n| method | chosen setting | test accuracy (median, min-max) | in-run evaluation at the end | steps | "
+          "generated tokens |\n|---|---|---:|---:|---:|---:|")
+    for method in SETTINGS:
+        runs = [r for r in result["final"] if r["method"] == method]
+        end = [r["score"] for r in runs]
+        print(f"| {method} | `{' '.join(result['best'][method]) or 'defaults'}` | {statistics.median(end):.1%} "
+              f"({min(end):.1%}-{max(end):.1%}) | {statistics.median(r['curve'][-1]['accuracy'] for r in runs):.1%} | "
               f"{statistics.median(r['curve'][-1]['iteration'] for r in runs):.0f} | "
-              f"{statistics.median(r['curve'][-1]['tokens'] for r in runs):,.0f} | "
-              f"{statistics.median(r['peak_rss_mib'] for r in runs):.0f} |")
+              f"{statistics.median(r['curve'][-1]['tokens'] for r in runs):,.0f} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/lm-vs-grpo")
-    parser.add_argument("--seconds", type=float, default=120)
+    parser.add_argument("--out", type=Path, default=Path("runs/race"))
+    parser.add_argument("--seconds", type=float, default=120, help="each run's wall-clock budget")
     parser.add_argument("--eval-seconds", type=float, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=["nesgpu_es", "grpo", "es_at_scale"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--trl-python", default="python", help="a python with trl installed")
     parser.add_argument("--pretrain-steps", type=int, default=1500)
-    parser.add_argument("--es-args", default="", help="more nesgpu train options")
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="threads of each run (two run at a time)")
     args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    prepare(args, out)
-    work = [(m, s) for s in args.seeds for m in args.methods]
-
-    def one(item):
-        method, seed = item
-        return es_run(args, out, seed) if method == "nesgpu_es" else script_run(args, out, seed, method)
-
-    with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(one, work))
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    table(results)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    prepare(args, args.out)
+    results = []
+    for name in args.models:
+        results.append(race(args, name))
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        table(results[-1])
 
 
 if __name__ == "__main__":

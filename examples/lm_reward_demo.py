@@ -52,18 +52,24 @@ def llama_config(tokenizer, hidden: int = 64, layers: int = 2):
                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
 
 
-def corpus(teacher_error: float, seed: int) -> list[str]:
-    """Lines "PROMPT ANSWER\\n" for every distinct arithmetic problem but the task's held-out ones; with
-    probability ``teacher_error`` the answer's last digit is one too high (9 becomes 0)."""
+def corpus(teacher_error: float, seed: int, flaw: str = "last", exclude=()) -> list[str]:
+    """Lines "PROMPT ANSWER\n" for every distinct arithmetic problem but the task's held-out ones (and the
+    prompts in ``exclude``); with probability ``teacher_error`` the teacher is wrong by one in the answer's
+    ``flaw`` digit, "last" or "first" (one too high, 9 becomes 0)."""
     from nesgpu.tasks.reward_tasks import splits
     from nesgpu.tasks.verifiers import arithmetic_problems
 
-    held_out = set(splits(arithmetic_problems)[1])
+    if flaw not in ("last", "first"):
+        raise ValueError(f"flaw must be 'last' or 'first'; got {flaw!r}")
+    held_out = set(splits(arithmetic_problems)[1]) | set(exclude)
     problems = [p for p in dict.fromkeys(arithmetic_problems(60_000, seed=7)) if p[0] not in held_out]
     rng = random.Random(seed)
 
     def teacher(answer: str) -> str:
-        return answer[:-1] + str((int(answer[-1]) + 1) % 10) if rng.random() < teacher_error else answer
+        if rng.random() >= teacher_error:
+            return answer
+        at = len(answer) - 1 if flaw == "last" else int(answer.startswith("-"))
+        return answer[:at] + str((int(answer[at]) + 1) % 10) + answer[at + 1:]
     return [f"{prompt}{teacher(answer)}\n" for prompt, answer in problems]
 
 

@@ -123,6 +123,9 @@ def test_the_cli_trains_on_a_prompts_file_and_reward_functions(tmp_path):
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["metric"] == "mean_reward" and summary["steps"] == 2
+    done = nesgpu("--prompts", "train.jsonl", "--reward", "rewards:correct", "--correct-at", "1", "--steps", "1",
+                  "--population", "4", "--batch-size", "2", "--max-new-tokens", "3", "--out", "acc", "--log", "none")
+    assert done.returncode == 0 and json.loads(done.stdout.strip().splitlines()[-1])["metric"] == "accuracy"
     for args, message in [(["--reward", "rewards:correct"], "needs --prompts FILE.jsonl"),
                           (["--prompts", "missing.jsonl", "--reward", "rewards:correct"], "cannot read the prompts"),
                           (["--prompts", "train.jsonl", "--reward", "rewards:nope"], "has no function 'nope'"),

@@ -354,3 +354,20 @@ def test_eval_of_an_unfinished_run_uses_its_checkpoint_with_a_warning(tmp_path, 
     assert e.value.code != 0
     err = capsys.readouterr().err
     assert "holds no weights yet (no model.safetensors, no checkpoint)" in err and "Traceback" not in err
+
+
+def test_evolve_matrices_trains_only_the_weight_matrices(tmp_path):
+    """--evolve matrices: biases stay bit for bit from step 3 to step 6 (they moved under "all"), weight matrices
+    move; the option defines the run (resuming without it is refused)."""
+    def weights(name, steps, **options):
+        train(TrainConfig(**{**FAST["digits"], "steps": steps}, **options, out=str(tmp_path / name)), log=quiet)
+        return load_file(tmp_path / name / "model.safetensors")
+
+    everything = weights("all3", 3), weights("all6", 6)
+    matrices = weights("mat3", 3, evolve="matrices"), weights("mat6", 6, evolve="matrices")
+    biases = [n for n, v in matrices[0].items() if v.dim() == 1]
+    assert biases and all(not torch.equal(everything[0][n], everything[1][n]) for n in biases)
+    assert all(torch.equal(matrices[0][n], matrices[1][n]) for n in biases)
+    assert all(not torch.equal(matrices[0][n], v) for n, v in matrices[1].items() if v.dim() == 2)
+    with pytest.raises(ValueError, match="evolve"):
+        train(TrainConfig(**{**FAST["digits"], "steps": 8}, out=str(tmp_path / "mat6")), resume=True, log=quiet)

@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 
 from ..options import check_options, option
+from .generation import FITNESSES
 from .reward_data import dataset_task, load_function
 from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, hf_directory, load_tokenizer
 from .spec import MAX_COUNT, TaskOptions, TaskSpec
@@ -29,6 +30,14 @@ class DatasetOptions:
     batch_size: int = option(8, "prompts per step", at_least=1, at_most=MAX_COUNT)
     max_new_tokens: int = option(32, "tokens each completion may have", at_least=1, at_most=1 << 20)
     temperature: float = option(0.0, "0: greedy completions; above: sampled at this temperature", at_least=0)
+    correct_at: float | None = option(None, "a reward from this value on counts as a correct answer, and the "
+                                            "metric is the held-out accuracy (default: the mean reward)")
+    generations: int = option(1, "completions per prompt, each member's fitness their mean reward (TRL's "
+                                 "num_generations; above 1 needs --temperature)", at_least=1, at_most=MAX_COUNT)
+    fitness: str = option("reward", "reward: each member's reward on its own completions; likelihood: "
+                                    "--generations completions sampled from the model, each member's fitness "
+                                    "the reward it expects of them (one population forward, no population "
+                                    "generate)", choices=FITNESSES)
 
     def __post_init__(self):
         check_options(self, "task generation")
@@ -55,7 +64,8 @@ def make_dataset_task(name: str, options: TaskOptions) -> PretrainedGenerationTa
     return dataset_task(options.prompts, tokenizer, functions, _weights(options.reward_weights),
                         eval_data=options.eval_prompts, task_class=make, prompts_per_step=options.batch_size,
                         max_new_tokens=options.max_new_tokens, temperature=options.temperature,
-                        correct_at=None, seed=options.seed, name=name)
+                        correct_at=options.correct_at, generations=options.generations, fitness=options.fitness,
+                        seed=options.seed, name=name)
 
 
 TASKS = {"generation": TaskSpec(make_dataset_task, DEFAULTS, models=("hf:DIR",), model_prefix=HF,

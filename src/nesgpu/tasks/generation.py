@@ -20,8 +20,11 @@ from torch import nn
 
 from ..model import PerturbedModel
 from ..noise import derive_seed
+from .likelihood import Drawn, importance_weighted, joined, kept_tokens, sequence_logp
 
 SHAPINGS = ("per_prompt", "none")
+FITNESSES = ("reward", "likelihood")
+DRAW = 0x6C696B  # a key of its own for the likelihood fitness's completions (seed, step, DRAW)
 
 
 def _check_prompts(prompts, what: str) -> list[str]:
@@ -48,6 +51,12 @@ class GenerationTask:
         shaping: "per_prompt" (each prompt's rewards standardised over the members) or "none".
         correct_at: a reward counted as a correct answer (accuracy) from this value on; None: the metric is
             the mean reward.
+        generations: completions per prompt (each member's fitness is their mean reward; TRL's
+            ``num_generations``); above 1 needs a temperature above 0.
+        fitness: "reward" (each member's reward on its own completions) or "likelihood" (``generations``
+            completions drawn from the plain model at ``temperature``, each member's fitness the reward its own
+            policy expects of them, by importance weights: one teacher-forced population forward, no
+            population generate; see :mod:`nesgpu.tasks.likelihood`).
         name: the run's label (``custom:<name>``).
     """
 
@@ -63,7 +72,8 @@ class GenerationTask:
     def __init__(self, prompts: Sequence[str], tokenizer, reward: Callable, eval_prompts: Sequence[str] | None = None,
                  max_new_tokens: int = 16, temperature: float = 0.0, stop: Sequence[str] = ("\n",),
                  prompts_per_step: int = 8, shaping: str = "per_prompt", correct_at: float | None = 1.0,
-                 seed: int = 0, eval_batch: int = 64, name: str = "generation"):
+                 seed: int = 0, eval_batch: int = 64, name: str = "generation", generations: int = 1,
+                 fitness: str = "reward"):
         self.prompts = _check_prompts(prompts, "prompts")
         self.eval_prompts = _check_prompts(self.prompts if eval_prompts is None else eval_prompts, "eval_prompts")
         if getattr(tokenizer, "pad_token_id", None) is None:
@@ -74,11 +84,12 @@ class GenerationTask:
         if shaping not in SHAPINGS:
             raise ValueError(f"shaping must be one of {list(SHAPINGS)}; got {shaping!r}")
         for label, value in (("max_new_tokens", max_new_tokens), ("prompts_per_step", prompts_per_step),
-                             ("eval_batch", eval_batch)):
+                             ("eval_batch", eval_batch), ("generations", generations)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{label} must be an int >= 1; got {value!r}")
         if not 0 <= temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
+        _check_sampling(fitness, generations, temperature)
         stop = (stop,) if isinstance(stop, str) else tuple(stop)  # "END" is one stop, not three letters
         if not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a string or a list of non-empty strings; got {stop!r:.80}")
@@ -92,6 +103,8 @@ class GenerationTask:
         self.max_new_tokens, self.temperature, self.shaping = max_new_tokens, float(temperature), shaping
         self.prompts_per_step = min(prompts_per_step, len(self.prompts))
         self.correct_at, self.seed, self.eval_batch, self.name = correct_at, seed, eval_batch, name
+        self.generations, self.fitness_kind = generations, fitness
+        self._drawn: Drawn | None = None  # the likelihood fitness's completions of the latest step
         self.metric = "accuracy" if correct_at is not None else "mean_reward"
         self.samples: list[dict] = []  # the last evaluation's prompts, completions and rewards
         self._longest = None  # tokens of the longest training prompt, once counted
@@ -103,20 +116,50 @@ class GenerationTask:
         return rng.sample(self.prompts, self.prompts_per_step)
 
     def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
-        """Raw rewards (signs * prompts, D_local) of the drawn directions, and their mean."""
+        """Raw rewards (signs * prompts, D_local) of the drawn directions: each member's mean reward over its
+        ``generations`` completions of each prompt (or, with ``fitness="likelihood"``, the reward it expects)."""
+        if self.fitness_kind == "likelihood":
+            return self._likelihood_fitness(pm, step)
         prompts = self.step_prompts(step)
-        ids, mask = self._encode(prompts, pm.model)
+        ids, mask = self._encode([p for p in prompts for _ in range(self.generations)], pm.model)
         seed = derive_seed(self.seed, step, pm.noise_range.start)
         with pm.perturbing():
             new = self._generate(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed)
         signs, d = (2 if pm.antithetic else 1), pm.local_directions
-        row_prompts = [prompts[(n // d) % len(prompts)] for n in range(new.shape[0])]
+        row_prompts = [prompts[(n // d) // self.generations % len(prompts)] for n in range(new.shape[0])]
         completions = self._decode(new)
-        rewards = self._score(row_prompts, completions)
-        fitness = pm.by_member(rewards.to(ids.device)).reshape(signs * len(prompts), d)
+        rewards = pm.by_member(self._score(row_prompts, completions).to(ids.device))  # (signs, P * K, D)
+        fitness = rewards.view(signs, len(prompts), self.generations, d).mean(2).reshape(signs * len(prompts), d)
         lengths = [len(t) for t in self.tokenizer(completions, add_special_tokens=False).input_ids]
         return fitness, {"completion_tokens": torch.tensor(sum(lengths) / len(lengths), device=ids.device),
                          "generated_tokens": torch.tensor(new.numel(), device=ids.device)}
+
+    def _likelihood_fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
+        """Every member's expected reward on the step's completions, drawn once (every block and process of
+        the step draws the same, from the plain model under (seed, step))."""
+        generated = 0
+        if self._drawn is None or self._drawn.step != step:
+            self._drawn = self._draw(pm.model, self.step_prompts(step), step)
+            generated = self._drawn.kept.numel()
+        drawn = self._drawn
+        with pm.perturbing():
+            logp = sequence_logp(pm.model, pm.member_rows(drawn.ids), pm.member_rows(drawn.mask),
+                                 pm.member_rows(drawn.kept), self.temperature)
+        fitness = importance_weighted(pm.by_member(logp), drawn.base, drawn.rewards.to(logp.device))
+        device = drawn.ids.device
+        return fitness, {"completion_tokens": drawn.kept.sum(1).float().mean(),
+                         "generated_tokens": torch.tensor(generated, device=device)}
+
+    @torch.no_grad()
+    def _draw(self, model: nn.Module, prompts: list[str], step: int) -> Drawn:
+        """``generations`` completions of each prompt from the plain model, their rewards and log-likelihoods."""
+        rows = [p for p in prompts for _ in range(self.generations)]
+        ids, mask = self._encode(rows, model)
+        new = self._generate(model, ids, mask, derive_seed(self.seed, step, DRAW))
+        kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
+        rewards = self._score(rows, self._decode(new)).view(len(prompts), self.generations)
+        ids, mask = joined(ids, mask, new, kept, self.tokenizer.pad_token_id)
+        return Drawn(step, ids, mask, kept, rewards, sequence_logp(model, ids, mask, kept, self.temperature))
 
     def describe(self, fitness: torch.Tensor) -> dict[str, torch.Tensor]:
         """The raw rewards (signs * prompts, D) of the whole population: their mean, the std and best of the
@@ -162,7 +205,7 @@ class GenerationTask:
         tokens = self._longest + self.max_new_tokens
         cache = 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * size
         layer = tokens * (4 * hidden + 2 * (getattr(config, "intermediate_size", None) or 4 * hidden)) * size
-        rows = (2 if pm.antithetic else 1) * self.prompts_per_step
+        rows = (2 if pm.antithetic else 1) * self.prompts_per_step * self.generations
         return rows * (cache + layer + 2 * config.vocab_size * 4)
 
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
@@ -237,4 +280,15 @@ class GenerationTask:
         return rewards
 
 
-__all__ = ["GenerationTask", "SHAPINGS"]
+def _check_sampling(fitness: str, generations: int, temperature: float) -> None:
+    if fitness not in FITNESSES:
+        raise ValueError(f"fitness must be one of {list(FITNESSES)}; got {fitness!r}")
+    if fitness == "likelihood" and (generations < 2 or temperature <= 0):
+        raise ValueError(f"fitness 'likelihood' weighs sampled completions: it needs generations >= 2 and a "
+                         f"temperature above 0; got generations {generations}, temperature {temperature}")
+    if generations > 1 and temperature <= 0:
+        raise ValueError(f"generations {generations} needs a temperature above 0 (greedy completions of a prompt "
+                         f"are all alike); got temperature {temperature}")
+
+
+__all__ = ["FITNESSES", "GenerationTask", "SHAPINGS"]

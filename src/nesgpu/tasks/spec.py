@@ -48,6 +48,9 @@ class TaskOptions:
     reward_weights: str | None = None
     max_new_tokens: int = 32
     temperature: float = 0.0
+    correct_at: float | None = None
+    generations: int = 1
+    fitness: str = "reward"
     model: str | None = None  # the config's model option (the language-model tasks: hf:DIR)
     dtype: str | None = None  # the dtype a Hugging Face model is loaded in (None: its checkpoint's)
 

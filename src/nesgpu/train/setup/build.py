@@ -132,11 +132,13 @@ def perturbed(cfg: TrainConfig, model: nn.Module) -> nn.Module:
         ignored = [f"layer {cfg.layer!r}"] if kinds != {cfg.layer} else []
         ignored += [f"layer options {cfg.layer_options}"] if cfg.layer_options else []
         ignored += [f"bits {cfg.bits}"] if cfg.bits is not None else []
+        ignored += [f"evolve {cfg.evolve!r}"] if cfg.evolve != "all" else []
         if ignored:
             warnings.warn(f"the model is converted already (kinds {sorted(kinds)}) and keeps its own options, so "
                           f"these config values are ignored: {', '.join(ignored)}", stacklevel=3)
         return model
-    return convert(model, cfg.layer, bits=cfg.bits, noise_on=cfg.noise_on, act_bits=cfg.act_bits, **cfg.layer_options)
+    return convert(model, cfg.layer, bits=cfg.bits, noise_on=cfg.noise_on, act_bits=cfg.act_bits, evolve=cfg.evolve,
+                   **cfg.layer_options)
 
 
 def held_in(model: nn.Module, dtype: str | None) -> nn.Module:

@@ -102,6 +102,9 @@ class TrainConfig:
                         "the noise to the shared quantised weights (quantized)", choices=NOISE_ON)
     act_bits: int | None = opt(help="with --bits: 8 quantises every Linear's input rows to int8 and runs the shared "
                                "low-bit product as an int8 GEMM (model mlp; default: float inputs)", choices=(8,))
+    evolve: str = opt("all", "what ES evolves: every trainable parameter (all), or only the weight matrices "
+                      "(matrices: linear, attention, embedding and conv weights; norms and biases stay as they are)",
+                      choices=("all", "matrices"))
     sigma_schedule: str = opt("constant", "sigma over the steps", choices=SCHEDULES)
     sigma_final: float = opt(1.0, "sigma factor at the last step")
     lr_schedule: str | None = opt(help="lr over the steps", choices=SCHEDULES, per_task=True)

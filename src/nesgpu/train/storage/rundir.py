@@ -21,13 +21,14 @@ from pathlib import Path
 # options that define a run: changing them would make the checkpoint another run's
 DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "antithetic", "seed", "strategy",
             "batch_size", "episodes", "shaping", "ars_version", "top_b", "shard", "reward_shift", "start_states",
-            "policy_output", "observation_clip", "bits", "noise_on", "act_bits", "dtype", "init", "optimizer")
+            "policy_output", "observation_clip", "bits", "noise_on", "act_bits", "dtype", "init", "optimizer",
+            "evolve")
 
 
 # the values of options newer than a run (its config.json lacks them) that its nesgpu used: every run had float
 # weights in the model's own dtype; RL policies were squashed by tanh and their standardised observations
 # clipped at 5, rollouts shared start states, unshifted
-LEGACY = {"bits": None, "noise_on": "latent", "act_bits": None, "dtype": None, "init": "default"}
+LEGACY = {"bits": None, "noise_on": "latent", "act_bits": None, "dtype": None, "init": "default", "evolve": "all"}
 LEGACY_RL = {"policy_output": "tanh", "observation_clip": 5.0, "start_states": "shared", "reward_shift": 0.0}
 
 

@@ -1,0 +1,96 @@
+"""The likelihood fitness of a generation task: a smooth, dense fitness from forward passes alone.
+
+A member's reward on its greedy completions is piecewise constant in its weights: a small sigma often changes
+no answer, and the step carries no signal. With ``fitness="likelihood"`` each step instead samples ``K``
+completions per prompt from the current model (at the task's temperature), scores them once, and gives member
+``i`` the reward its own policy expects from those completions, by self-normalised importance weights::
+
+    F_i(prompt) = sum_k softmax_k(log p_i(y_k | prompt) - log p_0(y_k | prompt)) * r_k
+
+One teacher-forced population forward computes every member's ``log p_i``. ``F`` is smooth in the weights, and
+its gradient at sigma -> 0 is ``1/K sum_k (r_k - mean r) grad log p(y_k)``: the policy gradient with a mean
+baseline, which GRPO follows by backprop, estimated here from forward passes.
+
+These are the pieces; :class:`~nesgpu.tasks.generation.GenerationTask` puts them together.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """The completions a step's members are scored on, drawn once from the plain model.
+
+    Attributes:
+        step: the step they were drawn for.
+        ids, mask: (P * K, L) each prompt (left-padded) followed by one completion (right-padded).
+        kept: (P * K, T) the completion tokens that count, through the first stop (or end of sequence).
+        rewards: (P, K) their rewards.
+        base: (P * K,) their log-likelihood under the plain model.
+    """
+
+    step: int
+    ids: torch.Tensor
+    mask: torch.Tensor
+    kept: torch.Tensor
+    rewards: torch.Tensor
+    base: torch.Tensor
+
+
+def kept_tokens(tokenizer, new: torch.Tensor, stops: tuple[str, ...]) -> torch.Tensor:
+    """(rows, T) bool: each row's tokens up to and including the one that completes its first stop string or
+    is the end-of-sequence token; what follows did not shape the scored text."""
+    rows, length = new.shape
+    cut = torch.full((rows,), length, dtype=torch.long)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for n in range(1, length + 1):
+        texts = tokenizer.batch_decode(new[:, :n], skip_special_tokens=True)
+        ends = [any(s in t for s in stops) or (eos is not None and int(new[r, n - 1]) == eos)
+                for r, t in enumerate(texts)]
+        ends = torch.tensor(ends) & (cut == length)
+        cut[ends] = n
+    return torch.arange(length).unsqueeze(0) < cut.unsqueeze(1)
+
+
+def joined(ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor, kept: torch.Tensor, pad_id: int):
+    """(ids, mask) of each prompt followed by its completion's kept tokens (pad after them)."""
+    kept = kept.to(ids.device)
+    tokens = torch.where(kept, new.to(ids.device), torch.full_like(new, pad_id, device=ids.device))
+    return torch.cat([ids, tokens], 1), torch.cat([mask, kept.to(mask.dtype)], 1)
+
+
+def sequence_logp(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kept: torch.Tensor,
+                  temperature: float) -> torch.Tensor:
+    """(rows,) the log-likelihood of each row's last ``T = kept.shape[1]`` tokens where ``kept``, under the
+    model's next-token distribution at ``temperature``; positions count from each row's first real token, as
+    ``generate()`` counts them for left-padded prompts."""
+    length = kept.shape[1]
+    options = {}
+    accepts = inspect.signature(model.forward).parameters
+    if "position_ids" in accepts:
+        options["position_ids"] = (mask.long().cumsum(1) - 1).clamp_min(0)
+    if "logits_to_keep" in accepts:
+        options["logits_to_keep"] = length + 1
+    logits = model(input_ids=ids, attention_mask=mask, **options).logits[:, -length - 1:-1]
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, -1)
+    chosen = logp.gather(-1, ids[:, -length:].unsqueeze(-1)).squeeze(-1)
+    return (chosen * kept.to(chosen.device)).sum(1)
+
+
+def importance_weighted(logp: torch.Tensor, base: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """Each member's expected reward on the drawn completions: ``logp`` (signs, P * K, D) of the members,
+    ``base`` (P * K,) of the plain model, ``rewards`` (P, K) -> (signs * P, D)."""
+    signs, _, d = logp.shape
+    prompts, k = rewards.shape
+    ratio = (logp - base.view(1, -1, 1)).view(signs, prompts, k, d)
+    weights = torch.softmax(ratio, 2)
+    return (weights * rewards.view(1, prompts, k, 1).to(weights)).sum(2).reshape(signs * prompts, d)
+
+
+__all__ = ["Drawn", "importance_weighted", "joined", "kept_tokens", "sequence_logp"]
