@@ -92,11 +92,18 @@ def es_run(args, work: Path, model: Path, setting: list[str], seed: int, split: 
     result = subprocess.run(command, capture_output=True, text=True, env=env(args))
     if result.returncode:
         raise RuntimeError(f"ES {setting} seed {seed} failed: {result.stderr[-2000:]}")
-    config = json.loads((run / "config.json").read_text())
-    tokens_per_step = config["population"] * config["batch_size"] * 6  # rows x new tokens, as GRPO's are counted
+    return es_result(run)
+
+
+def es_result(run: Path) -> dict:
+    """A finished ES run's curve (from metrics.csv) and where its model is (RUN/hf)."""
+    curve, tokens = [], 0
     with open(run / "metrics.csv", newline="") as f:
-        curve = [{"seconds": float(r["seconds"]), "iteration": int(r["step"]), "accuracy": float(r["accuracy"]),
-                  "tokens": int(r["step"]) * tokens_per_step} for r in csv.DictReader(f) if r["accuracy"]]
+        for r in csv.DictReader(f):  # the tokens each step generated (rows x decoded length), summed
+            tokens += int(float(r["generated_tokens"] or 0))
+            if r["accuracy"]:
+                curve.append({"seconds": float(r["seconds"]), "iteration": int(r["step"]),
+                              "accuracy": float(r["accuracy"]), "tokens": tokens})
     return {"curve": curve, "weights": str(run / "hf")}
 
 

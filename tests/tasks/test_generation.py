@@ -214,12 +214,15 @@ def test_a_missing_or_foreign_directory_is_one_line(tmp_path):
         assert e.value.code != 0
 
 
-def test_torchrun_two_processes_bit_identical_to_one(tmp_path):
+@pytest.mark.parametrize("fitness", [[], ["--fitness", "likelihood", "--temperature", "1", "--generations", "3"]],
+                         ids=["reward", "likelihood"])
+def test_torchrun_two_processes_bit_identical_to_one(tmp_path, fitness):
     """A generation task under torchrun: the ranks split the members, per-prompt shaping runs on the
-    gathered rewards, and the weights and samples are one process's with the same blocks."""
+    gathered rewards, and the weights and samples are one process's with the same blocks (with the likelihood
+    fitness, every rank draws the step's completions alike)."""
     hf = saved_model(tmp_path / "tiny")
     args = ["train", "--task", "arithmetic", "--model", f"hf:{hf}", "--population", "8", "--steps", "2",
-            "--batch-size", "2", "--eval-every", "2", "--device", "cpu"]
+            "--batch-size", "2", "--eval-every", "2", "--device", "cpu", *fitness]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
                           "nesgpu", *args, "--out", str(tmp_path / "two")], capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]

@@ -108,3 +108,24 @@ def test_several_samples_average_each_members_rewards():
 def test_bad_sampling_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         task(**options)
+
+
+def test_a_resumed_likelihood_run_equals_a_straight_one(tmp_path):
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    from nesgpu.train import TrainConfig, train
+
+    quiet = dict(log=lambda *a, **k: None)
+    cfg = TrainConfig(steps=4, population=8, sigma=0.5, lr=0.01, eval_every=2, checkpoint_every=2, log="none",
+                      out=str(tmp_path / "straight"))
+    train(cfg, model=tiny_llama(), task=task(shaping="per_prompt"), **quiet)
+    train(dataclasses.replace(cfg, steps=2, out=str(tmp_path / "split")), model=tiny_llama(),
+          task=task(shaping="per_prompt"), **quiet)
+    train(dataclasses.replace(cfg, out=str(tmp_path / "split")), model=tiny_llama(seed=9),
+          task=task(shaping="per_prompt"), resume=True, **quiet)
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("straight", "split"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    start = tiny_llama().state_dict()
+    assert any(not torch.equal(a[k], start[k]) for k in a if k in start)  # it trained

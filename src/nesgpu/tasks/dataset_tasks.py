@@ -11,15 +11,15 @@ import functools
 from dataclasses import dataclass
 
 from ..options import check_options, option
-from .generation import FITNESSES
 from .reward_data import dataset_task, load_function
-from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, hf_directory, load_tokenizer
-from .spec import MAX_COUNT, TaskOptions, TaskSpec
+from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, PromptOptions, hf_directory, load_tokenizer
+from .spec import TaskOptions, TaskSpec
 
 
 @dataclass(frozen=True)
-class DatasetOptions:
-    """The options of ``--task generation``."""
+class DatasetOptions(PromptOptions):
+    """The options of ``--task generation``: the built-in reward tasks' (prompts per step, sampling, fitness),
+    and its prompts, reward functions and completions."""
 
     prompts: str | None = option(None, "a JSON-lines file of rows with a 'prompt' (text, or chat messages); "
                                        "the other columns reach the reward functions")
@@ -27,17 +27,9 @@ class DatasetOptions:
     reward: str | None = option(None, "reward functions, module:function or file.py:function, comma-separated; "
                                       "TRL's signature f(completions, prompts=..., **columns) -> list[float]")
     reward_weights: str | None = option(None, "one weight per reward function, comma-separated (default: 1 each)")
-    batch_size: int = option(8, "prompts per step", at_least=1, at_most=MAX_COUNT)
     max_new_tokens: int = option(32, "tokens each completion may have", at_least=1, at_most=1 << 20)
-    temperature: float = option(0.0, "0: greedy completions; above: sampled at this temperature", at_least=0)
     correct_at: float | None = option(None, "a reward from this value on counts as a correct answer, and the "
                                             "metric is the held-out accuracy (default: the mean reward)")
-    generations: int = option(1, "completions per prompt, each member's fitness their mean reward (TRL's "
-                                 "num_generations; above 1 needs --temperature)", at_least=1, at_most=MAX_COUNT)
-    fitness: str = option("reward", "reward: each member's reward on its own completions; likelihood: "
-                                    "--generations completions sampled from the model, each member's fitness "
-                                    "the reward it expects of them (one population forward, no population "
-                                    "generate)", choices=FITNESSES)
 
     def __post_init__(self):
         check_options(self, "task generation")

@@ -11,7 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from ..options import check_options, option
-from .generation import GenerationTask
+from .generation import FITNESSES, GenerationTask
 from .spec import MAX_COUNT, TaskOptions, TaskSpec
 from .verifiers import arithmetic_problems, arithmetic_reward, countdown_problems, countdown_reward, rewards_of
 
@@ -134,15 +134,23 @@ def _maker(problems, verifier, max_new_tokens: int):
         return PretrainedGenerationTask(hf_directory(options.model), options.dtype, prompts=train,
                                         eval_prompts=held_out, reward=rewards_of(verifier),
                                         max_new_tokens=max_new_tokens, prompts_per_step=options.batch_size,
-                                        seed=options.seed, name=name)
+                                        temperature=options.temperature, generations=options.generations,
+                                        fitness=options.fitness, seed=options.seed, name=name)
     return make
 
 
 @dataclass(frozen=True)
 class PromptOptions:
-    """The options of a reward task over a pretrained language model."""
+    """The options of a reward task over a pretrained language model (``--task generation`` has these too)."""
 
     batch_size: int = option(8, "prompts per step", at_least=1, at_most=MAX_COUNT)
+    temperature: float = option(0.0, "0: greedy completions; above: sampled at this temperature", at_least=0)
+    generations: int = option(1, "completions per prompt, each member's fitness their mean reward (TRL's "
+                                 "num_generations; above 1 needs --temperature)", at_least=1, at_most=MAX_COUNT)
+    fitness: str = option("reward", "reward: each member's reward on its own completions; likelihood: "
+                                    "--generations completions sampled from the model, each member's fitness "
+                                    "the reward it expects of them (one population forward, no population "
+                                    "generate)", choices=FITNESSES)
 
     def __post_init__(self):
         check_options(self, "reward task")
