@@ -129,3 +129,11 @@ def test_a_resumed_likelihood_run_equals_a_straight_one(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     start = tiny_llama().state_dict()
     assert any(not torch.equal(a[k], start[k]) for k in a if k in start)  # it trained
+
+
+def test_activation_bytes_count_the_likelihood_fitness_logits_of_every_new_token():
+    pm = perturbed(2, torch.float32)
+    reward, likelihood = task(fitness="reward"), task()
+    vocab = pm.model.config.vocab_size
+    rows = 2 * 3 * 4  # signs x prompts x generations
+    assert likelihood.activation_bytes(pm) - reward.activation_bytes(pm) == rows * 2 * 5 * vocab * 4

@@ -190,8 +190,9 @@ class GenerationTask:
 
     def activation_bytes(self, pm: PerturbedModel) -> int:
         """Bytes the rows of one direction take in ``generate()``, which ``chunk="auto"`` counts: for each of
-        its signs x prompts rows, the KV cache of the longest prompt and the new tokens, one layer's
-        activations over those tokens, and one token's logits in float32 (0 for a model without a
+        its signs x prompts x generations rows, the KV cache of the longest prompt and the new tokens, one
+        layer's activations over those tokens, and one token's logits in float32 (the likelihood fitness: the
+        logits of every new token and one more, twice, for their log-softmax) (0 for a model without a
         ``transformers`` config)."""
         config = getattr(pm.model, "config", None)
         if config is None or not hasattr(config, "num_hidden_layers"):
@@ -206,7 +207,8 @@ class GenerationTask:
         cache = 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * size
         layer = tokens * (4 * hidden + 2 * (getattr(config, "intermediate_size", None) or 4 * hidden)) * size
         rows = (2 if pm.antithetic else 1) * self.prompts_per_step * self.generations
-        return rows * (cache + layer + 2 * config.vocab_size * 4)
+        positions = self.max_new_tokens + 1 if self.fitness_kind == "likelihood" else 1
+        return rows * (cache + layer + 2 * positions * config.vocab_size * 4)
 
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
         """Nothing carries over between steps."""

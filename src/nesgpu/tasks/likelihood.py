@@ -75,11 +75,13 @@ def sequence_logp(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kept:
     accepts = inspect.signature(model.forward).parameters
     if "position_ids" in accepts:
         options["position_ids"] = (mask.long().cumsum(1) - 1).clamp_min(0)
-    if "logits_to_keep" in accepts:
+    if "logits_to_keep" in accepts:  # the logits of the completion's positions only
         options["logits_to_keep"] = length + 1
+    if "use_cache" in accepts:  # one forward: no KV cache to keep
+        options["use_cache"] = False
     logits = model(input_ids=ids, attention_mask=mask, **options).logits[:, -length - 1:-1]
-    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, -1)
-    chosen = logp.gather(-1, ids[:, -length:].unsqueeze(-1)).squeeze(-1)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    chosen = logits.gather(-1, ids[:, -length:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
     return (chosen * kept.to(chosen.device)).sum(1)
 
 
