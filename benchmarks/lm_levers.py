@@ -76,6 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
+    args.models = [args.model]
     prepare(args, args.out)
     start = score(str(args.out / args.model / "model"), args.out / "val.jsonl")
     with ThreadPoolExecutor(2) as pool:

@@ -36,7 +36,9 @@ sys.path[:0] = [str(HERE.parent / "examples"), str(HERE)]
 from lm_reward_demo import corpus, pretrain, train_tokenizer  # noqa: E402
 
 REWARD = "arith_reward:correct"
-MODELS = {"last-digit": "last", "first-digit": "first"}  # the teacher's flaw of each pretrained model
+# each pretrained model: its teacher's flaw, and whether its corpus leaves out the validation prompts ("demo" is
+# examples/lm_reward_demo.py's model as the demo makes it: its corpus holds the validation prompts, not the test's)
+MODELS = {"last-digit": ("last", True), "first-digit": ("first", True), "demo": ("last", False)}
 SETTINGS = {  # the same number per method, over its own main options; the first is each one's default
     "nesgpu_es": [[], ["--sigma", "0.01", "--lr", "3e-4"], ["--population", "64", "--batch-size", "4"],
                   ["--sigma", "0.001", "--lr", "3e-5"]],
@@ -65,11 +67,12 @@ def prepare(args, out: Path) -> None:
     if not (out / "val.jsonl").is_file():
         write_splits(out)
     excluded = [json.loads(line)["prompt"] for line in (out / "val.jsonl").read_text().splitlines()]
-    for name, flaw in MODELS.items():
+    for name in args.models:
+        flaw, without_validation = MODELS[name]
         directory = out / name / "model"
         if (directory / "config.json").is_file():
             continue
-        lines = corpus(0.5, seed=0, flaw=flaw, exclude=excluded)
+        lines = corpus(0.5, seed=0, flaw=flaw, exclude=excluded if without_validation else ())
         tokenizer = train_tokenizer(lines)
         pretrain(tokenizer, lines, args.pretrain_steps, seed=0).save_pretrained(directory)
         tokenizer.save_pretrained(directory)
@@ -142,16 +145,22 @@ def side_by_side(args, work: Path, model: Path, es_setting, grpo_setting, seed: 
 
 
 def race(args, name: str) -> dict:
-    """Tuning on the validation split (seed 0), then each method's best setting on the test split, per seed."""
+    """Tuning on the validation split (seed 0), then each method's best setting on the test split, per seed;
+    with ``--tuned FILE``, the tuning and choice of an earlier race of the same model instead."""
     model = args.out / name / "model"
-    tuning = []
-    for i, (es_setting, grpo_setting) in enumerate(zip(SETTINGS["nesgpu_es"], SETTINGS["grpo"])):
-        tuning += side_by_side(args, args.out / name / f"tune-{i}", model, es_setting, grpo_setting, 0, "val")
-        print(json.dumps(tuning[-2:])[:400], file=sys.stderr, flush=True)
-    best = {m: max((r for r in tuning if r["method"] == m), key=lambda r: r["score"])["setting"] for m in SETTINGS}
-    final = []
+    if args.tuned:
+        earlier = next(r for r in json.loads(args.tuned.read_text()) if r["model"] == name)
+        tuning, best = earlier["tuning"], earlier["best"]
+    else:
+        tuning = []
+        for i, (es_setting, grpo_setting) in enumerate(zip(SETTINGS["nesgpu_es"], SETTINGS["grpo"])):
+            tuning += side_by_side(args, args.out / name / f"tune-{i}", model, es_setting, grpo_setting, 0, "val")
+            print(json.dumps(tuning[-2:])[:400], file=sys.stderr, flush=True)
+        best = {m: max((r for r in tuning if r["method"] == m), key=lambda r: r["score"])["setting"]
+                for m in SETTINGS}
+    final, work = [], args.out / name / f"final-{args.seconds:.0f}s"
     for seed in args.seeds:
-        final += side_by_side(args, args.out / name / "final", model, best["nesgpu_es"], best["grpo"], seed, "test")
+        final += side_by_side(args, work, model, best["nesgpu_es"], best["grpo"], seed, "test")
     return {"model": name, "start": score(str(model), args.out / "test.jsonl"), "tuning": tuning, "best": best,
             "final": final}
 
@@ -171,6 +180,22 @@ def table(result: dict) -> None:
               f"({min(end):.1%}-{max(end):.1%}) | {statistics.median(r['curve'][-1]['accuracy'] for r in runs):.1%} | "
               f"{statistics.median(r['curve'][-1]['iteration'] for r in runs):.0f} | "
               f"{statistics.median(r['curve'][-1]['tokens'] for r in runs):,.0f} |")
+    curves(result)
+
+
+def curves(result: dict) -> None:
+    """The final runs' in-run test accuracy against seconds (each evaluation time, median over seeds), with the
+    steps and generated tokens by then."""
+    runs = {m: [r["curve"] for r in result["final"] if r["method"] == m] for m in SETTINGS}
+    points = min(len(c) for curves in runs.values() for c in curves)
+    print("\n| seconds | " + " | ".join(f"{m}: accuracy, steps, tokens" for m in runs) + " |\n|---:|"
+          + "---:|" * len(runs))
+    for i in range(points):
+        seconds = statistics.median(c[i]["seconds"] for curves in runs.values() for c in curves)
+        cells = [f"{statistics.median(c[i]['accuracy'] for c in curves):.1%}, "
+                 f"{statistics.median(c[i]['iteration'] for c in curves):.0f}, "
+                 f"{statistics.median(c[i]['tokens'] for c in curves):,.0f}" for curves in runs.values()]
+        print(f"| {seconds:.0f} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -179,18 +204,25 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120, help="each run's wall-clock budget")
     parser.add_argument("--eval-seconds", type=float, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=["last-digit", "first-digit"], choices=list(MODELS))
     parser.add_argument("--trl-python", default="python", help="a python with trl installed")
     parser.add_argument("--pretrain-steps", type=int, default=1500)
     parser.add_argument("--threads", type=int, default=1, help="threads of each run (two run at a time)")
+    parser.add_argument("--tuned", type=Path, help="an earlier results.json: its tuning and choices, not a new one")
+    parser.add_argument("--results", default="results.json", help="the file in OUT the results go to")
+    parser.add_argument("--report", action="store_true", help="only print the tables of OUT/RESULTS")
     args = parser.parse_args()
+    if args.report:
+        for result in json.loads((args.out / args.results).read_text()):
+            table(result)
+        return
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     prepare(args, args.out)
     results = []
     for name in args.models:
         results.append(race(args, name))
-        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        (args.out / args.results).write_text(json.dumps(results, indent=1))
         table(results[-1])
 
 
