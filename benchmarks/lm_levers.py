@@ -30,7 +30,9 @@ LEVERS = {  # name: nesgpu train options over the task's defaults
     "more directions: population 128, 2 prompts": ["--population", "128", "--batch-size", "2"],
     "rank 4 noise": ["--rank", "4"],
     "evolve matrices": ["--evolve", "matrices"],
-    "sigma decays to 0.3x": ["--sigma-schedule", "cosine", "--sigma-final", "0.3"],
+    # a schedule runs over --steps: 1,000 is about what 120 s reaches here (the race's runs say 1,000,000)
+    "sigma decays to 0.3x over 1,000 steps": ["--sigma-schedule", "cosine", "--sigma-final", "0.3", "--steps", "1000"],
+    "lr decays to 0.1x over 1,000 steps": ["--lr-schedule", "cosine", "--lr-final", "0.1", "--steps", "1000"],
     "likelihood, T 1, 8 per prompt": ["--fitness", "likelihood", "--temperature", "1", "--generations", "8"],
     "likelihood, T 0.7, 8 per prompt": ["--fitness", "likelihood", "--temperature", "0.7", "--generations", "8"],
     "likelihood, T 1, 8 per prompt, sigma 0.01, lr 3e-4": ["--fitness", "likelihood", "--temperature", "1",

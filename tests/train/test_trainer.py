@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -371,3 +372,15 @@ def test_evolve_matrices_trains_only_the_weight_matrices(tmp_path):
     assert all(not torch.equal(matrices[0][n], v) for n, v in matrices[1].items() if v.dim() == 2)
     with pytest.raises(ValueError, match="evolve"):
         train(TrainConfig(**{**FAST["digits"], "steps": 8}, out=str(tmp_path / "mat6")), resume=True, log=quiet)
+
+
+def test_a_schedule_under_a_time_budget_is_named_as_running_over_the_steps(tmp_path):
+    """A schedule follows --steps: a --time-budget run that stops long before says so, not silently constant."""
+    with pytest.warns(UserWarning, match=r"the sigma and lr schedule runs over --steps \(100000\), not over "
+                                         r"--time-budget"):
+        train(TrainConfig(**{**FAST["digits"], "steps": 100_000}, time_budget=1.0, sigma_schedule="cosine",
+                          lr_schedule="linear", out=str(tmp_path / "both")), log=quiet)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no schedule, or no budget: no warning
+        train(TrainConfig(**FAST["digits"], time_budget=60.0, out=str(tmp_path / "plain")), log=quiet)
+        train(TrainConfig(**FAST["digits"], sigma_schedule="cosine", out=str(tmp_path / "steps")), log=quiet)

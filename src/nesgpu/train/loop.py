@@ -10,6 +10,7 @@ import dataclasses
 import json
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,11 @@ class Loop:
             self.target = None
         if cfg.time_budget is not None and self.distributed:
             raise ValueError("time_budget cannot stop a torchrun job (the ranks would not stop together); use --steps")
+        scheduled = [name for name in ("sigma", "lr") if (getattr(cfg, f"{name}_schedule") or "constant") != "constant"]
+        if cfg.time_budget is not None and scheduled and self.main:
+            warnings.warn(f"the {' and '.join(scheduled)} schedule runs over --steps ({cfg.steps}), not over "
+                          f"--time-budget: a run the budget stops first ends part-way through it; set --steps to "
+                          f"about the steps the budget reaches", stacklevel=2)
         if self.main:
             self._keep_samples_to(self.stepper.step)
         if cfg.eval_seconds and self.stepper.needs_sync:
