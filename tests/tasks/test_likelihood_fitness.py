@@ -50,12 +50,26 @@ def test_kept_tokens_end_at_the_first_stop_or_end_of_sequence():
     assert kept_tokens(tok, eos, ("\n",)).sum(1).tolist() == [3, 2, 2]
 
 
-def test_likelihood_fitness_is_each_members_own_expected_reward_in_float64():
-    t, pm = task(), perturbed()
-    fitness, info = Population(pm, log=lambda *a: None).evaluate(t, 2, 0.3).fitness, None
+def tied_gpt2():
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.GPT2Config(vocab_size=len(CHARS) + 3, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                           tie_word_embeddings=True, bos_token_id=1, eos_token_id=1, pad_token_id=0)
+    model = tf.GPT2LMHeadModel(config).eval()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    return model
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tied_gpt2], ids=["llama", "tied-gpt2"])
+def test_likelihood_fitness_is_each_members_own_expected_reward_in_float64(make):
+    t = task()
+    pm = nesgpu.PerturbedModel(nesgpu.convert(make().to(torch.float64), "lowrank"), 3, sigma=0.3, antithetic=True,
+                               seed=1)
+    fitness = Population(pm, log=lambda *a: None).evaluate(t, 2, 0.3).fitness
     drawn = t._drawn
     assert drawn.step == 2 and drawn.rewards.shape == (3, 4) and fitness.shape == (2 * 3, 3)
-    reference = tiny_llama().to(torch.float64)
+    reference = make().to(torch.float64)
     pm.set_noise(step=2)
     for s, d in each_member(reference, pm):
         own = sequence_logp(reference, drawn.ids, drawn.mask, drawn.kept, 1.0)
