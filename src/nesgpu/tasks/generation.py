@@ -146,9 +146,8 @@ class GenerationTask:
             logp = sequence_logp(pm.model, pm.member_rows(drawn.ids), pm.member_rows(drawn.mask),
                                  pm.member_rows(drawn.kept), self.temperature)
         fitness = importance_weighted(pm.by_member(logp), drawn.base, drawn.rewards.to(logp.device))
-        device = drawn.ids.device
         return fitness, {"completion_tokens": drawn.kept.sum(1).float().mean(),
-                         "generated_tokens": torch.tensor(generated, device=device)}
+                         "generated_tokens": torch.tensor(generated, device=drawn.ids.device)}
 
     @torch.no_grad()
     def _draw(self, model: nn.Module, prompts: list[str], step: int) -> Drawn:

@@ -50,11 +50,14 @@ def kept_tokens(tokenizer, new: torch.Tensor, stops: tuple[str, ...]) -> torch.T
     cut = torch.full((rows,), length, dtype=torch.long)
     eos = getattr(tokenizer, "eos_token_id", None)
     for n in range(1, length + 1):
+        open_rows = cut == length
+        if not open_rows.any():  # every row has ended: no more prefixes to decode
+            break
         texts = tokenizer.batch_decode(new[:, :n], skip_special_tokens=True)
-        ends = [any(s in t for s in stops) or (eos is not None and int(new[r, n - 1]) == eos)
-                for r, t in enumerate(texts)]
-        ends = torch.tensor(ends) & (cut == length)
-        cut[ends] = n
+        ends = torch.tensor([any(s in t for s in stops) for t in texts])
+        if eos is not None:
+            ends |= new[:, n - 1] == eos
+        cut[ends & open_rows] = n
     return torch.arange(length).unsqueeze(0) < cut.unsqueeze(1)
 
 
