@@ -32,7 +32,7 @@ rounding is float32's; a silent layout or perturbation bug is orders of magnitud
 
 def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lowrank", sigma: float = 0.05,
           seed: int = 0, tolerance: float = 1e-9, max_new_tokens: int = 0, dtype: torch.dtype = torch.float64,
-          **convert_options) -> CheckReport:
+          compile: bool = False, **convert_options) -> CheckReport:
     """Whether the population of ``model`` is exact on ``example_inputs``: every population row equals the
     output of its member's own model, in float64, module by module.
 
@@ -50,6 +50,8 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
             along the same tokens, so it samples from its member's distribution).
         dtype: the precision of the check: float64, or float32 for a model that does not run in float64 (the
             tolerance is then at least ``FLOAT32_TOLERANCE``).
+        compile: with ``max_new_tokens``, the population's ``generate()`` runs the compiled static-cache decode
+            (:class:`nesgpu.decode.CompiledDecode`) and is compared with every member's own eager one.
 
     Returns:
         a :class:`CheckReport`: ``exact``, the worst relative error of every module, which modules take the
@@ -85,7 +87,7 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
     errors, low_precision = _compare_members(reference, pm, inputs, population, skip)
     low_precision |= low_precision_ops
     tolerance = max(tolerance, FLOAT32_TOLERANCE) if low_precision or dtype != torch.float64 else tolerance
-    generate = compare_generate(reference, pm, inputs, rows, max_new_tokens, unused, tolerance) if (
+    generate = compare_generate(reference, pm, inputs, rows, max_new_tokens, unused, tolerance, compile) if (
         max_new_tokens) else None
     return CheckReport.of(errors, list(population), tolerance, fallback, _fallback_share(net), generate,
                           sorted(low_precision), unused)

@@ -1,6 +1,6 @@
 """``nesgpu check``: :func:`nesgpu.check` on a local Hugging Face directory or on a Python file's model.
 
-    nesgpu check --model hf:DIR [--prompt TEXT ...] [--new-tokens 4]
+    nesgpu check --model hf:DIR [--prompt TEXT ...] [--new-tokens 4] [--compile]
     nesgpu check --model my_model.py:build          # build() returns (model, example_inputs)
 
 Exit status: 0 when every population row equals its member's own model, 1 when any differs or the model is
@@ -33,6 +33,8 @@ def add_parser(commands) -> None:
     p.add_argument("--fallback", action="append", default=[], metavar="MODULE",
                    help="a module to run through the exact fallback (repeatable), as convert(fallback=[...])")
     p.add_argument("--tolerance", type=float, default=1e-9, help="largest relative difference counted as exact")
+    p.add_argument("--compile", action="store_true", help="the population's generate() runs the compiled "
+                   "static-cache decode (torch.compile), checked against every member's own eager generate()")
     p.set_defaults(func=run_check)
 
 
@@ -43,9 +45,12 @@ def run_check(args: argparse.Namespace) -> int:
         raise ValueError(f"--new-tokens must be >= 0; got {args.new_tokens}")
     if args.directions < 1:
         raise ValueError(f"--directions must be >= 1; got {args.directions}")
+    if args.compile and not args.new_tokens:
+        raise ValueError("--compile compiles generate()'s decode; it needs --new-tokens >= 1")
     model, inputs = load_model(args.model, args.prompt)
     report = check(model, inputs, directions=args.directions, kind=args.kind, tolerance=args.tolerance,
-                   max_new_tokens=args.new_tokens if hasattr(model, "generate") else 0, fallback=args.fallback)
+                   max_new_tokens=args.new_tokens if hasattr(model, "generate") else 0, fallback=args.fallback,
+                   compile=args.compile)
     print(report)
     return 0 if report.exact else 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..decode import CompiledDecode
 from .rows import Inputs, compare_rows, each_member, member_index
 
 
@@ -32,9 +33,10 @@ def _pad_id(model) -> tuple[dict, int]:
     return {"pad_token_id": pad}, pad
 
 
-def _greedy(reference, pm, inputs: Inputs, rows: Inputs, options: dict, unused: list[str], pad: int) -> str:
+def _greedy(reference, pm, inputs: Inputs, rows: Inputs, options: dict, unused: list[str], pad: int,
+            compiled: dict) -> str:
     with pm.perturbing(unused):
-        population = pm.model.generate(*rows.args, **rows.kwargs, **options, do_sample=False)
+        population = pm.model.generate(*rows.args, **rows.kwargs, **options, **compiled, do_sample=False)
     for s, d in each_member(reference, pm):
         own = reference.generate(*inputs.args, **inputs.kwargs, **options, do_sample=False)
         mine = population[member_index(s, d, inputs.samples, pm.directions)]
@@ -45,7 +47,8 @@ def _greedy(reference, pm, inputs: Inputs, rows: Inputs, options: dict, unused: 
     return ""
 
 
-def _sampled(reference, pm, inputs: Inputs, rows: Inputs, options: dict, unused: list[str], tolerance: float) -> str:
+def _sampled(reference, pm, inputs: Inputs, rows: Inputs, options: dict, unused: list[str], tolerance: float,
+             compiled: dict) -> str:
     from transformers import LogitsProcessorList
 
     # NaN logits (a small random model whose padded rows poison the rest) cannot be sampled: transformers'
@@ -55,7 +58,7 @@ def _sampled(reference, pm, inputs: Inputs, rows: Inputs, options: dict, unused:
     with torch.random.fork_rng(devices=devices):  # the check's sampling seeded, the caller's RNG untouched
         torch.manual_seed(pm.seed)
         with pm.perturbing(unused):
-            population = pm.model.generate(*rows.args, **rows.kwargs, **out_options, do_sample=True)
+            population = pm.model.generate(*rows.args, **rows.kwargs, **out_options, **compiled, do_sample=True)
     prompt = population.sequences.shape[1] - len(population.logits)
     logits = torch.stack(population.logits, 1)  # (rows, steps, vocab)
     for s, d in each_member(reference, pm):
@@ -73,17 +76,20 @@ def _sampled(reference, pm, inputs: Inputs, rows: Inputs, options: dict, unused:
 
 
 def compare_generate(reference, pm, inputs: Inputs, rows: Inputs, max_new_tokens: int, unused: list[str],
-                     tolerance: float) -> str:
+                     tolerance: float, compile: bool = False) -> str:
     """"exact (...)" when every member's greedy generate() equals its population rows' and every sampled
-    row's logits equal its member's own along the same tokens; else what differs, or why generate() fails."""
+    row's logits equal its member's own along the same tokens; else what differs, or why generate() fails.
+    With ``compile``, the population's generate() runs the compiled static-cache decode; the members' own
+    stay eager."""
     if not hasattr(pm.model, "generate"):
         return "not checked: the model has no generate()"
     pad_options, pad = _pad_id(pm.model)
     options = dict(max_new_tokens=max_new_tokens, **pad_options)
+    compiled = CompiledDecode(next(pm.model.parameters()).device).options if compile else {}
     try:
-        found = (_greedy(reference, pm, inputs, rows, options, unused, pad)
-                 or _sampled(reference, pm, inputs, rows, options, unused, tolerance))
+        found = (_greedy(reference, pm, inputs, rows, options, unused, pad, compiled)
+                 or _sampled(reference, pm, inputs, rows, options, unused, tolerance, compiled))
     except Exception as e:  # noqa: BLE001 - the model's own generate() may raise anything
         return f"fails: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return found or (f"exact ({max_new_tokens} greedy tokens, and {max_new_tokens} sampled within {tolerance:.0e}; "
-                     f"{2 * pm.directions} members)")
+                     f"{2 * pm.directions} members{'; compiled decode' if compile else ''})")

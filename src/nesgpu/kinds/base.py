@@ -8,7 +8,7 @@ norms. It holds no state: the record carries the drawn tensors, the layer carrie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -37,6 +37,7 @@ class Noise:
     tensors: dict[str, torch.Tensor]
     directions: int
     _cast: dict = field(default_factory=dict, repr=False)
+    _derived: dict = field(default_factory=dict, repr=False)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
@@ -55,6 +56,19 @@ class Noise:
             tensors = {k: t.to(dtype) if t.is_floating_point() else t for k, t in self.tensors.items()}
             self._cast[dtype] = Noise(self.geometry, self.shape, tensors, self.directions)
         return self._cast[dtype]
+
+    def derived(self, name: str, sources: tuple, fn: Callable[[], object]) -> object:
+        """``fn()``, kept with this record while ``sources`` (tensors, or None) are the same objects at the same
+        version: work that depends only on the step's noise (and, say, sigma) is done once per step, not once
+        per forward (a decode step's). Compiled code computes it inline (the graph fuses it)."""
+        if torch.compiler.is_compiling():
+            return fn()
+        key = tuple((t, None if t is None else t._version) for t in sources)
+        kept = self._derived.get(name)
+        if kept is None or len(kept[0]) != len(key) or any(
+                a is not b or va != vb for (a, va), (b, vb) in zip(kept[0], key)):
+            kept = self._derived[name] = (key, fn())
+        return kept[1]
 
 
 @dataclass(frozen=True)
@@ -107,11 +121,12 @@ class Kind:
         if bias is not None:
             y.addcmul_(op.per_channel(bias, y), op.per_repeat(scale, y))
 
-    def linear_product(self, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor,
+    def linear_product(self, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None, signed: torch.Tensor,
                        noise: Noise, bias_z: torch.Tensor | None) -> torch.Tensor | None:
         """The whole perturbed linear product, x (R, D, M, in) @ weight_t (in, out) + bias + the noise's
         product (and ``scale_r * bias_z_d``), as (R, D, M, out), where the kind can do it in one fused GEMM;
-        None (the default) where it cannot: the layer then runs ``apply_with_bias_`` on the shared product."""
+        None (the default) where it cannot: the layer then runs ``apply_with_bias_`` on the shared product.
+        ``signed`` (S,) is sigma times each sign: repeat r's scale is ``signed[r // (R / S)]``."""
         return None
 
     def apply_shared_(self, x: torch.Tensor, y: torch.Tensor, noise: Noise) -> None:

@@ -43,6 +43,15 @@ def _project(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(x.reshape(r_ * d, m, i), rows_b.transpose(1, 2)).view(r_, d, m, -1)
 
 
+def _signed_factors(a: torch.Tensor, bias_z: torch.Tensor | None, signed: torch.Tensor):
+    """A_d (D, r, out) and bias_d (D, out) times each sign's sigma, as (S, 1, D, r, out) and (S, 1, D, 1, out):
+    the shapes that broadcast against x B_d^T laid out (S, R / S, D, M, r)."""
+    s, (d, r, out) = signed.shape[0], a.shape
+    a_s = (signed.view(s, 1, 1, 1) * a.unsqueeze(0)).view(s, 1, d, r, out)
+    c = None if bias_z is None else (signed.view(s, 1, 1) * bias_z.unsqueeze(0)).view(s, 1, d, 1, out)
+    return a_s, c
+
+
 @dataclass(frozen=True)
 class LowRank(Kind):
     """Low-rank noise: direction d's noise is A_d B_d^T / sqrt(r), never formed densely.
@@ -132,22 +141,40 @@ class LowRank(Kind):
         a_rows = a.unsqueeze(0).expand(r_, d, k, out).reshape(r_ * d, k, out)
         y.view(r_ * d, -1, out).baddbmm_(t.view(r_ * d, -1, k), a_rows)
 
-    def linear_product(self, x, weight_t, bias, scale, noise, bias_z):
+    def linear_product(self, x, weight_t, bias, signed, noise, bias_z):
         # the noise's product first, then one GEMM that accumulates the shared product into it (beta = 1):
-        # the GEMM reads the perturbation as its accumulator instead of a second pass over its output
-        a, b = noise["a"], noise["b"]  # (D, r, out), (D, r, in)
-        if not noise.geometry.is_matrix or (self.rank > 1 and x.shape[2] == 1):
+        # the GEMM reads the perturbation as its accumulator instead of a second pass over its output. Sigma
+        # and the signs are folded into A_d (and bias_d) once per step, so a decode step adds three operations
+        # per layer at rank 1: x B_d^T, (x B_d^T) A_d (+ bias), and the GEMM.
+        if not noise.geometry.is_matrix:
             return None
-        rows = scale.view(-1, 1, 1, 1)
-        t = _project(x, b).mul_(rows)  # (R, D, M, r)
-        p = t * a.view(1, a.shape[0], 1, -1) if self.rank == 1 else torch.matmul(t, a)
-        if bias_z is not None:
-            p.addcmul_(bias_z.view(1, bias_z.shape[0], 1, -1), rows)
+        r_, d, m, i = x.shape
+        s = signed.shape[0]
+        a_s, c = noise.derived("signed_lowrank", (signed, noise["a"], bias_z), lambda: _signed_factors(
+            noise["a"], bias_z, signed))  # (S, 1, D, r, out), (S, 1, D, 1, out) or None
+        if m == 1:  # decode: x B_d^T as one batched GEMM over a strided view of x, (D, R, r) viewed (R, D, 1, r)
+            t = torch.bmm(x.view(r_, d, i).transpose(0, 1), noise["b"].transpose(1, 2)).transpose(0, 1)
+        else:
+            t = _project(x, noise["b"])
+        t = t.reshape(s, r_ // s, d, m, self.rank)
         if bias is not None:
-            p.add_(bias)
+            c = bias if c is None else c + bias
+        if torch.compiler.is_compiling():  # the compiler picks the layouts and fuses the noise into one kernel
+            p = torch.matmul(t, a_s) if self.rank > 1 else t * a_s
+            p = (p if c is None else p + c).reshape(-1, a_s.shape[-1])
+            return torch.addmm(p, x.reshape(-1, i), weight_t).view(r_, d, m, -1)
+        p = x.new_empty(s, r_ // s, d, m, a_s.shape[-1])  # row-major whatever t's strides, for the GEMM's view
+        if self.rank > 1:
+            torch.matmul(t, a_s, out=p)
+            if c is not None:
+                p.add_(c)
+        elif c is None:
+            torch.mul(t, a_s, out=p)
+        else:
+            torch.addcmul(c, t, a_s, out=p)
         flat = p.view(-1, p.shape[-1])
-        torch.addmm(flat, x.reshape(-1, x.shape[-1]), weight_t, out=flat)
-        return p
+        torch.addmm(flat, x.reshape(-1, i), weight_t, out=flat)
+        return flat.view(r_, d, m, -1)
 
     def apply_with_bias_(self, op, x, y, scale, noise, bias):
         if noise.geometry.is_matrix and self._batched(op, x, y):

@@ -274,11 +274,12 @@ class PerturbedModule(SharedParameters):
         if self._scale is not None and torch.compiler.is_compiling():
             # a compiled rollout step: the eager first step of the rollout filled the cache for this rollout's
             # repeats and sigma; checking the key would make the program depend on sigma (a recompile per value)
-            return Population(r, d, self._scale.value)
+            return Population(r, d, *self._scale.value)
         key = (r, *self._active, dtype, device)
         if self._scale is None or self._scale.key != key:
-            self._scale = Cached(key, repeat_scale(r, *self._active, torch.empty(0, dtype=dtype, device=device)))
-        return Population(r, d, self._scale.value)
+            scale = repeat_scale(r, *self._active, torch.empty(0, dtype=dtype, device=device))
+            self._scale = Cached(key, (scale, scale[:: r // 2 if self._active.antithetic else r].clone()))
+        return Population(r, d, *self._scale.value)
 
     def _perturbed_linear(self, x: torch.Tensor, pop: Population, weight: str, bias: str | None,
                           part: slice | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -313,7 +314,7 @@ class PerturbedModule(SharedParameters):
             return None
         bias_noise = None if b is None else self._noise_of(bias, x.dtype)
         x4 = rows_view(x, pop.repeats, pop.directions)
-        y4 = self._slot(weight).kind.linear_product(x4, w.t(), b, pop.scale, noise,
+        y4 = self._slot(weight).kind.linear_product(x4, w.t(), b, pop.signed, noise,
                                                     None if bias_noise is None else bias_noise["z"])
         return None if y4 is None else y4.view(*x.shape[:-1], w.shape[0])
 

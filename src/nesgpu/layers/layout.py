@@ -107,7 +107,7 @@ class Cached(NamedTuple):
     """A value computed from ``key``, kept until the key changes."""
 
     key: tuple
-    value: torch.Tensor
+    value: object
 
 
 def repeat_scale(repeats: int, sigma: float, antithetic: bool, like: torch.Tensor) -> torch.Tensor:
@@ -124,11 +124,13 @@ def repeat_signs(repeats: int, antithetic: bool, device: torch.device) -> torch.
 
 
 class Population(NamedTuple):
-    """One population call: R repeats of D directions, and each repeat's signed sigma (R,)."""
+    """One population call: R repeats of D directions, each repeat's signed sigma (R,), and each sign's
+    (S,): S is 2 with antithetic sampling (repeat r has sign r // (R / 2)), else 1."""
 
     repeats: int
     directions: int
     scale: torch.Tensor
+    signed: torch.Tensor
 
 
 @contextmanager

@@ -57,7 +57,7 @@ def make_dataset_task(name: str, options: TaskOptions) -> PretrainedGenerationTa
                         eval_data=options.eval_prompts, task_class=make, prompts_per_step=options.batch_size,
                         max_new_tokens=options.max_new_tokens, temperature=options.temperature,
                         correct_at=options.correct_at, generations=options.generations, fitness=options.fitness,
-                        seed=options.seed, name=name)
+                        seed=options.seed, name=name, compile=options.compile)
 
 
 TASKS = {"generation": TaskSpec(make_dataset_task, DEFAULTS, models=("hf:DIR",), model_prefix=HF,

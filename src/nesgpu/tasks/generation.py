@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..decode import CompiledDecode
 from ..model import PerturbedModel
 from ..noise import derive_seed
 from .likelihood import Drawn, importance_weighted, joined, kept_tokens, sequence_logp
@@ -57,6 +58,10 @@ class GenerationTask:
             completions drawn from the plain model at ``temperature``, each member's fitness the reward its own
             policy expects of them, by importance weights: one teacher-forced population forward, no
             population generate; see :mod:`nesgpu.tasks.likelihood`).
+        compile: the population's ``generate()`` runs a compiled static-cache decode
+            (:class:`nesgpu.decode.CompiledDecode`: one graph for every decode step; the prompts are padded to
+            the longest training prompt so that every step has the same shapes). The first step pays the compile
+            (tens of seconds on a CPU); a later recompile is a warning.
         name: the run's label (``custom:<name>``).
     """
 
@@ -73,7 +78,7 @@ class GenerationTask:
                  max_new_tokens: int = 16, temperature: float = 0.0, stop: Sequence[str] = ("\n",),
                  prompts_per_step: int = 8, shaping: str = "per_prompt", correct_at: float | None = 1.0,
                  seed: int = 0, eval_batch: int = 64, name: str = "generation", generations: int = 1,
-                 fitness: str = "reward"):
+                 fitness: str = "reward", compile: bool = False):
         self.prompts = _check_prompts(prompts, "prompts")
         self.eval_prompts = _check_prompts(self.prompts if eval_prompts is None else eval_prompts, "eval_prompts")
         if getattr(tokenizer, "pad_token_id", None) is None:
@@ -90,6 +95,11 @@ class GenerationTask:
         if not 0 <= temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
         _check_sampling(fitness, generations, temperature)
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be True or False; got {compile!r}")
+        if compile and fitness == "likelihood":
+            raise ValueError("compile=True compiles the population's generate(); fitness 'likelihood' has none (one "
+                             "teacher-forced forward): use compile=False")
         stop = (stop,) if isinstance(stop, str) else tuple(stop)  # "END" is one stop, not three letters
         if not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a string or a list of non-empty strings; got {stop!r:.80}")
@@ -108,6 +118,8 @@ class GenerationTask:
         self.metric = "accuracy" if correct_at is not None else "mean_reward"
         self.samples: list[dict] = []  # the last evaluation's prompts, completions and rewards
         self._longest = None  # tokens of the longest training prompt, once counted
+        self.compile, self._compiled = compile, None  # the compiled decode, made at the first population call
+        self._graphs_seen: tuple[int, int] | None = None  # (step, graphs compiled by its end) of the last step
 
     # ----- the population ----------------------------------------------------------------------------
     def step_prompts(self, step: int) -> list[str]:
@@ -121,10 +133,12 @@ class GenerationTask:
         if self.fitness_kind == "likelihood":
             return self._likelihood_fitness(pm, step)
         prompts = self.step_prompts(step)
-        ids, mask = self._encode([p for p in prompts for _ in range(self.generations)], pm.model)
+        ids, mask = self._encode([p for p in prompts for _ in range(self.generations)], pm.model, self.compile)
         seed = derive_seed(self.seed, step, pm.noise_range.start)
         with pm.perturbing():
-            new = self._generate(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed)
+            new = self._generate(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed, self.compile)
+        if self.compile:
+            self._note_graphs(step)
         signs, d = (2 if pm.antithetic else 1), pm.local_directions
         row_prompts = [prompts[(n // d) // self.generations % len(prompts)] for n in range(new.shape[0])]
         completions = self._decode(new)
@@ -200,14 +214,27 @@ class GenerationTask:
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or hidden // heads
         size = next(pm.model.parameters()).element_size()
-        if self._longest is None:
-            self._longest = max(len(ids) for ids in self.tokenizer(self.prompts).input_ids)
-        tokens = self._longest + self.max_new_tokens
+        tokens = self._longest_prompt() + self.max_new_tokens
         cache = 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * size
         layer = tokens * (4 * hidden + 2 * (getattr(config, "intermediate_size", None) or 4 * hidden)) * size
         rows = (2 if pm.antithetic else 1) * self.prompts_per_step * self.generations
         positions = self.max_new_tokens + 1 if self.fitness_kind == "likelihood" else 1
         return rows * (cache + layer + 2 * positions * config.vocab_size * 4)
+
+    def _longest_prompt(self) -> int:
+        """Tokens of the longest training prompt (counted once)."""
+        if self._longest is None:
+            self._longest = max(len(ids) for ids in self.tokenizer(self.prompts).input_ids)
+        return self._longest
+
+    def _note_graphs(self, step: int) -> None:
+        """Warn when the compiled decode compiles again after the first step it ran: its shapes changed (they
+        are fixed: the step's rows and the prompts padded to one length), so each step would pay a compile."""
+        graphs, seen = self._compiled.graphs, self._graphs_seen
+        if seen is not None and step != seen[0] and graphs > seen[1]:
+            warnings.warn(f"the compiled decode compiled {graphs - seen[1]} more graph(s) at step {step} "
+                          f"({graphs} in all): its batch shapes changed after the first step", stacklevel=3)
+        self._graphs_seen = (step, graphs)
 
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
         """Nothing carries over between steps."""
@@ -232,8 +259,14 @@ class GenerationTask:
         return float((rewards >= self.correct_at).float().mean())
 
     # ----- pieces ------------------------------------------------------------------------------------
-    def _encode(self, prompts: list[str], model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    def _encode(self, prompts: list[str], model: nn.Module, fixed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and mask, left-padded to the longest prompt given, or with ``fixed`` to the longest training
+        prompt (one shape every step: a compiled decode does not recompile)."""
+        if fixed:
+            enc = self.tokenizer(prompts, return_tensors="pt", padding="max_length", max_length=self._longest_prompt(),
+                                 padding_side="left")
+        else:
+            enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         if context is not None and enc.input_ids.shape[1] + self.max_new_tokens > context:
             raise ValueError(f"prompts of {enc.input_ids.shape[1]} tokens and max_new_tokens {self.max_new_tokens} "
@@ -241,9 +274,15 @@ class GenerationTask:
         device = next(model.parameters()).device
         return enc.input_ids.to(device), enc.attention_mask.to(device)
 
-    def _generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, seed: int | None) -> torch.Tensor:
-        """The new tokens of every row (rows, max_new_tokens), greedy or sampled under ``seed``."""
+    def _generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, seed: int | None,
+                  compiled: bool = False) -> torch.Tensor:
+        """The new tokens of every row (rows, max_new_tokens), greedy or sampled under ``seed``; ``compiled``:
+        through the compiled static-cache decode."""
         options = dict(max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
+        if compiled:
+            if self._compiled is None:
+                self._compiled = CompiledDecode(ids.device)
+            options.update(self._compiled.options)
         if not (self.temperature > 0 and seed is not None):
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, temperature=None, top_p=None,
                                  top_k=None, **options)

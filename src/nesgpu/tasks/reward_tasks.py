@@ -135,7 +135,8 @@ def _maker(problems, verifier, max_new_tokens: int):
                                         eval_prompts=held_out, reward=rewards_of(verifier),
                                         max_new_tokens=max_new_tokens, prompts_per_step=options.batch_size,
                                         temperature=options.temperature, generations=options.generations,
-                                        fitness=options.fitness, seed=options.seed, name=name)
+                                        fitness=options.fitness, seed=options.seed, name=name,
+                                        compile=options.compile)
     return make
 
 

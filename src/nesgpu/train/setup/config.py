@@ -130,8 +130,10 @@ class TrainConfig:
     preset: str | None = opt(help="a published setting: ars-paper (ARS V2-t's alpha, N, b, nu, shift and "
                              "threshold for gym:HalfCheetah/Hopper/Walker2d/Ant/Humanoid-v5); it expands into the "
                              "options it sets, except those given explicitly", choices=PRESETS)
-    compile: str = opt("auto", "built-in RL envs: compile each env step with the population forward (torch.compile; "
-                       "auto: on when the run makes >= 20M env steps, where the seconds of compiling pay)",
+    compile: str = opt("auto", "torch.compile: built-in RL envs compile each env step with the population forward "
+                       "(auto: on when the run makes >= 20M env steps, where the seconds of compiling pay); "
+                       "generation tasks compile the population generate()'s decode with a static KV cache (auto: "
+                       "off)",
                        choices=("auto", "on", "off"))
     init: str = opt("default", "initial weights of Linear and Conv layers: torch's default, he (Kaiming normal) or "
                     "xavier (Glorot uniform); biases zero", choices=INITS)
