@@ -10,9 +10,14 @@ in one run, interleaved round by round (median of repeats):
 - ``one_at_a_time``: ES at Scale's loop for the same members: perturb every weight in place with Gaussian
   noise from the member's seed, generate for the prompts, decode, reward, restore.
 
+With ``--compiled``, the same three again through the compiled static-cache decode
+(:class:`nesgpu.decode.CompiledDecode`, a graph for each model, compiled before timing): ``plain_compiled``,
+``population_compiled`` and ``fitness_compiled`` (``GenerationTask(compile=...)``). Every row's prompt is
+left-padded to the longest prompt of the task, as a compiled task pads it, so all sides see the same shapes.
+
 Every row generates exactly ``--new-tokens`` tokens (no early stop), so tokens per second are rows x tokens.
 
-    python benchmarks/lm_reward_speed.py [--sizes 64x2 256x4] [--population 64] [--json out.json]
+    python benchmarks/lm_reward_speed.py [--sizes 64x2 256x4] [--population 64] [--compiled] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 import torch
 
 import nesgpu
+from nesgpu.decode import CompiledDecode
 from nesgpu.tasks.generation import GenerationTask
 from nesgpu.tasks.verifiers import arithmetic_problems, arithmetic_reward, rewards_of
 
@@ -61,8 +67,8 @@ def one_at_a_time(model, task: GenerationTask, prompts: list[str], members: int,
 def measure(size: str, args, tokenizer, device, sync) -> dict:
     hidden, layers = (int(v) for v in size.split("x"))
     prompts = [p for p, _ in arithmetic_problems(4000, seed=0)]
-    task = GenerationTask(prompts, tokenizer, rewards_of(arithmetic_reward), max_new_tokens=args.new_tokens,
-                          prompts_per_step=args.prompts)
+    options = dict(max_new_tokens=args.new_tokens, prompts_per_step=args.prompts)
+    task = GenerationTask(prompts, tokenizer, rewards_of(arithmetic_reward), **options)
 
     def model():
         torch.manual_seed(0)
@@ -75,26 +81,56 @@ def measure(size: str, args, tokenizer, device, sync) -> dict:
     pm = nesgpu.PerturbedModel(net, args.population // 2, sigma=1e-3, antithetic=True)
     pm.set_noise(step=0)
     step_prompts = task.step_prompts(0)
-    enc = tokenizer(step_prompts, return_tensors="pt", padding=True, padding_side="left")
+    longest = max(len(ids) for ids in tokenizer(prompts).input_ids)
+    enc = tokenizer(step_prompts, return_tensors="pt", padding="max_length", max_length=longest, padding_side="left")
     rows, mask = pm.member_rows(enc.input_ids.to(device)), pm.member_rows(enc.attention_mask.to(device))
-    options = dict(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    gen = dict(input_ids=rows, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False,
+               pad_token_id=tokenizer.pad_token_id)
 
-    def population():
+    def population(**compiled):
         with pm.perturbing():
-            net.generate(input_ids=rows, attention_mask=mask, **options)
+            net.generate(**gen, **compiled)
 
-    fns = {"plain": lambda: plain.generate(input_ids=rows, attention_mask=mask, **options),
-           "population": population, "fitness": lambda: task.fitness(pm, 0),
+    fns = {"plain": lambda: plain.generate(**gen), "population": population, "fitness": lambda: task.fitness(pm, 0),
            "one_at_a_time": lambda: one_at_a_time(plain, task, step_prompts, args.population, 1e-3, 0)}
+    if args.compiled:
+        plain_decode, decode = CompiledDecode(device), CompiledDecode(device)  # one graph per model
+        compiled_task = GenerationTask(prompts, tokenizer, rewards_of(arithmetic_reward), **options, compile=decode)
+        fns.update(plain_compiled=lambda: plain.generate(**gen, **plain_decode.options),
+                   population_compiled=lambda: population(**decode.options),
+                   fitness_compiled=lambda: compiled_task.fitness(pm, 0))
     with torch.no_grad():
         med = timed(fns, args.repeats, sync)
     tokens = rows.shape[0] * args.new_tokens
+    ratios = {"population_vs_plain": med["plain"] / med["population"], "fitness_vs_plain": med["plain"] / med["fitness"]}
+    if args.compiled:
+        ratios.update(compiled_population_vs_plain=med["plain_compiled"] / med["population_compiled"],
+                      compiled_fitness_vs_plain=med["plain_compiled"] / med["fitness_compiled"],
+                      compiled_population_vs_eager_plain=med["plain"] / med["population_compiled"],
+                      graphs=plain_decode.graphs + decode.graphs)
+    fitness = med["fitness_compiled" if args.compiled else "fitness"]
     return {"size": size, "params": sum(p.numel() for p in plain.parameters()), "rows": rows.shape[0],
-            "tokens_per_s": {k: tokens / med[k] for k in ("plain", "population", "fitness")},
-            "population_vs_plain": med["plain"] / med["population"], "fitness_vs_plain": med["plain"] / med["fitness"],
-            "members_per_s": {"batched": args.population / med["fitness"],
+            "tokens_per_s": {k: tokens / v for k, v in med.items() if k != "one_at_a_time"}, **ratios,
+            "members_per_s": {"batched": args.population / fitness,
                               "one_at_a_time": args.population / med["one_at_a_time"]},
-            "batched_vs_one_at_a_time": med["one_at_a_time"] / med["fitness"], "seconds": med}
+            "batched_vs_one_at_a_time": med["one_at_a_time"] / fitness, "seconds": med}
+
+
+def print_table(results: list[dict], compiled: bool) -> None:
+    """One row per size: eager ratios, then compiled ones (to compiled plain), then members per second (of the
+    compiled fitness with --compiled)."""
+    extra = " compiled: population / plain | fitness / plain | population / eager plain |" if compiled else ""
+    print(f"| model | params | rows | population gen / plain gen | fitness / plain gen |{extra} members/s batched | "
+          f"one at a time | ratio |")
+    print("|---|---:|---:|---:|---:|" + "---:|" * (3 if compiled else 0) + "---:|---:|---:|")
+    for r in results:
+        m = r["members_per_s"]
+        cells = [r["size"], f"{r['params']:,}", r["rows"], f"{r['population_vs_plain']:.2f}", f"{r['fitness_vs_plain']:.2f}"]
+        if compiled:
+            cells += [f"{r['compiled_population_vs_plain']:.2f}", f"{r['compiled_fitness_vs_plain']:.2f}",
+                      f"{r['compiled_population_vs_eager_plain']:.2f}"]
+        cells += [f"{m['batched']:.0f}", f"{m['one_at_a_time']:.1f}", f"{r['batched_vs_one_at_a_time']:.1f}x"]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 def main() -> None:
@@ -105,19 +141,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=6)
     parser.add_argument("--evolve", default="all", choices=["all", "matrices"])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--compiled", action="store_true", help="also time the compiled static-cache decode")
     add_device_options(parser)
     args = parser.parse_args()
     device, sync = device_of(args)
     tokenizer = train_tokenizer([f"{p}{a}\n" for p, a in arithmetic_problems(4000, seed=0)])
     results = [measure(size, args, tokenizer, device, sync) for size in args.sizes]
-    print("| model | params | rows | population gen / plain gen (tokens/s) | whole fitness / plain gen | "
-          "members/s batched | one at a time | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in results:
-        m = r["members_per_s"]
-        print(f"| {r['size']} | {r['params']:,} | {r['rows']} | {r['population_vs_plain']:.2f} | "
-              f"{r['fitness_vs_plain']:.2f} | {m['batched']:.0f} | {m['one_at_a_time']:.1f} | "
-              f"{r['batched_vs_one_at_a_time']:.1f}x |")
+    print_table(results, args.compiled)
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "args": {k: str(v) for k, v in vars(args).items()}},
                                               indent=1))

@@ -61,7 +61,7 @@ def test_a_compiled_task_scores_as_the_eager_one_and_new_noise_does_not_recompil
 
 def test_bad_options_are_refused():
     options = dict(prompts=["1+1="], tokenizer=char_tokenizer(), reward=digit_count)
-    with pytest.raises(TypeError, match="compile must be True or False; got 'yes'"):
+    with pytest.raises(TypeError, match="compile must be True, False or a CompiledDecode; got 'yes'"):
         GenerationTask(**options, compile="yes")
     with pytest.raises(ValueError, match="fitness 'likelihood' has none"):
         GenerationTask(**options, compile=True, fitness="likelihood", generations=2, temperature=1.0)

@@ -376,20 +376,25 @@ class PerturbedModule(SharedParameters):
     features (Linear, Embedding, LayerNorm): such a module takes its rows' tokens flattened, (rows * T, ...)."""
 
     def forward(self, *args, **kwargs):
-        if self._active is None:
+        state = self.__dict__  # plain attributes, read and set directly: this runs per layer per decode step
+        if state["_active"] is None:
             return super().forward(*args, **kwargs)
-        with self.own_call():
+        inside, state["_inside"] = state["_inside"], True  # as own_call(), without a generator's cost
+        try:
             x = args[0] if args else None
             if self.ROW_WISE and isinstance(x, torch.Tensor):
-                layout = self.__dict__["population_layout"]
+                layout = state["population_layout"]
                 if layout is not None and x.dim() and x.shape[0] == 1 < layout.rows:  # one row every member shares
                     x = x.expand(layout.rows, *x.shape[1:])
                     args = (x, *args[1:])
-                tokens = tokens_per_row(layout, x, self.label, self.layer_name)
+                tokens = tokens_per_row(layout, x, self.label, self.layer_name) if (
+                    layout is not None and x.dim() and x.shape[0] != layout.rows) else 0
                 if tokens:  # (rows * T, ...) as (rows, T, ...): token j belongs to row j // T
                     out = self.population_forward(x.view(-1, tokens, *x.shape[1:]), *args[1:], **kwargs)
                     return out.flatten(0, 1)
             return self.population_forward(*args, **kwargs)
+        finally:
+            state["_inside"] = inside
 
     def population_forward(self, *args, **kwargs):
         raise NotImplementedError

@@ -61,7 +61,8 @@ class GenerationTask:
         compile: the population's ``generate()`` runs a compiled static-cache decode
             (:class:`nesgpu.decode.CompiledDecode`: one graph for every decode step; the prompts are padded to
             the longest training prompt so that every step has the same shapes). The first step pays the compile
-            (tens of seconds on a CPU); a later recompile is a warning.
+            (tens of seconds on a CPU); a later recompile is a warning. A :class:`~nesgpu.decode.CompiledDecode`
+            of your own sets the mode, and shares its graphs with your other calls of the same model.
         name: the run's label (``custom:<name>``).
     """
 
@@ -78,7 +79,7 @@ class GenerationTask:
                  max_new_tokens: int = 16, temperature: float = 0.0, stop: Sequence[str] = ("\n",),
                  prompts_per_step: int = 8, shaping: str = "per_prompt", correct_at: float | None = 1.0,
                  seed: int = 0, eval_batch: int = 64, name: str = "generation", generations: int = 1,
-                 fitness: str = "reward", compile: bool = False):
+                 fitness: str = "reward", compile: bool | CompiledDecode = False):
         self.prompts = _check_prompts(prompts, "prompts")
         self.eval_prompts = _check_prompts(self.prompts if eval_prompts is None else eval_prompts, "eval_prompts")
         if getattr(tokenizer, "pad_token_id", None) is None:
@@ -95,8 +96,8 @@ class GenerationTask:
         if not 0 <= temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
         _check_sampling(fitness, generations, temperature)
-        if not isinstance(compile, bool):
-            raise TypeError(f"compile must be True or False; got {compile!r}")
+        if not isinstance(compile, (bool, CompiledDecode)):
+            raise TypeError(f"compile must be True, False or a CompiledDecode; got {compile!r}")
         if compile and fitness == "likelihood":
             raise ValueError("compile=True compiles the population's generate(); fitness 'likelihood' has none (one "
                              "teacher-forced forward): use compile=False")
@@ -118,7 +119,8 @@ class GenerationTask:
         self.metric = "accuracy" if correct_at is not None else "mean_reward"
         self.samples: list[dict] = []  # the last evaluation's prompts, completions and rewards
         self._longest = None  # tokens of the longest training prompt, once counted
-        self.compile, self._compiled = compile, None  # the compiled decode, made at the first population call
+        # the compiled decode: given, or made at the first population call
+        self.compile, self._compiled = bool(compile), compile if isinstance(compile, CompiledDecode) else None
         self._graphs_seen: tuple[int, int] | None = None  # (step, graphs compiled by its end) of the last step
 
     # ----- the population ----------------------------------------------------------------------------
