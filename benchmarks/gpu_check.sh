@@ -67,14 +67,16 @@ $PY benchmarks/hf_population.py --device cuda --bf16 --hidden 512 1024 --layers 
   --json "$OUT/hf_population_cuda.json" | sed -n '/^| hidden/,/members\/s/p'
 # language models on a reward (issue 21): the ES step's generation against plain generate() and against one
 # member at a time, bf16 on CUDA; then a short bf16 ES run of the arithmetic task on the demo's small model
-$PY benchmarks/lm_reward_speed.py --device cuda --bf16 --sizes 512x4 1024x8 --population 64 --repeats 5 \
-  --json "$OUT/lm_reward_speed_cuda.json" | sed -n '/^| model/,$p'
+# issue 32: eager and compiled (static KV cache, CUDA graphs) decode, population against plain, bf16
+$PY -m pytest -q tests/test_decode.py -x
+$PY benchmarks/lm_reward_speed.py --device cuda --bf16 --sizes 64x2 256x4 512x4 1024x8 --population 64 --repeats 5 \
+  --compiled --json "$OUT/lm_reward_speed_cuda.json" | sed -n '/^| model/,$p'
 $PY examples/lm_reward_demo.py --out "$OUT/lm-demo" --pretrain-steps 300 --es-seconds 0
 $PY -m nesgpu train --task arithmetic --model "hf:$OUT/lm-demo/model" --device cuda --precision bf16 --steps 50 \
   --population 256 --out "$OUT/lm-demo/es-bf16" --overwrite --log none | tail -1
 # issue 30: our side of the GPU-scale comparison: a Qwen2.5-0.5B-shaped population of 1,024 rows (128 members x 8
 # prompts, 64 + 64 tokens) in one generate() against plain generate() and ES at Scale's one member at a time, bf16
 $PY benchmarks/lm_population_scale.py --device cuda --bf16 --shape 0.5b --members 128 --prompts 8 --repeats 3 \
-  --json "$OUT/lm_population_0.5b_cuda.json" | tail -1
+  --compiled --json "$OUT/lm_population_0.5b_cuda.json" | tail -2
 $PY benchmarks/lm_population_scale.py --device cuda --bf16 --shape 1.5b --members 128 --prompts 8 --repeats 3 \
   --json "$OUT/lm_population_1.5b_cuda.json" | tail -1

@@ -6,7 +6,9 @@ generated, the weights restored), the way its authors run a population through a
 
 Every row generates exactly ``--new-tokens`` tokens (no early stop), so tokens per second are rows x tokens.
 Timed in one run, interleaved round by round, medians of ``--repeats``; the one-at-a-time loop runs
-``--serial-members`` members and is scaled to the population.
+``--serial-members`` members and is scaled to the population. ``--compiled`` also times plain and population
+``generate()`` through the compiled static-cache decode (:class:`nesgpu.decode.CompiledDecode`, compiled before
+timing; CUDA graphs on a GPU).
 
     python benchmarks/lm_population_scale.py --device cuda --bf16 --shape 0.5b --members 128 --prompts 8
     python benchmarks/lm_population_scale.py --shape tiny --members 8 --prompts 2   # a CPU smoke test
@@ -22,6 +24,7 @@ import torch
 from hf_population import add_device_options, device_of, timed  # this folder's
 
 import nesgpu
+from nesgpu.decode import CompiledDecode
 
 SHAPES = {  # hidden, intermediate, layers, heads, kv heads, vocab (Qwen2.5's released configs)
     "0.5b": (896, 4864, 24, 14, 2, 151_936),
@@ -69,13 +72,18 @@ def measure(args, device, sync) -> dict:
     rows, row_mask = pm.member_rows(ids), pm.member_rows(mask)
     options = dict(max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
 
-    def population():
+    def population(**compiled):
         with pm.perturbing():
-            net.generate(input_ids=rows, attention_mask=row_mask, **options)
+            net.generate(input_ids=rows, attention_mask=row_mask, **options, **compiled)
 
     fns = {"plain": lambda: plain.generate(input_ids=rows, attention_mask=row_mask, **options),
            "population": population,
            "one_at_a_time": lambda: one_at_a_time(plain, ids, mask, args.serial_members, 1e-3, options)}
+    if args.compiled:
+        plain_decode, decode = CompiledDecode(device), CompiledDecode(device)
+        fns.update(plain_compiled=lambda: plain.generate(input_ids=rows, attention_mask=row_mask, **options,
+                                                         **plain_decode.options),
+                   population_compiled=lambda: population(**decode.options))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with torch.no_grad():
@@ -86,6 +94,8 @@ def measure(args, device, sync) -> dict:
             "tokens_per_s": {"plain": tokens / med["plain"], "population": tokens / med["population"],
                              "one_at_a_time": tokens / serial},
             "population_vs_plain": med["plain"] / med["population"],
+            "compiled_population_vs_plain": (med["plain_compiled"] / med["population_compiled"]) if args.compiled
+            else None,
             "members_per_s": {"batched": args.members / med["population"], "one_at_a_time": args.members / serial},
             "batched_vs_one_at_a_time": serial / med["population"], "seconds": med,
             "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
@@ -101,6 +111,7 @@ def main() -> None:
     parser.add_argument("--serial-members", type=int, default=4, help="members the one-at-a-time loop times")
     parser.add_argument("--evolve", default="matrices", choices=["all", "matrices"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compiled", action="store_true", help="also time the compiled static-cache decode")
     add_device_options(parser)
     args = parser.parse_args()
     device, sync = device_of(args)
@@ -112,6 +123,9 @@ def main() -> None:
     print(f"| {r['shape']} | {r['params'] / 1e6:.0f} M | {r['rows']} | {t['plain']:,.0f} | {t['population']:,.0f} | "
           f"{r['population_vs_plain']:.2f} | {r['members_per_s']['batched']:.1f} | "
           f"{r['members_per_s']['one_at_a_time']:.2f} | {r['batched_vs_one_at_a_time']:.1f}x | {peak} |")
+    if args.compiled:
+        print(f"compiled decode: population / plain {r['compiled_population_vs_plain']:.2f}; population tokens/s "
+              f"{r['rows'] * args.new_tokens / r['seconds']['population_compiled']:,.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"result": r, "args": {k: str(v) for k, v in vars(args).items()}},
                                               indent=1))

@@ -99,9 +99,14 @@ def countdown_reward(prompt: str, completion: str) -> float:
 
 def rewards_of(verifier: Callable[[str, str], float]) -> Callable[[list[str], list[str]], torch.Tensor]:
     """A reward function over lists (what :class:`~nesgpu.tasks.generation.GenerationTask` calls) from a
-    verifier of one (prompt, completion)."""
+    verifier of one (prompt, completion), a pure function: within a call, each distinct pair is verified once
+    (a population's members often give the same completion to a prompt)."""
     def reward(prompts: list[str], completions: list[str]) -> torch.Tensor:
-        return torch.tensor([verifier(p, c) for p, c in zip(prompts, completions)], dtype=torch.float32)
+        verified: dict[tuple[str, str], float] = {}
+        for pair in zip(prompts, completions):
+            if pair not in verified:
+                verified[pair] = verifier(*pair)
+        return torch.tensor([verified[pair] for pair in zip(prompts, completions)], dtype=torch.float32)
     reward.__name__ = verifier.__name__
     return reward
 
