@@ -49,7 +49,7 @@ def test_a_compiled_run_trains_like_an_eager_one(tmp_path):
 
 
 def test_compile_on_is_refused_where_it_cannot_apply():
-    with pytest.raises(ValueError, match="compile='on' applies to the built-in torch environments"):
+    with pytest.raises(ValueError, match="compile='on' applies to the built-in torch environments and generation"):
         TrainConfig(task="digits", compile="on").resolved()
     assert make_task("pendulum", compile=True).compile
 

@@ -81,6 +81,15 @@ def torch_env_tasks() -> list[str]:
     return sorted(name for name, spec in TASKS.items() if spec.env_steps is not None)
 
 
+def compiling_tasks() -> list[str]:
+    """The built-in tasks with a compiled path: the torch environments' rollouts, and the generation tasks'
+    population decode (the tasks whose options are prompt options)."""
+    from ...tasks.reward_tasks import PromptOptions
+
+    return sorted(name for name, spec in TASKS.items()
+                  if spec.env_steps is not None or issubclass(spec.options, PromptOptions))
+
+
 def compiles(cfg) -> bool:
     """Whether a resolved config's rollouts run compiled (``compile``: on, off, or auto by the run's size)."""
     if cfg.compile != "auto":
@@ -90,5 +99,5 @@ def compiles(cfg) -> bool:
     return cfg.steps * cfg.population * cfg.episodes * TASKS[cfg.task].env_steps >= COMPILE_MIN_ENV_STEPS
 
 
-__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "compiles", "is_supervised", "presets", "torch_env_tasks",
+__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "compiles", "compiling_tasks", "is_supervised", "presets", "torch_env_tasks",
            "tuned_options"]

@@ -13,7 +13,7 @@ from ...options import check_type
 from ...strategies import STRATEGIES
 from ...tasks import SUPERVISED, task_spec
 from ...tasks import TASKS as TASKS_BY_NAME
-from .defaults import BACKPROP, CUSTOM, ES_ONLY, is_supervised, torch_env_tasks
+from .defaults import BACKPROP, CUSTOM, ES_ONLY, compiling_tasks, is_supervised
 from .options import STRATEGY, TASK, task_key
 
 
@@ -116,11 +116,11 @@ def _check_low_bit(cfg, custom: bool) -> None:
 
 
 def _check_task_options(cfg) -> None:
-    """The task's options (they check themselves), and compile outside the torch environments."""
+    """The task's options (they check themselves), and compile where the task has no compiled path."""
     TASK.options_of(task_key(cfg.task), vars(cfg))
-    if cfg.compile == "on" and cfg.task not in torch_env_tasks():
-        raise ValueError(f"compile='on' applies to the built-in torch environments {torch_env_tasks()}; task "
-                         f"{cfg.task!r} runs eagerly (use --compile auto or off)")
+    if cfg.compile == "on" and cfg.task not in compiling_tasks():
+        raise ValueError(f"compile='on' applies to the built-in torch environments and generation tasks "
+                         f"{compiling_tasks()}; task {cfg.task!r} runs eagerly (use --compile auto or off)")
 
 
 def _check_backprop_task(strategy: str, task: str) -> None:
