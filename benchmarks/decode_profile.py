@@ -3,7 +3,8 @@
 For each model size (a Llama from a config, the demo's character tokenizer, the arithmetic prompts), both
 generate the same rows (members x prompts) under ``torch.profiler``; the table lists, per generated token,
 the operators each side dispatches (count and self time), the operators the population adds first. The
-totals line says how many operators and how much host time a decode step costs on each side.
+totals say how many operators, how many of them compute (not views, allocations or other metadata), and how
+much host time a generated token costs on each side.
 
     python benchmarks/decode_profile.py [--sizes 64x2 512x4] [--population 64] [--top 15]
 """
@@ -24,6 +25,13 @@ from nesgpu.tasks.verifiers import arithmetic_problems
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from hf_population import add_device_options, device_of  # noqa: E402  (this folder's)
 from lm_reward_demo import llama_config, train_tokenizer  # noqa: E402
+
+
+METADATA = frozenset(f"aten::{op}" for op in (
+    "view", "reshape", "_reshape_alias", "transpose", "t", "as_strided", "unsqueeze", "squeeze", "expand", "select",
+    "slice", "alias", "detach", "resolve_conj", "resolve_neg", "empty", "new_empty", "empty_strided", "permute",
+    "contiguous", "lift_fresh", "_unsafe_view", "flatten", "unflatten", "split", "chunk", "narrow", "to", "_to_copy",
+    "empty_like", "zeros", "ones", "full", "result_type", "is_nonzero", "item", "_local_scalar_dense"))
 
 
 def op_table(fn, steps: int) -> tuple[Counter, Counter]:
@@ -73,6 +81,8 @@ def profile_size(size: str, args, tokenizer, device) -> None:
         print(f"| {k} | {p_count[k]:.1f} | {q_count[k]:.1f} | {p_time[k]:.0f} | {q_time[k]:.0f} |")
     print(f"| **all operators** | {sum(p_count.values()):.0f} | {sum(q_count.values()):.0f} | "
           f"{sum(p_time.values()):.0f} | {sum(q_time.values()):.0f} |")
+    computing = [sum(v for k, v in c.items() if k not in METADATA) for c in (p_count, q_count)]
+    print(f"| **computing operators** | {computing[0]:.0f} | {computing[1]:.0f} | | |")
 
 
 def main() -> None:
