@@ -50,8 +50,7 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
             along the same tokens, so it samples from its member's distribution).
         dtype: the precision of the check: float64, or float32 for a model that does not run in float64 (the
             tolerance is then at least ``FLOAT32_TOLERANCE``).
-        compile: with ``max_new_tokens``, the population's ``generate()`` runs the compiled static-cache decode
-            (:class:`nesgpu.decode.CompiledDecode`) and is compared with every member's own eager one.
+        compile: with ``max_new_tokens``, the population's generate() runs the compiled decode (CompiledDecode).
 
     Returns:
         a :class:`CheckReport`: ``exact``, the worst relative error of every module, which modules take the

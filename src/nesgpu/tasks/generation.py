@@ -99,8 +99,8 @@ class GenerationTask:
         if not isinstance(compile, (bool, CompiledDecode)):
             raise TypeError(f"compile must be True, False or a CompiledDecode; got {compile!r}")
         if compile and fitness == "likelihood":
-            raise ValueError("compile=True compiles the population's generate(); fitness 'likelihood' has none (one "
-                             "teacher-forced forward): use compile=False")
+            raise ValueError("compile=True (--compile on) compiles the population's generate(); fitness 'likelihood' "
+                             "has none (one teacher-forced forward): use compile=False (--compile auto or off)")
         stop = (stop,) if isinstance(stop, str) else tuple(stop)  # "END" is one stop, not three letters
         if not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a string or a list of non-empty strings; got {stop!r:.80}")
