@@ -143,11 +143,15 @@ class GenerationTask:
             self._note_graphs(step)
         signs, d = (2 if pm.antithetic else 1), pm.local_directions
         row_prompts = [prompts[(n // d) // self.generations % len(prompts)] for n in range(new.shape[0])]
-        completions = self._decode(new)
+        # the members repeat one another's completions: each distinct row of tokens is decoded and counted once
+        distinct, row_of = torch.unique(new.cpu(), dim=0, return_inverse=True)
+        texts = self._decode(distinct)
+        lengths = [len(t) for t in self.tokenizer(texts, add_special_tokens=False).input_ids]
+        completions = [texts[i] for i in row_of.tolist()]
         rewards = pm.by_member(self._score(row_prompts, completions).to(ids.device))  # (signs, P * K, D)
         fitness = rewards.view(signs, len(prompts), self.generations, d).mean(2).reshape(signs * len(prompts), d)
-        lengths = [len(t) for t in self.tokenizer(completions, add_special_tokens=False).input_ids]
-        return fitness, {"completion_tokens": torch.tensor(sum(lengths) / len(lengths), device=ids.device),
+        tokens = sum(lengths[i] for i in row_of.tolist()) / len(completions)
+        return fitness, {"completion_tokens": torch.tensor(tokens, device=ids.device),
                          "generated_tokens": torch.tensor(new.numel(), device=ids.device)}
 
     def _likelihood_fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
