@@ -146,3 +146,49 @@ def test_a_held_noise_record_or_storage_is_never_refilled():
     del record
     pm.set_noise(step=3)
     assert torch.equal(detached, kept)  # the storage is still shared: step 3 got new memory too
+
+
+def test_a_records_derived_values_follow_their_sources():
+    """Noise.derived keeps fn() while its sources are the same tensors at the same version: an in-place change
+    (or another tensor, a new sigma's) computes it again, never a stale value."""
+    from nesgpu.kinds.base import Noise
+
+    a, calls = torch.ones(3), []
+
+    def double():
+        calls.append(1)
+        return a * 2
+
+    record = Noise(None, (3,), {"a": a}, 1)
+    assert record.derived("x", (a, None), double).eq(2).all()
+    assert record.derived("x", (a, None), double).eq(2).all() and len(calls) == 1
+    a.add_(1)  # in place: a new version
+    assert record.derived("x", (a, None), double).eq(4).all() and len(calls) == 2
+    other = a.clone()
+    record.derived("x", (other, None), double)
+    record.derived("x", (other, a), double)  # another number of sources
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize("positions", [1, 9])  # a decode step's one position per row; a sequence
+def test_a_new_sigma_or_weights_on_the_same_noise_is_not_served_stale(positions):
+    """The low-rank product keeps sigma times A_d per step: a second sigma, or weights updated in place, with the
+    same noise give each member's own dense product in float64."""
+    torch.manual_seed(0)
+    layer = nesgpu.layers.PerturbedLinear(5, 4, kind="lowrank").double()
+    pm = nesgpu.PerturbedModel(layer, 3, sigma=0.1, antithetic=True)
+    pm.set_noise(step=2)
+    z, x = layer.dense_noise(), torch.randn(2, 3, positions, 5, dtype=torch.float64)  # (signs, D, M, in)
+    for sigma, step_weights in ((0.1, False), (0.3, False), (0.3, True)):
+        pm.sigma = sigma
+        if step_weights:
+            with torch.no_grad():
+                layer.weight.add_(1.0)
+                layer.bias.data.add_(1.0)  # no new version: the bias is never kept
+        with pm.perturbing():
+            y = pm(x.reshape(6, positions, 5)).view(2, 3, positions, 4)
+        for s, sign in enumerate((1, -1)):
+            w = layer.weight + sign * sigma * z["weight"]  # (D, out, in)
+            b = layer.bias + sign * sigma * z["bias"]
+            want = torch.einsum("dmi,doi->dmo", x[s], w) + b.unsqueeze(1)
+            torch.testing.assert_close(y[s], want, rtol=1e-12, atol=1e-12)

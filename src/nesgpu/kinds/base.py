@@ -63,12 +63,16 @@ class Noise:
         per forward (a decode step's). Compiled code computes it inline (the graph fuses it)."""
         if torch.compiler.is_compiling():
             return fn()
-        key = tuple((t, None if t is None else t._version) for t in sources)
         kept = self._derived.get(name)
-        if kept is None or len(kept[0]) != len(key) or any(
-                a is not b or va != vb for (a, va), (b, vb) in zip(kept[0], key)):
-            kept = self._derived[name] = (key, fn())
-        return kept[1]
+        if kept is not None and len(kept[0]) == len(sources):
+            for t, (held, version) in zip(sources, kept[0]):
+                if t is not held or (t is not None and t._version != version):
+                    break
+            else:
+                return kept[1]
+        value = fn()
+        self._derived[name] = (tuple((t, None if t is None else t._version) for t in sources), value)
+        return value
 
 
 @dataclass(frozen=True)
