@@ -387,8 +387,7 @@ class PerturbedModule(SharedParameters):
                 if layout is not None and x.dim() and x.shape[0] == 1 < layout.rows:  # one row every member shares
                     x = x.expand(layout.rows, *x.shape[1:])
                     args = (x, *args[1:])
-                tokens = tokens_per_row(layout, x, self.label, self.layer_name) if (
-                    layout is not None and x.dim() and x.shape[0] != layout.rows) else 0
+                tokens = tokens_per_row(layout, x, self.label, self.layer_name)
                 if tokens:  # (rows * T, ...) as (rows, T, ...): token j belongs to row j // T
                     out = self.population_forward(x.view(-1, tokens, *x.shape[1:]), *args[1:], **kwargs)
                     return out.flatten(0, 1)

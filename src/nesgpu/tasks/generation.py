@@ -145,12 +145,13 @@ class GenerationTask:
         row_prompts = [prompts[(n // d) // self.generations % len(prompts)] for n in range(new.shape[0])]
         # the members repeat one another's completions: each distinct row of tokens is decoded and counted once
         distinct, row_of = torch.unique(new.cpu(), dim=0, return_inverse=True)
+        row_of = row_of.tolist()
         texts = self._decode(distinct)
         lengths = [len(t) for t in self.tokenizer(texts, add_special_tokens=False).input_ids]
-        completions = [texts[i] for i in row_of.tolist()]
+        completions = [texts[i] for i in row_of]
         rewards = pm.by_member(self._score(row_prompts, completions).to(ids.device))  # (signs, P * K, D)
         fitness = rewards.view(signs, len(prompts), self.generations, d).mean(2).reshape(signs * len(prompts), d)
-        tokens = sum(lengths[i] for i in row_of.tolist()) / len(completions)
+        tokens = sum(lengths[i] for i in row_of) / len(row_of)
         return fitness, {"completion_tokens": torch.tensor(tokens, device=ids.device),
                          "generated_tokens": torch.tensor(new.numel(), device=ids.device)}
 
