@@ -67,3 +67,13 @@ def test_bad_options_are_refused():
         GenerationTask(**options, compile=True, fitness="likelihood", generations=2, temperature=1.0)
     with pytest.raises(ValueError, match="mode must be one of"):
         CompiledDecode("cpu", mode="fast")
+
+
+def test_a_model_with_modules_in_the_exact_fallback_is_refused_before_compiling():
+    net = nesgpu.convert(tiny_llama(), "lowrank", fallback=["model.layers.0.mlp"])
+    pm = nesgpu.PerturbedModel(net, 2, sigma=0.1, antithetic=True)
+    task = GenerationTask(prompts=["1+1="], tokenizer=char_tokenizer(), reward=digit_count, compile=True,
+                          max_new_tokens=2, prompts_per_step=1)
+    with pytest.raises(ValueError, match=r"1 run through the exact fallback \(model.layers.0.mlp\)"):
+        Population(pm, log=lambda *a: None).evaluate(task, 0, 0.1)
+    assert task._compiled is None  # refused before anything compiled

@@ -19,6 +19,9 @@ builds, so that a caller can see (and bound) recompiles.
 from __future__ import annotations
 
 import torch
+from torch import nn
+
+from .layers import FunctionalPerturbed
 
 MODES = ("default", "reduce-overhead", "max-autotune")
 
@@ -62,6 +65,17 @@ class CompiledDecode:
         return f"CompiledDecode(mode={self.mode!r}, graphs={self.graphs})"
 
 
+def check_compilable(model: nn.Module) -> None:
+    """Raise ValueError when a population's decode cannot compile to one graph: modules in the exact fallback
+    (a PEFT adapter's layers, say) call each member's module on its own rows, which the compiler guards by object
+    identity, so every decode step would recompile until torch's limit, then run eagerly."""
+    fallback = [name or "model" for name, module in model.named_modules() if isinstance(module, FunctionalPerturbed)]
+    if fallback:
+        raise ValueError(f"the compiled decode needs every perturbed module batched; {len(fallback)} run through the "
+                         f"exact fallback ({', '.join(fallback[:3])}{', ...' if len(fallback) > 3 else ''}) and would "
+                         f"recompile at every decode step: use compile=False (--compile auto or off)")
+
+
 class _CountingInductor:
     """torch.compile's inductor backend in ``mode``, counting the graphs it compiles. transformers deep-copies
     its compile options; the copy is this same object, so the count is the caller's."""
@@ -79,4 +93,4 @@ class _CountingInductor:
         return self
 
 
-__all__ = ["MODES", "CompiledDecode"]
+__all__ = ["MODES", "CompiledDecode", "check_compilable"]

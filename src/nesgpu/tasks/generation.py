@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from ..decode import CompiledDecode
+from ..decode import CompiledDecode, check_compilable
 from ..model import PerturbedModel
 from ..noise import derive_seed
 from .likelihood import Drawn, importance_weighted, joined, kept_tokens, sequence_logp
@@ -287,6 +287,8 @@ class GenerationTask:
         through the compiled static-cache decode."""
         options = dict(max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
         if compiled:
+            if self._compiled is None or self._graphs_seen is None:
+                check_compilable(model)  # before the first compile
             if self._compiled is None:
                 self._compiled = CompiledDecode(ids.device)
             options.update(self._compiled.options)
