@@ -133,6 +133,16 @@ class Kind:
         ``signed`` (S,) is sigma times each sign: repeat r's scale is ``signed[r // (R / S)]``."""
         return None
 
+    def linear_plan(self, signed: torch.Tensor, noise: Noise,
+                    bias_z: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None],
+                                                             torch.Tensor] | None:
+        """:meth:`linear_product` with its arguments that stay fixed for a population call bound, as a function
+        ``f(x, weight_t, bias)`` (the weights are passed at every call, so changes to them are seen), where the
+        kind has a fused product; None (the default) where it has not, or while compiling. A layer calls it once
+        per input shape and call, then ``f`` per forward: the same values as :meth:`linear_product`, bit for bit,
+        without its per-call lookups."""
+        return None
+
     def apply_shared_(self, x: torch.Tensor, y: torch.Tensor, noise: Noise) -> None:
         """y (B, D, out) += x_b times z_d for a 2-D input x (B, in) that every direction shares (a linear
         product at unit scale). The default expands x over the directions (no copy) and runs ``apply_``; a

@@ -52,6 +52,38 @@ def _signed_factors(a: torch.Tensor, bias_z: torch.Tensor | None, signed: torch.
     return a_s, c
 
 
+def _noise_projection(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x_{r,d} B_d^T as (R, D, M, r); one position per row (decode) as one batched GEMM over a strided view of x,
+    (D, R, r) viewed (R, D, 1, r)."""
+    r_, d, m, i = x.shape
+    if m == 1:
+        return torch.bmm(x.view(r_, d, i).transpose(0, 1), b.transpose(1, 2)).transpose(0, 1).unsqueeze(2)
+    return _project(x, b)
+
+
+def _fused_product(x, weight_t, bias, a_s, c, b) -> torch.Tensor:
+    """x (R, D, M, in) @ weight_t + bias + signed_r (x B_d^T) A_d (+ signed_r bias_d), as (R, D, M, out): the
+    noise's product written first into a row-major buffer, then the GEMM accumulates the shared product into it.
+    ``a_s``, ``c``: A_d and bias_d times each sign's sigma (:func:`_signed_factors`)."""
+    r_, d, m, i = x.shape
+    s, rank, out = a_s.shape[0], a_s.shape[3], a_s.shape[4]
+    t = _noise_projection(x, b).reshape(s, r_ // s, d, m, rank)
+    if bias is not None:
+        c = bias if c is None else c + bias
+    p = x.new_empty(s, r_ // s, d, m, out)  # row-major whatever t's strides, for the GEMM's view
+    if rank > 1:
+        torch.matmul(t, a_s, out=p)
+        if c is not None:
+            p.add_(c)
+    elif c is None:
+        torch.mul(t, a_s, out=p)
+    else:
+        torch.addcmul(c, t, a_s, out=p)
+    flat = p.view(-1, out)
+    torch.addmm(flat, x.reshape(-1, i), weight_t, out=flat)
+    return flat.view(r_, d, m, out)
+
+
 @dataclass(frozen=True)
 class LowRank(Kind):
     """Low-rank noise: direction d's noise is A_d B_d^T / sqrt(r), never formed densely.
@@ -148,33 +180,24 @@ class LowRank(Kind):
         # per layer at rank 1: x B_d^T, (x B_d^T) A_d (+ bias), and the GEMM.
         if not noise.geometry.is_matrix:
             return None
-        r_, d, m, i = x.shape
-        s = signed.shape[0]
         a_s, c = noise.derived("signed_lowrank", (signed, noise["a"], bias_z), lambda: _signed_factors(
             noise["a"], bias_z, signed))  # (S, 1, D, r, out), (S, 1, D, 1, out) or None
-        if m == 1:  # decode: x B_d^T as one batched GEMM over a strided view of x, (D, R, r) viewed (R, D, 1, r)
-            t = torch.bmm(x.view(r_, d, i).transpose(0, 1), noise["b"].transpose(1, 2)).transpose(0, 1)
-        else:
-            t = _project(x, noise["b"])
-        t = t.reshape(s, r_ // s, d, m, self.rank)
-        if bias is not None:
-            c = bias if c is None else c + bias
         if torch.compiler.is_compiling():  # the compiler picks the layouts and fuses the noise into one kernel
+            r_, d, m, i = x.shape
+            t = _noise_projection(x, noise["b"]).reshape(a_s.shape[0], r_ // a_s.shape[0], d, m, self.rank)
+            c = c if bias is None else bias if c is None else c + bias
             p = torch.matmul(t, a_s) if self.rank > 1 else t * a_s
             p = (p if c is None else p + c).reshape(-1, a_s.shape[-1])
             return torch.addmm(p, x.reshape(-1, i), weight_t).view(r_, d, m, -1)
-        p = x.new_empty(s, r_ // s, d, m, a_s.shape[-1])  # row-major whatever t's strides, for the GEMM's view
-        if self.rank > 1:
-            torch.matmul(t, a_s, out=p)
-            if c is not None:
-                p.add_(c)
-        elif c is None:
-            torch.mul(t, a_s, out=p)
-        else:
-            torch.addcmul(c, t, a_s, out=p)
-        flat = p.view(-1, p.shape[-1])
-        torch.addmm(flat, x.reshape(-1, i), weight_t, out=flat)
-        return flat.view(r_, d, m, -1)
+        return _fused_product(x, weight_t, bias, a_s, c, noise["b"])
+
+    def linear_plan(self, signed, noise, bias_z):
+        if not noise.geometry.is_matrix or torch.compiler.is_compiling():
+            return None
+        a_s, c = noise.derived("signed_lowrank", (signed, noise["a"], bias_z), lambda: _signed_factors(
+            noise["a"], bias_z, signed))
+        b = noise["b"]
+        return lambda x, weight_t, bias: _fused_product(x, weight_t, bias, a_s, c, b)
 
     def apply_with_bias_(self, op, x, y, scale, noise, bias):
         if noise.geometry.is_matrix and self._batched(op, x, y):

@@ -14,16 +14,17 @@ second half of the repeats with antithetic sampling.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..kinds import KINDS, LINEAR, Gaussian, Geometry, Kind, Noise, Op
+from ..kinds import KINDS, Gaussian, Geometry, Kind, Noise, Op
 from ..noise import NoiseSource
 from .drawing import HALF, draw_noise
-from .layout import Cached, Population, RowLayout, check_rows, repeat_scale, rows_view, tokens_per_row
+from .layout import Cached, Population, RowLayout, check_rows, repeat_scale, tokens_per_row
+from .plan import CallPlan, call_key
+from .products import LinearProducts
 from .sharing import Borrowed, SharedParameters
 
 VECTOR = Gaussian()
@@ -45,7 +46,7 @@ class Active(NamedTuple):
     antithetic: bool
 
 
-class PerturbedModule(SharedParameters):
+class PerturbedModule(LinearProducts, SharedParameters):
     """Noise state and the population contract shared by all perturbed modules.
 
     Outside a :class:`nesgpu.PerturbedModel` call the module is exactly its torch parent.
@@ -85,6 +86,7 @@ class PerturbedModule(SharedParameters):
         self._range = range(0)
         self._active: Active | None = None
         self._scale: Cached | None = None  # the last repeat_scale and its key
+        self._plan: CallPlan | None = None  # a plain call's plan within a population call (plan.py)
         self.population_calls = 0  # 1 once the noise was used since ``perturbing`` began (the bypass check)
 
     # ----- parameters and noise ----------------------------------------------------------------------
@@ -107,7 +109,7 @@ class PerturbedModule(SharedParameters):
             slots.append(Slot(name, self.kind if geometry is not None else VECTOR, geometry))
         self._slots = slots
         self._guarded = frozenset(slot.name for slot in slots) | frozenset(self._borrowed)
-        self._noise = None
+        self._noise = self.__dict__["_plan"] = None
 
     def perturbed_parameters(self) -> dict[str, nn.Parameter]:
         """The parameters this module perturbs and updates, by attribute name (not those it borrows)."""
@@ -145,7 +147,7 @@ class PerturbedModule(SharedParameters):
         stop = self.directions if stop is None else stop
         if not 0 <= start < stop <= self.directions:
             raise ValueError(f"direction range must lie in [0, {self.directions}]; got [{start}, {stop})")
-        previous, self._noise = self._noise, None  # free the old noise before drawing the new (or reuse it)
+        previous, self._noise, self._plan = self._noise, None, None  # free the old noise before drawing the new
         if not self._slots:
             self._range = range(start, stop)
             self._noise = {}
@@ -166,7 +168,7 @@ class PerturbedModule(SharedParameters):
 
     def free_memory(self) -> None:
         """Drop the noise tensors. The next population call needs a new ``set_noise``."""
-        self._noise = None
+        self._noise = self._plan = None
 
     @property
     def noise_range(self) -> range | None:
@@ -235,16 +237,19 @@ class PerturbedModule(SharedParameters):
     # ----- population forward ------------------------------------------------------------------------
     @contextmanager
     def perturbing(self, sigma: float, antithetic: bool):
-        """Within this block, ``forward`` evaluates the population."""
+        """Within this block, ``forward`` evaluates the population. A block inside another (``pm(x)`` within
+        ``pm.perturbing()``) leaves the outer one as it found it, its use of the noise counted."""
         if self.needs_antithetic and not antithetic:
             raise ValueError(f"{type(self).__name__} uses kind {self.kind.name!r}, which is biased without "
                              f"antithetic sampling; use antithetic=True or another kind")
         state = self.__dict__  # plain attributes, set without nn.Module.__setattr__'s checks (a decode step's cost)
-        state.update(_active=Active(float(sigma), bool(antithetic)), population_calls=0)
+        outer = state["_active"], state["population_layout"], state["population_calls"]
+        state.update(_active=Active(float(sigma), bool(antithetic)), population_calls=0, _plan=None)
         try:
             yield self
         finally:
-            state.update(_active=None, population_layout=None)
+            state.update(_active=outer[0], population_layout=outer[1], _plan=None,
+                         population_calls=max(outer[2], state["population_calls"]))
 
     @property
     def is_perturbing(self) -> bool:
@@ -280,43 +285,6 @@ class PerturbedModule(SharedParameters):
             scale = repeat_scale(r, *self._active, torch.empty(0, dtype=dtype, device=device))
             self._scale = Cached(key, (scale, scale[:: r // 2 if self._active.antithetic else r].clone()))
         return Population(r, d, *self._scale.value)
-
-    def _perturbed_linear(self, x: torch.Tensor, pop: Population, weight: str, bias: str | None,
-                          part: slice | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
-        """x (R * D, ..., in) through matrix ``weight`` and vector ``bias`` (rows ``part`` of it), both perturbed.
-        ``y``, when given, is the shared (unperturbed) product with the bias, computed by the caller (a
-        low-bit layer's); the noise is added to it in place."""
-        b = None if bias is None else getattr(self, bias)
-        w = getattr(self, weight)
-        w = w.t() if weight in self._transposed else w  # (out, in)
-        if y is None:
-            fused = None if part or torch.is_autocast_enabled(x.device.type) else self._fused_linear(x, pop, weight,
-                                                                                                     bias, w, b)
-            if fused is not None:
-                return fused
-            y = F.linear(x, w, b if b is None or part is None else b[part])
-        y4 = rows_view(y, pop.repeats, pop.directions)
-        noise = self._noise_of(weight, y.dtype)
-        if noise is None:  # a frozen weight
-            if b is not None:
-                self._add_vector_(bias, LINEAR, y4, pop.scale, part)
-            return y
-        bias_noise = None if b is None else self._noise_of(bias, y.dtype)
-        bias_z = None if bias_noise is None else bias_noise["z"] if part is None else bias_noise["z"][:, part]
-        x4 = rows_view(x.to(y.dtype), pop.repeats, pop.directions)
-        self._slot(weight).kind.apply_with_bias_(LINEAR, x4, y4, pop.scale, noise, bias_z)  # may fold the bias in
-        return y
-
-    def _fused_linear(self, x, pop, weight, bias, w, b) -> torch.Tensor | None:
-        """The whole perturbed product in one GEMM where the kind has one (Kind.linear_product), else None."""
-        noise = self._noise_of(weight, x.dtype)
-        if noise is None or x.dtype != w.dtype or not x.is_contiguous():
-            return None
-        bias_noise = None if b is None else self._noise_of(bias, x.dtype)
-        x4 = rows_view(x, pop.repeats, pop.directions)
-        y4 = self._slot(weight).kind.linear_product(x4, w.t(), b, pop.signed, noise,
-                                                    None if bias_noise is None else bias_noise["z"])
-        return None if y4 is None else y4.view(*x.shape[:-1], w.shape[0])
 
     def _noise_of(self, name: str, dtype: torch.dtype) -> Noise | None:
         """The noise of parameter ``name`` in the compute dtype, or None when it is frozen."""
@@ -379,21 +347,45 @@ class PerturbedModule(SharedParameters):
         state = self.__dict__  # plain attributes, read and set directly: this runs per layer per decode step
         if state["_active"] is None:
             return super().forward(*args, **kwargs)
+        if self.PLANNED and len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor) and (
+                not torch.compiler.is_compiling()):
+            x, plan = args[0], state["_plan"]
+            key = call_key(x, state["population_layout"])
+            if plan is None or plan.key != key:  # once per kind of input in a population call (plan.py)
+                plan = state["_plan"] = CallPlan(key, self.call_plan(x, key[-1]))
+            if plan.run is not None:
+                return plan.run(x)
         inside, state["_inside"] = state["_inside"], True  # as own_call(), without a generator's cost
         try:
-            x = args[0] if args else None
-            if self.ROW_WISE and isinstance(x, torch.Tensor):
-                layout = state["population_layout"]
-                if layout is not None and x.dim() and x.shape[0] == 1 < layout.rows:  # one row every member shares
-                    x = x.expand(layout.rows, *x.shape[1:])
-                    args = (x, *args[1:])
-                tokens = tokens_per_row(layout, x, self.label, self.layer_name)
-                if tokens:  # (rows * T, ...) as (rows, T, ...): token j belongs to row j // T
-                    out = self.population_forward(x.view(-1, tokens, *x.shape[1:]), *args[1:], **kwargs)
-                    return out.flatten(0, 1)
-            return self.population_forward(*args, **kwargs)
+            return self._population_call(args, kwargs)
         finally:
             state["_inside"] = inside
+
+    def _population_call(self, args: tuple, kwargs: dict):
+        x = args[0] if args else None
+        if self.ROW_WISE and isinstance(x, torch.Tensor):
+            layout = self.__dict__["population_layout"]
+            if layout is not None and x.dim() and x.shape[0] == 1 < layout.rows:  # one row every member shares
+                x = x.expand(layout.rows, *x.shape[1:])
+                args = (x, *args[1:])
+            tokens = tokens_per_row(layout, x, self.label, self.layer_name)
+            if tokens:  # (rows * T, ...) as (rows, T, ...): token j belongs to row j // T
+                return self.population_forward(x.view(-1, tokens, *x.shape[1:]), *args[1:], **kwargs).flatten(0, 1)
+        return self.population_forward(*args, **kwargs)
+
+    PLANNED = False
+    """Whether :meth:`call_plan` may stand in for the population forward of a one-tensor call. A subclass that
+    defines its own ``population_forward`` (or ``_shared_base``: a low-bit layer) is not planned unless it says so."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "PLANNED" not in cls.__dict__ and ("population_forward" in cls.__dict__ or "_shared_base" in cls.__dict__):
+            cls.PLANNED = False
+
+    def call_plan(self, x: torch.Tensor, layout: RowLayout | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """A function computing ``population_forward(x)`` for inputs like ``x`` (:func:`nesgpu.layers.plan.call_key`)
+        during this population call, or None (the general path then runs). Modules with ``PLANNED`` give one."""
+        return None
 
     def population_forward(self, *args, **kwargs):
         raise NotImplementedError

@@ -27,6 +27,7 @@ class PerturbedConv1D(PerturbedModule):
     """
 
     ROW_WISE = True
+    PLANNED = True
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or x.shape[-1] != self.weight.shape[0]:
@@ -34,6 +35,9 @@ class PerturbedConv1D(PerturbedModule):
                              f"{self.weight.shape[0]}); got {tuple(x.shape)}")
         pop = self._population(x.shape[0], compute_dtype(x), x.device)
         return self._perturbed_linear(x, pop, "weight", "bias")
+
+    def call_plan(self, x, layout):
+        return self._linear_plan(x, layout)
 
     __repr__ = nn.Module.__repr__  # transformers' Conv1D writes its own, which would hide the kind
 

@@ -5,7 +5,7 @@ exact fallback."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -13,6 +13,8 @@ from torch import nn
 from ..kinds import Gaussian, Kind
 from .base import PerturbedModule
 from .form import Form
+from .layout import Population
+from .plan import rows_first
 from .probing import probe
 from .swap import swap_class
 
@@ -25,20 +27,44 @@ class PerturbedHFRMSNorm(PerturbedModule):
     """
 
     ROW_WISE = True
+    PLANNED = True
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.rms_eps)).contiguous()  # x may be a strided view
-        k = x.shape[-1]
         pop = self._population(x.shape[0], self.weight.dtype, x.device)  # members in the weight's dtype
         w = self._member_values("weight", pop, self.weight.dtype)
-        w = w.view(w.shape[0], w.shape[1], 1, k)
-        h4 = h.view(pop.repeats, pop.directions, -1, k)
+        return self._normalised(x, w.view(w.shape[0], w.shape[1], 1, x.shape[-1]), pop)
+
+    def _normalised(self, x: torch.Tensor, w: torch.Tensor, pop: Population) -> torch.Tensor:
+        """x (R * D, ..., C) normalised and times its member's weight w (R, D, 1, C), the offset added (a frozen
+        weight: (1, 1, 1, C))."""
+        h = x.float()
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.rms_eps)).contiguous()  # x may be a strided view
+        h4 = h.view(pop.repeats, pop.directions, -1, x.shape[-1])
         if self.rms_product == "input":  # Llama's: normalised, cast back to the input's dtype, then the product
             return (h4.to(x.dtype) * (w + self.rms_offset if self.rms_offset else w)).view(x.shape)
         # Gemma's product in float32; Olmo2's in the promoted dtype
         scale = w.float() + self.rms_offset if self.rms_product == "float32" else w + self.rms_offset
         return (h4 * scale).to(x.dtype).view(x.shape)
+
+    def call_plan(self, x: torch.Tensor, layout) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """A decode step's norm: the member weights' product with the noise and sigma bound (the weight read at
+        every call), then :meth:`_normalised`, as :meth:`population_forward` computes them."""
+        params, d = self._parameters, self.local_directions
+        weight = params["weight"]
+        if (self._borrowed or self._noise is None or not rows_first(x, layout) or x.shape[-1] != weight.shape[0]
+                or x.shape[0] % d or (self._active.antithetic and x.shape[0] // d % 2)):
+            return None
+        pop = self._population(x.shape[0], weight.dtype, x.device)
+        noise = self._noise_of("weight", weight.dtype)
+        if noise is None:
+            return None
+        z, scale, shape = noise["z"].unsqueeze(0), pop.scale.view(-1, 1, 1), (pop.repeats, d, 1, weight.shape[0])
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            p = params["weight"]  # as _member_values: theta + scale_r z_d
+            return self._normalised(x, torch.addcmul(p.view(1, 1, -1), z, scale).view(shape), pop)
+
+        return run
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, eps={self.rms_eps}, offset={self.rms_offset}, product={self.rms_product!r}"

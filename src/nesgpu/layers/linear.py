@@ -29,6 +29,7 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
     """
 
     ROW_WISE = True
+    PLANNED = True  # a plain call is the product alone: a decode step reuses its plan (products.py)
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, kind="gaussian",
                  directions=None, **options):
@@ -45,6 +46,9 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
             return self._perturbed_linear(x, pop, "weight", "bias")
         x, y = self._shared_base(x)
         return self._perturbed_linear(x, pop, "weight", "bias", y=y)
+
+    def call_plan(self, x, layout):
+        return self._linear_plan(x, layout)
 
     def _shared_base(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the input the noise products see, the shared unperturbed product with the bias). A low-bit layer
