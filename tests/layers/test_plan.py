@@ -37,11 +37,24 @@ def test_a_planned_call_is_the_general_path_bit_for_bit(rank, positions, bias):
     x = torch.randn(8, positions, 7)
     with pm.perturbing():
         planned = [layer(x) for _ in range(3)]  # built at the first call, then reused
-        assert layer._plan is not None and layer._plan.run is not None
+        assert [plan.run is not None for plan in layer._plans.values()] == [True]
         with layer.own_call():
             general = layer.population_forward(x)
     for y in planned:
         assert torch.equal(y, general)
+
+
+def test_a_layer_called_on_two_shapes_in_turn_keeps_a_plan_for_each():
+    layer = randomize_(PerturbedLinear(7, 6, kind="lowrank"))
+    pm = nesgpu.PerturbedModel(layer, 4, sigma=SIGMA, antithetic=True, seed=1)
+    pm.set_noise(step=0)
+    a, b = torch.randn(8, 1, 7), torch.randn(8, 3, 7)
+    with pm.perturbing():
+        ya, yb, ya2 = layer(a), layer(b), layer(a)
+        assert len(layer._plans) == 2
+        with layer.own_call():
+            assert torch.equal(ya, layer.population_forward(a)) and torch.equal(yb, layer.population_forward(b))
+    assert torch.equal(ya, ya2) and not layer._plans  # dropped when the population call ends
 
 
 def test_weights_changed_inside_a_population_call_are_seen():
@@ -82,7 +95,7 @@ def test_new_noise_and_a_new_sigma_are_never_served_from_an_old_plan():
             y, again = layer(x), layer(x)
             with layer.own_call():
                 layer.set_noise(pm.seed, step + 10)  # a redraw inside the call drops the plan
-            assert layer._plan is None
+            assert not layer._plans
             redrawn = layer(x)
         torch.testing.assert_close(redrawn, member_linear(layer, x, sigma, 2), rtol=1e-12, atol=1e-12)
         pm.set_noise(step=step)

@@ -63,7 +63,7 @@ def test_conversational_prompts_render_with_the_chat_template_and_completions_co
     task = dataset_task([{"prompt": [{"role": "user", "content": "12+3"}]}], tokenizer, reward, max_new_tokens=2,
                         prompts_per_step=1, correct_at=None)
     assert task.prompts == ["12+3="]
-    task._score(["12+3="], ["15"])
+    task.reward(["12+3="], ["15"])
     assert seen == [([{"role": "user", "content": "12+3"}], [{"role": "assistant", "content": "15"}])]
     plain = char_tokenizer()
     with pytest.raises(ValueError, match="need a tokenizer with a chat template"):
@@ -92,6 +92,37 @@ def test_a_population_step_scores_every_row_with_its_prompts_columns():
     fitness, info = task.fitness(pm, 1)
     assert fitness.shape == (4, 4) and bool(((fitness == 0) | (fitness == 1)).all())
     assert 0 <= task.evaluate(pm.model) <= 1
+
+
+def test_what_trl_passes_besides_the_columns_reaches_a_function_that_takes_it():
+    """completion_ids (the tokens each completion was decoded from), trainer_state.global_step (the ES step),
+    log_metric and log_extra, as GRPOTrainer passes them, to a function that names them; none to one that does
+    not."""
+    tokenizer, seen = char_tokenizer(), []
+
+    def strict(prompts, completions, completion_ids, trainer_state, log_metric, log_extra, answer, level):
+        for text, ids in zip(completions, completion_ids, strict=True):  # up to the token that ends it
+            assert tokenizer.decode(ids, skip_special_tokens=True) in (text, text + "\n")
+        seen.append(trainer_state.global_step)
+        log_metric("length", sum(map(len, completions)) / len(completions))
+        log_extra("answer", answer)
+        return [float(trainer_state.global_step)] * len(completions)
+
+    def columns_only(completions, prompts, answer, level):  # every column, as TRL passes them
+        return [0.0] * len(completions)
+
+    task = dataset_task(ROWS, tokenizer, [strict, columns_only], max_new_tokens=4, prompts_per_step=2,
+                        correct_at=None, shaping="none", stop=("\n",))
+    assert task.reward.context == {"completion_ids", "step"}
+    assert Rewards([columns_only], {}).context == frozenset()  # the task computes no token ids for it
+    pm = PerturbedModel(convert(tiny_llama(), "lowrank"), directions=4, sigma=0.5, antithetic=True)
+    pm.set_noise(step=5)
+    with pytest.warns(UserWarning, match="called log_metric: nesgpu keeps its values in Rewards.logged"):
+        fitness, _ = task.fitness(pm, 5)
+    assert bool((fitness == 5).all()) and seen == [5]
+    logged = task.reward.logged
+    assert list(logged["metrics"]) == ["length"] and len(logged["extra"]["answer"]) == 2 * 2 * 4
+    assert task.evaluate(pm.model) == 5.0 and seen[-1] == 5  # evaluated after step 5
 
 
 def test_reward_functions_load_by_module_or_file_with_one_line_errors(tmp_path, monkeypatch):

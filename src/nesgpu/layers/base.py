@@ -23,7 +23,7 @@ from ..kinds import KINDS, Gaussian, Geometry, Kind, Noise, Op
 from ..noise import NoiseSource
 from .drawing import HALF, draw_noise
 from .layout import Cached, Population, RowLayout, check_rows, repeat_scale, tokens_per_row
-from .plan import CallPlan, call_key
+from .plan import MAX_PLANS, CallPlan, call_key
 from .products import LinearProducts
 from .sharing import Borrowed, SharedParameters
 
@@ -86,7 +86,7 @@ class PerturbedModule(LinearProducts, SharedParameters):
         self._range = range(0)
         self._active: Active | None = None
         self._scale: Cached | None = None  # the last repeat_scale and its key
-        self._plan: CallPlan | None = None  # a plain call's plan within a population call (plan.py)
+        self._plans: dict[tuple, CallPlan] = {}  # plain calls' plans within a population call (plan.py)
         self.population_calls = 0  # 1 once the noise was used since ``perturbing`` began (the bypass check)
 
     # ----- parameters and noise ----------------------------------------------------------------------
@@ -109,7 +109,7 @@ class PerturbedModule(LinearProducts, SharedParameters):
             slots.append(Slot(name, self.kind if geometry is not None else VECTOR, geometry))
         self._slots = slots
         self._guarded = frozenset(slot.name for slot in slots) | frozenset(self._borrowed)
-        self._noise = self.__dict__["_plan"] = None
+        self._noise, self.__dict__["_plans"] = None, {}
 
     def perturbed_parameters(self) -> dict[str, nn.Parameter]:
         """The parameters this module perturbs and updates, by attribute name (not those it borrows)."""
@@ -147,7 +147,8 @@ class PerturbedModule(LinearProducts, SharedParameters):
         stop = self.directions if stop is None else stop
         if not 0 <= start < stop <= self.directions:
             raise ValueError(f"direction range must lie in [0, {self.directions}]; got [{start}, {stop})")
-        previous, self._noise, self._plan = self._noise, None, None  # free the old noise before drawing the new
+        previous, self._noise = self._noise, None  # free the old noise before drawing the new (or reuse it)
+        self._plans = {}
         if not self._slots:
             self._range = range(start, stop)
             self._noise = {}
@@ -168,7 +169,7 @@ class PerturbedModule(LinearProducts, SharedParameters):
 
     def free_memory(self) -> None:
         """Drop the noise tensors. The next population call needs a new ``set_noise``."""
-        self._noise = self._plan = None
+        self._noise, self._plans = None, {}
 
     @property
     def noise_range(self) -> range | None:
@@ -244,11 +245,11 @@ class PerturbedModule(LinearProducts, SharedParameters):
                              f"antithetic sampling; use antithetic=True or another kind")
         state = self.__dict__  # plain attributes, set without nn.Module.__setattr__'s checks (a decode step's cost)
         outer = state["_active"], state["population_layout"], state["population_calls"]
-        state.update(_active=Active(float(sigma), bool(antithetic)), population_calls=0, _plan=None)
+        state.update(_active=Active(float(sigma), bool(antithetic)), population_calls=0, _plans={})
         try:
             yield self
         finally:
-            state.update(_active=outer[0], population_layout=outer[1], _plan=None,
+            state.update(_active=outer[0], population_layout=outer[1], _plans={},
                          population_calls=max(outer[2], state["population_calls"]))
 
     @property
@@ -349,10 +350,13 @@ class PerturbedModule(LinearProducts, SharedParameters):
             return super().forward(*args, **kwargs)
         if self.PLANNED and len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor) and (
                 not torch.compiler.is_compiling()):
-            x, plan = args[0], state["_plan"]
+            x, plans = args[0], state["_plans"]
             key = call_key(x, state["population_layout"])
-            if plan is None or plan.key != key:  # once per kind of input in a population call (plan.py)
-                plan = state["_plan"] = CallPlan(key, self.call_plan(x, key[-1]))
+            plan = plans.get(key)
+            if plan is None:  # once per kind of input in a population call (plan.py)
+                if len(plans) >= MAX_PLANS:
+                    plans.clear()
+                plan = plans[key] = CallPlan(key, self.call_plan(x, key[-1]))
             if plan.run is not None:
                 return plan.run(x)
         inside, state["_inside"] = state["_inside"], True  # as own_call(), without a generator's cost

@@ -17,6 +17,10 @@ import torch
 
 from .layout import RowLayout
 
+MAX_PLANS = 8
+"""Plans a module keeps per population call (one per kind of input: a prefill's and a decode step's, a layer called
+on two shapes in turn); past it they are dropped and built again."""
+
 
 class CallPlan(NamedTuple):
     """A module's population forward for inputs of one ``key``: ``run(x)``, or None where the general path runs

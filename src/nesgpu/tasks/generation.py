@@ -116,6 +116,7 @@ class GenerationTask:
         self.correct_at, self.seed, self.eval_batch, self.name = correct_at, seed, eval_batch, name
         self.generations, self.fitness_kind = generations, fitness
         self._drawn: Drawn | None = None  # the likelihood fitness's completions of the latest step
+        self._step = 0  # the latest step evaluated (a TRL reward function's trainer_state.global_step)
         self.metric = "accuracy" if correct_at is not None else "mean_reward"
         self.samples: list[dict] = []  # the last evaluation's prompts, completions and rewards
         self._longest = None  # tokens of the longest training prompt, once counted
@@ -132,6 +133,7 @@ class GenerationTask:
     def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
         """Raw rewards (signs * prompts, D_local) of the drawn directions: each member's mean reward over its
         ``generations`` completions of each prompt (or, with ``fitness="likelihood"``, the reward it expects)."""
+        self._step = step  # what a TRL reward function reads as trainer_state.global_step
         if self.fitness_kind == "likelihood":
             return self._likelihood_fitness(pm, step)
         prompts = self.step_prompts(step)
@@ -149,7 +151,7 @@ class GenerationTask:
         texts = self._decode(distinct)
         lengths = [len(t) for t in self.tokenizer(texts, add_special_tokens=False).input_ids]
         completions = [texts[i] for i in row_of]
-        rewards = pm.by_member(self._score(row_prompts, completions).to(ids.device))  # (signs, P * K, D)
+        rewards = pm.by_member(self._score(row_prompts, completions, distinct, row_of).to(ids.device))  # (S, P*K, D)
         fitness = rewards.view(signs, len(prompts), self.generations, d).mean(2).reshape(signs * len(prompts), d)
         tokens = sum(lengths[i] for i in row_of) / len(row_of)
         return fitness, {"completion_tokens": torch.tensor(tokens, device=ids.device),
@@ -177,7 +179,7 @@ class GenerationTask:
         ids, mask = self._encode(rows, model)
         new = self._generate(model, ids, mask, derive_seed(self.seed, step, DRAW))
         kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
-        rewards = self._score(rows, self._decode(new)).view(len(prompts), self.generations)
+        rewards = self._score(rows, self._decode(new), new).view(len(prompts), self.generations)
         ids, mask = joined(ids, mask, new, kept, self.tokenizer.pad_token_id)
         return Drawn(step, ids, mask, kept, rewards, sequence_logp(model, ids, mask, kept, self.temperature))
 
@@ -255,8 +257,9 @@ class GenerationTask:
         for start in range(0, len(self.eval_prompts), self.eval_batch):
             prompts = self.eval_prompts[start:start + self.eval_batch]
             ids, mask = self._encode(prompts, model)
-            completions = self._decode(self._generate(model, ids, mask, seed=None))
-            scores = self._score(prompts, completions)
+            new = self._generate(model, ids, mask, seed=None)
+            completions = self._decode(new)
+            scores = self._score(prompts, completions, new)
             rewards.append(scores)
             self.samples += [{"prompt": p, "completion": c, "reward": float(r)}
                              for p, c, r in zip(prompts, completions, scores.tolist())]
@@ -308,10 +311,20 @@ class GenerationTask:
             texts = [t.split(stop, 1)[0] for t in texts]
         return texts
 
-    def _score(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
-        """The reward function's values, checked: a tensor of one finite float per completion."""
-        try:
-            rewards = self.reward(list(prompts), list(completions))  # copies: samples.jsonl keeps what was made
+    def _score(self, prompts: list[str], completions: list[str], tokens: torch.Tensor,
+               row_of: list[int] | None = None) -> torch.Tensor:
+        """The reward function's values, checked: a tensor of one finite float per completion. ``tokens``: the
+        completions' new tokens (rows ``row_of`` of them, when given); a reward with a ``context``
+        (:class:`~nesgpu.tasks.reward_data.Rewards`) gets their ids and the step where it takes them."""
+        wanted, context = getattr(self.reward, "context", frozenset()), {}
+        if "completion_ids" in wanted:
+            tokens = tokens.cpu()
+            ids = [row[kept].tolist() for row, kept in zip(tokens, kept_tokens(self.tokenizer, tokens, self.stop))]
+            context["completion_ids"] = ids if row_of is None else [ids[i] for i in row_of]
+        if "step" in wanted:
+            context["step"] = self._step
+        try:  # copies: samples.jsonl keeps what was made
+            rewards = self.reward(list(prompts), list(completions), **context)
         except Exception as e:  # the user's function: its error, named as its own
             raise ValueError(f"the reward function raised {type(e).__name__}: {e}") from e
         if not isinstance(rewards, torch.Tensor):

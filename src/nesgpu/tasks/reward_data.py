@@ -8,16 +8,23 @@
   (a reference ``answer``, say). Completions are text, or, for conversational prompts, a one-message list
   ``[{"role": "assistant", "content": text}]``, as TRL passes them. A function may return None for a
   completion it does not score; several functions are summed with ``weights``, skipping their None values
-  (TRL's ``nansum``). A reward function written for ``GRPOTrainer`` runs unchanged.
+  (TRL's ``nansum``). A reward function written for ``GRPOTrainer`` runs unchanged: what TRL passes besides
+  the columns reaches a function that takes it (by name, or through ``**kwargs``): ``completion_ids`` (each
+  completion's token ids as scored, up to and including the token that ends it), ``trainer_state`` (a
+  ``transformers.TrainerState`` whose ``global_step`` is the ES step), and ``log_metric`` / ``log_extra``,
+  whose values are kept in :attr:`Rewards.logged` (nesgpu does not write them to metrics.csv; the first call
+  says so).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import json
 import math
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -85,6 +92,28 @@ def render(prompt, tokenizer) -> str:
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
+EXTRAS = ("completion_ids", "trainer_state", "log_extra", "log_metric")
+"""What TRL's GRPOTrainer passes a reward function besides the prompts, completions and columns."""
+
+
+def _extras_taken(function: Callable) -> frozenset[str]:
+    """The names of :data:`EXTRAS` that ``function`` takes: all of them through ``**kwargs``."""
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the columns only
+        return frozenset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return frozenset(EXTRAS)
+    return frozenset(p.name for p in params if p.name in EXTRAS)
+
+
+def trainer_state(step: int):
+    """TRL's ``trainer_state`` for a reward function at ES step ``step``: transformers' TrainerState."""
+    from transformers import TrainerState
+
+    return TrainerState(global_step=int(step))
+
+
 class Rewards:
     """``reward(prompts, completions) -> tensor`` (what GenerationTask calls) from TRL-style reward functions:
     each row's original prompt and other columns, looked up by its rendered prompt, reach every function.
@@ -93,6 +122,11 @@ class Rewards:
         functions: TRL reward functions ``f(completions, prompts=..., **columns) -> list[float | None]``.
         weights: one per function (default: 1 each).
         rows: the prompts' rows, by their rendered text.
+
+    ``context``: what a :class:`~nesgpu.tasks.generation.GenerationTask` passes it besides the prompts and
+    completions, the ones its functions take: the completions' token ids (``completion_ids=``) and the step
+    (``step=``, for ``trainer_state``). ``logged``: what the functions gave ``log_metric`` (name -> values) and
+    ``log_extra`` (column -> values) in the latest call.
     """
 
     def __init__(self, functions: Sequence[Callable], rows: dict[str, dict], weights: Sequence[float] | None = None):
@@ -103,31 +137,62 @@ class Rewards:
         if len(weights) != len(functions) or not all(math.isfinite(w) for w in weights):
             raise ValueError(f"need one finite weight per reward function ({len(functions)}); got {weights}")
         self.functions, self.weights, self.rows = functions, weights, rows
+        self.takes = [_extras_taken(f) for f in functions]
+        taken = frozenset().union(*self.takes)
+        self.context = frozenset(["completion_ids"] if "completion_ids" in taken else []) | frozenset(
+            ["step"] if "trainer_state" in taken else [])
+        self.logged: dict[str, dict] = {"metrics": {}, "extra": {}}
+        self._told = False
         self.__name__ = "+".join(getattr(f, "__name__", "reward") for f in functions)
 
-    def __call__(self, prompts: list[str], completions: list[str]) -> torch.Tensor:
+    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]] | None = None,
+                 step: int = 0) -> torch.Tensor:
         rows = [self.rows[p] for p in prompts]
         columns = {k: [row.get(k) for row in rows] for k in dict.fromkeys(k for row in rows for k in row)}
         originals = columns.pop("prompt")
         texts = [[{"role": "assistant", "content": c}] if _is_conversation(p) else c
                  for p, c in zip(originals, completions)]
+        self.logged = {"metrics": {}, "extra": {}}
+        extras = {"trainer_state": trainer_state(step) if "step" in self.context else None,
+                  "log_metric": self._log_metric, "log_extra": self._log_extra}
+        if completion_ids is not None:
+            extras["completion_ids"] = [list(ids) for ids in completion_ids]
         total = torch.zeros(len(completions), dtype=torch.float64)
         scored = torch.zeros(len(completions), dtype=torch.bool)
-        for f, weight in zip(self.functions, self.weights):
-            values = f(completions=texts, prompts=list(originals), **{k: list(v) for k, v in columns.items()})
-            name = getattr(f, "__name__", repr(f))
-            if not isinstance(values, (list, tuple)) or len(values) != len(completions):
-                raise ValueError(f"reward function {name} must return a list of {len(completions)} floats (or None), "
-                                 f"one per completion; got {values!r:.80}")
-            for i, v in enumerate(values):
-                if v is None:
-                    continue
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise TypeError(f"reward function {name} returned {v!r:.40} for completion {i}; expected a "
-                                    f"float or None")
-                total[i] += weight * float(v)
-                scored[i] = True
+        for f, weight, takes in zip(self.functions, self.weights, self.takes):
+            values = f(completions=texts, prompts=list(originals), **{k: list(v) for k, v in columns.items()},
+                       **{k: v for k, v in extras.items() if k in takes})
+            _add_checked(f, values, weight, total, scored)
         return torch.where(scored, total, torch.full_like(total, math.nan)).float()
+
+    def _log_metric(self, name: str, value: float) -> None:
+        self._tell("log_metric")
+        self.logged["metrics"].setdefault(str(name), []).append(value)
+
+    def _log_extra(self, column: str, values: list) -> None:
+        self._tell("log_extra")
+        self.logged["extra"][str(column)] = list(values)
+
+    def _tell(self, what: str) -> None:
+        if not self._told:
+            self._told = True
+            warnings.warn(f"a reward function called {what}: nesgpu keeps its values in Rewards.logged (the latest "
+                          f"call's) and does not write them to metrics.csv", stacklevel=3)
+
+
+def _add_checked(f: Callable, values, weight: float, total: torch.Tensor, scored: torch.Tensor) -> None:
+    """total += weight * values where a value is given (None: not scored), values checked."""
+    name, n = getattr(f, "__name__", repr(f)), total.shape[0]
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        raise ValueError(f"reward function {name} must return a list of {n} floats (or None), one per completion; "
+                         f"got {values!r:.80}")
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"reward function {name} returned {v!r:.40} for completion {i}; expected a float or None")
+        total[i] += weight * float(v)
+        scored[i] = True
 
 
 def load_function(spec: str) -> Callable:
