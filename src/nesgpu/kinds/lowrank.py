@@ -52,6 +52,12 @@ def _signed_factors(a: torch.Tensor, bias_z: torch.Tensor | None, signed: torch.
     return a_s, c
 
 
+def _signed_of(noise, signed: torch.Tensor, bias_z: torch.Tensor | None):
+    """:func:`_signed_factors` of a step's noise record, kept with it while sigma and the noise stay the same."""
+    return noise.derived("signed_lowrank", (signed, noise["a"], bias_z), lambda: _signed_factors(
+        noise["a"], bias_z, signed))
+
+
 def _noise_projection(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """x_{r,d} B_d^T as (R, D, M, r); one position per row (decode) as one batched GEMM over a strided view of x,
     (D, R, r) viewed (R, D, 1, r)."""
@@ -180,8 +186,7 @@ class LowRank(Kind):
         # per layer at rank 1: x B_d^T, (x B_d^T) A_d (+ bias), and the GEMM.
         if not noise.geometry.is_matrix:
             return None
-        a_s, c = noise.derived("signed_lowrank", (signed, noise["a"], bias_z), lambda: _signed_factors(
-            noise["a"], bias_z, signed))  # (S, 1, D, r, out), (S, 1, D, 1, out) or None
+        a_s, c = _signed_of(noise, signed, bias_z)
         if torch.compiler.is_compiling():  # the compiler picks the layouts and fuses the noise into one kernel
             r_, d, m, i = x.shape
             t = _noise_projection(x, noise["b"]).reshape(a_s.shape[0], r_ // a_s.shape[0], d, m, self.rank)
@@ -194,9 +199,7 @@ class LowRank(Kind):
     def linear_plan(self, signed, noise, bias_z):
         if not noise.geometry.is_matrix or torch.compiler.is_compiling():
             return None
-        a_s, c = noise.derived("signed_lowrank", (signed, noise["a"], bias_z), lambda: _signed_factors(
-            noise["a"], bias_z, signed))
-        b = noise["b"]
+        (a_s, c), b = _signed_of(noise, signed, bias_z), noise["b"]
         return lambda x, weight_t, bias: _fused_product(x, weight_t, bias, a_s, c, b)
 
     def apply_with_bias_(self, op, x, y, scale, noise, bias):
