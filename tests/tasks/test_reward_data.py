@@ -117,12 +117,31 @@ def test_what_trl_passes_besides_the_columns_reaches_a_function_that_takes_it():
     assert Rewards([columns_only], {}).context == frozenset()  # the task computes no token ids for it
     pm = PerturbedModel(convert(tiny_llama(), "lowrank"), directions=4, sigma=0.5, antithetic=True)
     pm.set_noise(step=5)
-    with pytest.warns(UserWarning, match="called log_metric: nesgpu keeps its values in Rewards.logged"):
+    with pytest.warns(UserWarning, match="called log_metric: nesgpu keeps what log_metric and log_extra get"):
         fitness, _ = task.fitness(pm, 5)
     assert bool((fitness == 5).all()) and seen == [5]
     logged = task.reward.logged
     assert list(logged["metrics"]) == ["length"] and len(logged["extra"]["answer"]) == 2 * 2 * 4
     assert task.evaluate(pm.model) == 5.0 and seen[-1] == 5  # evaluated after step 5
+    assert [sample["answer"] for sample in task.samples] == [row["answer"] for row in ROWS]  # log_extra's column
+
+
+def test_log_extra_columns_reach_the_samples_as_json_and_never_the_trainers_keys():
+    def logging(completions, log_extra, **kwargs):
+        n = len(completions)
+        log_extra("odd", [object()] * n)
+        log_extra("nan", [float("nan")] * n)
+        log_extra("step", [99] * n)  # the trainer's key: left out
+        log_extra("short", [1])  # not one per completion: left out
+        return [0.0] * n
+
+    task = dataset_task(ROWS, char_tokenizer(), logging, max_new_tokens=2, correct_at=None)
+    with pytest.warns(UserWarning, match="called log_extra"):
+        task.evaluate(tiny_llama())
+    for sample in task.samples:
+        json.dumps(sample, allow_nan=False)
+        assert sample["odd"].startswith("<object") and sample["nan"] is None
+        assert "step" not in sample and "short" not in sample
 
 
 def test_reward_functions_load_by_module_or_file_with_one_line_errors(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ prompt's rewards across every member (both signs, all directions, after the exch
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import warnings
@@ -261,8 +262,9 @@ class GenerationTask:
             completions = self._decode(new)
             scores = self._score(prompts, completions, new)
             rewards.append(scores)
-            self.samples += [{"prompt": p, "completion": c, "reward": float(r)}
-                             for p, c, r in zip(prompts, completions, scores.tolist())]
+            extra = _logged_columns(self.reward, len(completions))
+            self.samples += [{**{k: v[i] for k, v in extra.items()}, "prompt": p, "completion": c, "reward": float(r)}
+                             for i, (p, c, r) in enumerate(zip(prompts, completions, scores.tolist()))]
         rewards = torch.cat(rewards)
         if self.correct_at is None:
             return float(rewards.mean())
@@ -340,6 +342,25 @@ class GenerationTask:
             raise ValueError(f"the reward function returned a non-finite reward for completion "
                              f"{completions[int((~torch.isfinite(rewards)).nonzero()[0])]!r:.80}")
         return rewards
+
+
+def _logged_columns(reward, rows: int) -> dict[str, list]:
+    """The columns a reward's functions gave ``log_extra`` in its latest call (TRL's completions table), one value
+    per completion, as JSON values (anything else as its text, a non-finite float as None), the trainer's own keys
+    left out."""
+    columns = getattr(reward, "logged", {}).get("extra", {})
+
+    def as_json(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        try:
+            json.dumps(v, allow_nan=False)
+            return v
+        except (TypeError, ValueError):
+            return str(v)
+
+    return {str(k): [as_json(v) for v in values] for k, values in columns.items()
+            if len(values) == rows and str(k) not in ("step", "prompt", "completion", "reward")}
 
 
 def _check_sampling(fitness: str, generations: int, temperature: float) -> None:

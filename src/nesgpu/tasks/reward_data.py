@@ -12,8 +12,8 @@
   the columns reaches a function that takes it (by name, or through ``**kwargs``): ``completion_ids`` (each
   completion's token ids as scored, up to and including the token that ends it), ``trainer_state`` (a
   ``transformers.TrainerState`` whose ``global_step`` is the ES step), and ``log_metric`` / ``log_extra``,
-  whose values are kept in :attr:`Rewards.logged` (nesgpu does not write them to metrics.csv; the first call
-  says so).
+  whose values are kept in :attr:`Rewards.logged`: an evaluation's ``log_extra`` columns go beside its
+  completions in ``samples.jsonl``; ``log_metric``'s are not written to metrics.csv (the first call says so).
 """
 
 from __future__ import annotations
@@ -176,8 +176,10 @@ class Rewards:
     def _tell(self, what: str) -> None:
         if not self._told:
             self._told = True
-            warnings.warn(f"a reward function called {what}: nesgpu keeps its values in Rewards.logged (the latest "
-                          f"call's) and does not write them to metrics.csv", stacklevel=3)
+            warnings.warn(f"a reward function called {what}: nesgpu keeps what log_metric and log_extra get in "
+                          f"Rewards.logged (the latest call's) and writes log_extra's columns beside the evaluated "
+                          f"completions in samples.jsonl; log_metric's values are not written to metrics.csv",
+                          stacklevel=3)
 
 
 def _add_checked(f: Callable, values, weight: float, total: torch.Tensor, scored: torch.Tensor) -> None:
