@@ -5,7 +5,7 @@ input shape or layout, autocast, each sees what the general path would."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import randomize_
+from conftest import DEVICES, randomize_
 from torch import nn
 
 import nesgpu
@@ -30,11 +30,12 @@ def member_linear(layer, x, sigma, directions):
 @pytest.mark.parametrize("rank", [1, 3])
 @pytest.mark.parametrize("positions", [1, 5])
 @pytest.mark.parametrize("bias", [True, False])
-def test_a_planned_call_is_the_general_path_bit_for_bit(rank, positions, bias):
-    layer = randomize_(PerturbedLinear(7, 6, bias=bias, kind="lowrank", rank=rank))
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_planned_call_is_the_general_path_bit_for_bit(rank, positions, bias, device):
+    layer = randomize_(PerturbedLinear(7, 6, bias=bias, kind="lowrank", rank=rank)).to(device)
     pm = nesgpu.PerturbedModel(layer, 4, sigma=SIGMA, antithetic=True, seed=1)
     pm.set_noise(step=3)
-    x = torch.randn(8, positions, 7)
+    x = torch.randn(8, positions, 7).to(device)
     with pm.perturbing():
         planned = [layer(x) for _ in range(3)]  # built at the first call, then reused
         assert [plan.run is not None for plan in layer._plans.values()] == [True]
