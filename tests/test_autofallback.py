@@ -56,6 +56,20 @@ def test_a_module_whose_code_fails_on_the_rows_takes_the_exact_fallback_by_name(
         assert pm(torch.randn(4, 4)).shape == (4, 2)  # 2 repeats x 2 directions: rows above the limit
 
 
+def test_the_fallback_is_not_set_up_in_the_middle_of_a_perturbing_block():
+    """A module made inside the caller's block would run plain for the rest of it: refused, with the way out."""
+    pm = nesgpu.PerturbedModel(nesgpu.convert(Net(MaxBatch(2)), "lowrank"), 2, sigma=0.1)
+    pm.set_noise()
+    x = torch.randn(4, 4)
+    with pm.perturbing(unused=[]):
+        with pytest.raises(ValueError, match=r"not in the middle of a `with pm.perturbing\(\):` block: call pm"):
+            pm(x)
+    with pytest.warns(UserWarning, match=r"inner \(MaxBatch\)"):
+        want = pm(x)  # outside a block: put into the fallback
+    with pm.perturbing():
+        assert torch.equal(pm(x), want) and torch.equal(pm.model(x), want)
+
+
 def test_a_state_kept_between_calls_is_refused_in_the_fallback():
     report = nesgpu.check(Net(Stateful()), torch.randn(2, 4), fallback=["inner"])
     assert report.refused is not None and "writes 'state', a state it keeps between calls" in report.refused

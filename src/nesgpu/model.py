@@ -260,11 +260,16 @@ class PerturbedModel:
     def population_call(self, *args, unused: list[str] | None = None, **kwargs):
         """``pm(*args, **kwargs)``: the model's population call, a module found to need the exact fallback put
         there first (with a warning, see :meth:`fall_back`); ``unused`` as in :meth:`perturbing`."""
+        inside = any(layer.is_perturbing for layer in self.layers.values())
         while True:  # each fallback takes more of the model, so it ends (fall_back refuses a second time)
             try:
                 with self.perturbing(unused):
                     return self.model(*args, **kwargs)
             except NeedsFallback as e:
+                if inside:  # a module made now would not be perturbing in the rest of the caller's block
+                    raise ValueError(f"{e}\n(nesgpu would put it into the exact fallback itself, but not in the "
+                                     f"middle of a `with pm.perturbing():` block: call pm(...) once before the "
+                                     f"block, or convert with that fallback)") from e
                 self.fall_back(e)
 
     def _see_rows(self, module, args, kwargs) -> None:

@@ -113,8 +113,8 @@ def test_what_trl_passes_besides_the_columns_reaches_a_function_that_takes_it():
 
     task = dataset_task(ROWS, tokenizer, [strict, columns_only], max_new_tokens=4, prompts_per_step=2,
                         correct_at=None, shaping="none", stop=("\n",))
-    assert task.reward.context == {"completion_ids", "step"}
-    assert Rewards([columns_only], {}).context == frozenset()  # the task computes no token ids for it
+    assert task.reward.takes_context == {"completion_ids", "step"}
+    assert Rewards([columns_only], {}).takes_context == frozenset()  # the task makes no token ids for it
     pm = PerturbedModel(convert(tiny_llama(), "lowrank"), directions=4, sigma=0.5, antithetic=True)
     pm.set_noise(step=5)
     with pytest.warns(UserWarning, match="called log_metric: nesgpu keeps what log_metric and log_extra get"):
@@ -124,6 +124,27 @@ def test_what_trl_passes_besides_the_columns_reaches_a_function_that_takes_it():
     assert list(logged["metrics"]) == ["length"] and len(logged["extra"]["answer"]) == 2 * 2 * 4
     assert task.evaluate(pm.model) == 5.0 and seen[-1] == 5  # evaluated after step 5
     assert [sample["answer"] for sample in task.samples] == [row["answer"] for row in ROWS]  # log_extra's column
+
+
+def test_token_ids_are_worked_out_only_when_read_and_a_column_wins_over_an_extra_of_its_name(monkeypatch):
+    import nesgpu.tasks.likelihood as likelihood
+
+    calls, seen = [], []
+    real = likelihood.kept_tokens
+    monkeypatch.setattr(likelihood, "kept_tokens", lambda *a: calls.append(1) or real(*a))
+
+    def kwargs_only(completions, trainer_state, **kwargs):  # a column named trainer_state: the column's values
+        seen.append(trainer_state)
+        return [0.0] * len(completions)
+
+    rows = [{**row, "trainer_state": "column"} for row in ROWS]
+    task = dataset_task(rows, char_tokenizer(), kwargs_only, max_new_tokens=3, prompts_per_step=2, correct_at=None)
+    pm = PerturbedModel(convert(tiny_llama(), "lowrank"), directions=2, sigma=0.05, antithetic=True)
+    pm.set_noise(step=0)
+    task.fitness(pm, 0)
+    assert not calls and set(seen[0]) == {"column"}
+    ids = likelihood.CompletionIds(char_tokenizer(), torch.tensor([[5, 6]]), ("\n",))  # read: worked out once
+    assert len(ids) == 1 and not calls and list(ids) == [[5, 6]] and calls == [1]
 
 
 def test_log_extra_columns_reach_the_samples_as_json_and_never_the_trainers_keys():

@@ -22,7 +22,7 @@ from torch import nn
 from ..decode import CompiledDecode, check_compilable
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from .likelihood import Drawn, importance_weighted, joined, kept_tokens, sequence_logp
+from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
 
 SHAPINGS = ("per_prompt", "none")
 FITNESSES = ("reward", "likelihood")
@@ -316,13 +316,12 @@ class GenerationTask:
     def _score(self, prompts: list[str], completions: list[str], tokens: torch.Tensor,
                row_of: list[int] | None = None) -> torch.Tensor:
         """The reward function's values, checked: a tensor of one finite float per completion. ``tokens``: the
-        completions' new tokens (rows ``row_of`` of them, when given); a reward with a ``context``
+        completions' new tokens (rows ``row_of`` of them, when given); a reward that ``takes_context``
         (:class:`~nesgpu.tasks.reward_data.Rewards`) gets their ids and the step where it takes them."""
-        wanted, context = getattr(self.reward, "context", frozenset()), {}
+        wanted, context = getattr(self.reward, "takes_context", frozenset()), {}
+        wanted = wanted if isinstance(wanted, frozenset) else frozenset()
         if "completion_ids" in wanted:
-            tokens = tokens.cpu()
-            ids = [row[kept].tolist() for row, kept in zip(tokens, kept_tokens(self.tokenizer, tokens, self.stop))]
-            context["completion_ids"] = ids if row_of is None else [ids[i] for i in row_of]
+            context["completion_ids"] = CompletionIds(self.tokenizer, tokens, self.stop, row_of)
         if "step" in wanted:
             context["step"] = self._step
         try:  # copies: samples.jsonl keeps what was made
@@ -348,7 +347,10 @@ def _logged_columns(reward, rows: int) -> dict[str, list]:
     """The columns a reward's functions gave ``log_extra`` in its latest call (TRL's completions table), one value
     per completion, as JSON values (anything else as its text, a non-finite float as None), the trainer's own keys
     left out."""
-    columns = getattr(reward, "logged", {}).get("extra", {})
+    logged = getattr(reward, "logged", None)
+    columns = logged.get("extra") if isinstance(logged, dict) else None
+    if not isinstance(columns, dict):
+        return {}
 
     def as_json(v):
         if isinstance(v, float) and not math.isfinite(v):

@@ -17,6 +17,7 @@ These are the pieces; :class:`~nesgpu.tasks.generation.GenerationTask` puts them
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,33 @@ def kept_tokens(tokenizer, new: torch.Tensor, stops: tuple[str, ...]) -> torch.T
     return torch.arange(length).unsqueeze(0) < cut.unsqueeze(1)
 
 
+class CompletionIds(Sequence):
+    """Each completion's token ids as scored, up to and including the token that ends it (:func:`kept_tokens`),
+    a list per row (rows ``row_of`` of ``tokens`` when given), worked out at the first read: finding where a
+    stop string ends decodes the rows once per token, which a reward function that never reads them skips."""
+
+    def __init__(self, tokenizer, tokens: torch.Tensor, stops: tuple[str, ...], row_of: list[int] | None = None):
+        self._args, self._rows = (tokenizer, tokens, stops, row_of), tokens.shape[0] if row_of is None else len(row_of)
+        self._ids: list[list[int]] | None = None
+
+    def _value(self) -> list[list[int]]:
+        if self._ids is None:
+            tokenizer, tokens, stops, row_of = self._args
+            tokens = tokens.cpu()
+            ids = [row[kept].tolist() for row, kept in zip(tokens, kept_tokens(tokenizer, tokens, stops))]
+            self._ids = ids if row_of is None else [ids[i] for i in row_of]
+        return self._ids
+
+    def __getitem__(self, index):
+        return self._value()[index]
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __repr__(self) -> str:
+        return repr(self._value())
+
+
 def joined(ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor, kept: torch.Tensor, pad_id: int):
     """(ids, mask) of each prompt followed by its completion's kept tokens (pad after them)."""
     kept = kept.to(ids.device)
@@ -98,4 +126,4 @@ def importance_weighted(logp: torch.Tensor, base: torch.Tensor, rewards: torch.T
     return (weights * rewards.view(1, prompts, k, 1).to(weights)).sum(2).reshape(signs * prompts, d)
 
 
-__all__ = ["Drawn", "importance_weighted", "joined", "kept_tokens", "sequence_logp"]
+__all__ = ["CompletionIds", "Drawn", "importance_weighted", "joined", "kept_tokens", "sequence_logp"]

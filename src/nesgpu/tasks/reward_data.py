@@ -123,10 +123,11 @@ class Rewards:
         weights: one per function (default: 1 each).
         rows: the prompts' rows, by their rendered text.
 
-    ``context``: what a :class:`~nesgpu.tasks.generation.GenerationTask` passes it besides the prompts and
-    completions, the ones its functions take: the completions' token ids (``completion_ids=``) and the step
-    (``step=``, for ``trainer_state``). ``logged``: what the functions gave ``log_metric`` (name -> values) and
-    ``log_extra`` (column -> values) in the latest call.
+    ``takes_context``: what a :class:`~nesgpu.tasks.generation.GenerationTask` passes it besides the prompts
+    and completions, the ones its functions take: the completions' token ids (``completion_ids=``, a sequence
+    worked out at its first read) and the step (``step=``, for ``trainer_state``). A dataset column of the
+    same name as one of TRL's extras is passed instead of the extra. ``logged``: what the functions gave
+    ``log_metric`` (name -> values) and ``log_extra`` (column -> values) in the latest call.
     """
 
     def __init__(self, functions: Sequence[Callable], rows: dict[str, dict], weights: Sequence[float] | None = None):
@@ -139,13 +140,13 @@ class Rewards:
         self.functions, self.weights, self.rows = functions, weights, rows
         self.takes = [_extras_taken(f) for f in functions]
         taken = frozenset().union(*self.takes)
-        self.context = frozenset(["completion_ids"] if "completion_ids" in taken else []) | frozenset(
+        self.takes_context = frozenset(["completion_ids"] if "completion_ids" in taken else []) | frozenset(
             ["step"] if "trainer_state" in taken else [])
         self.logged: dict[str, dict] = {"metrics": {}, "extra": {}}
         self._told = False
         self.__name__ = "+".join(getattr(f, "__name__", "reward") for f in functions)
 
-    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]] | None = None,
+    def __call__(self, prompts: list[str], completions: list[str], completion_ids: Sequence[list[int]] | None = None,
                  step: int = 0) -> torch.Tensor:
         rows = [self.rows[p] for p in prompts]
         columns = {k: [row.get(k) for row in rows] for k in dict.fromkeys(k for row in rows for k in row)}
@@ -153,15 +154,15 @@ class Rewards:
         texts = [[{"role": "assistant", "content": c}] if _is_conversation(p) else c
                  for p, c in zip(originals, completions)]
         self.logged = {"metrics": {}, "extra": {}}
-        extras = {"trainer_state": trainer_state(step) if "step" in self.context else None,
+        extras = {"trainer_state": trainer_state(step) if "step" in self.takes_context else None,
                   "log_metric": self._log_metric, "log_extra": self._log_extra}
         if completion_ids is not None:
-            extras["completion_ids"] = [list(ids) for ids in completion_ids]
+            extras["completion_ids"] = completion_ids
         total = torch.zeros(len(completions), dtype=torch.float64)
         scored = torch.zeros(len(completions), dtype=torch.bool)
         for f, weight, takes in zip(self.functions, self.weights, self.takes):
             values = f(completions=texts, prompts=list(originals), **{k: list(v) for k, v in columns.items()},
-                       **{k: v for k, v in extras.items() if k in takes})
+                       **{k: v for k, v in extras.items() if k in takes and k not in columns})
             _add_checked(f, values, weight, total, scored)
         return torch.where(scored, total, torch.full_like(total, math.nan)).float()
 
