@@ -153,7 +153,15 @@ def test_a_subclass_with_its_own_population_forward_is_not_planned():
         def population_forward(self, x):
             return 2 * super().population_forward(x)
 
+    class Halving:  # a mixin ahead of the layer in the MRO
+        def population_forward(self, x):
+            return 0.5 * super().population_forward(x)
+
+    class Halved(Halving, PerturbedLinear):
+        pass
+
     assert PerturbedLinear.PLANNED and not Doubled.PLANNED and not nesgpu.layers.LowBitLinear.PLANNED
+    assert not Halved.PLANNED and nesgpu.layers.LowRankLinear.PLANNED
     layer = Doubled(5, 3, kind="lowrank")
     pm = nesgpu.PerturbedModel(layer, 2, sigma=SIGMA, antithetic=True)
     pm.set_noise(step=0)

@@ -27,6 +27,8 @@ from .plan import MAX_PLANS, CallPlan, call_key
 from .products import LinearProducts
 from .sharing import Borrowed, SharedParameters
 
+PLANNED_BY = ("population_forward", "_shared_base", "_perturbed_linear", "call_plan")  # what a plan stands in for
+
 VECTOR = Gaussian()
 """The kind of every parameter that is not a matrix: IID Gaussian, elementwise."""
 
@@ -383,8 +385,11 @@ class PerturbedModule(LinearProducts, SharedParameters):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "PLANNED" not in cls.__dict__ and ("population_forward" in cls.__dict__ or "_shared_base" in cls.__dict__):
-            cls.PLANNED = False
+        if "PLANNED" in cls.__dict__:
+            return
+        said = next(c for c in cls.__mro__ if "PLANNED" in c.__dict__)  # the class whose forward the plan is
+        if any(getattr(cls, name, None) is not getattr(said, name, None) for name in PLANNED_BY):
+            cls.PLANNED = False  # a method the plan stands in for differs here (a mixin's, a subclass's)
 
     def call_plan(self, x: torch.Tensor, layout: RowLayout | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """A function computing ``population_forward(x)`` for inputs like ``x`` (:func:`nesgpu.layers.plan.call_key`)
