@@ -117,7 +117,7 @@ def test_what_trl_passes_besides_the_columns_reaches_a_function_that_takes_it():
     assert Rewards([columns_only], {}).takes_context == frozenset()  # the task makes no token ids for it
     pm = PerturbedModel(convert(tiny_llama(), "lowrank"), directions=4, sigma=0.5, antithetic=True)
     pm.set_noise(step=5)
-    with pytest.warns(UserWarning, match="called log_metric: nesgpu keeps what log_metric and log_extra get"):
+    with pytest.warns(UserWarning, match="called log_metric: nesgpu writes log_extra's columns beside the evaluated"):
         fitness, _ = task.fitness(pm, 5)
     assert bool((fitness == 5).all()) and seen == [5]
     logged = task.reward.logged

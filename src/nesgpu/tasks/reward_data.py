@@ -177,10 +177,10 @@ class Rewards:
     def _tell(self, what: str) -> None:
         if not self._told:
             self._told = True
-            warnings.warn(f"a reward function called {what}: nesgpu keeps what log_metric and log_extra get in "
-                          f"Rewards.logged (the latest call's) and writes log_extra's columns beside the evaluated "
-                          f"completions in samples.jsonl; log_metric's values are not written to metrics.csv",
-                          stacklevel=3)
+            warnings.warn(f"a reward function called {what}: nesgpu writes log_extra's columns beside the evaluated "
+                          f"completions in samples.jsonl, and does not write log_metric's values to metrics.csv (from "
+                          f"Python, what log_metric and log_extra got in the latest call is in the task's "
+                          f"reward.logged)", stacklevel=3)
 
 
 def _add_checked(f: Callable, values, weight: float, total: torch.Tensor, scored: torch.Tensor) -> None:
