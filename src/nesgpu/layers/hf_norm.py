@@ -51,8 +51,8 @@ class PerturbedHFRMSNorm(PerturbedModule):
         every call), then :meth:`_normalised`, as :meth:`population_forward` computes them."""
         params, d = self._parameters, self.local_directions
         weight = params["weight"]
-        if (self._borrowed or self._noise is None or not rows_first(x, layout) or x.shape[-1] != weight.shape[0]
-                or x.shape[0] % d or (self._active.antithetic and x.shape[0] // d % 2)):
+        if (self._borrowed or self._noise is None or not rows_first(x, layout, d, self._active.antithetic)
+                or x.shape[-1] != weight.shape[0]):
             return None
         pop = self._population(x.shape[0], weight.dtype, x.device)
         noise = self._noise_of("weight", weight.dtype)

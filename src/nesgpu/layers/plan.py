@@ -36,7 +36,11 @@ def call_key(x: torch.Tensor, layout: RowLayout | None) -> tuple:
     return x.shape, x.dtype, x.device, x.is_contiguous(), torch.is_autocast_enabled(x.device.type), layout
 
 
-def rows_first(x: torch.Tensor, layout: RowLayout | None) -> bool:
+def rows_first(x: torch.Tensor, layout: RowLayout | None, directions: int, antithetic: bool) -> bool:
     """Whether a row-wise module's input has the population's rows on its first dimension (not their tokens
-    flattened, nor one row every member shares): the only input a plan covers."""
-    return x.dim() >= 2 and (x.shape[0] == layout.rows if layout is not None else True)
+    flattened, nor one row every member shares), R x D of them (R even with antithetic sampling): the only
+    input a plan covers (the general path raises for the others)."""
+    rows = x.shape[0] if x.dim() >= 2 else 0
+    if not rows or (layout is not None and rows != layout.rows) or rows % directions:
+        return False
+    return not (antithetic and rows // directions % 2)

@@ -23,14 +23,12 @@ class LinearProducts:
         None."""
         params, transposed = self._parameters, "weight" in self._transposed
         w = params["weight"]
-        if (self._borrowed or self._noise is None or not rows_first(x, layout) or x.dtype != w.dtype
-                or x.shape[-1] != w.shape[0 if transposed else 1] or not x.is_contiguous()
+        d = self.local_directions
+        if (self._borrowed or self._noise is None or not rows_first(x, layout, d, self._active.antithetic)
+                or x.dtype != w.dtype or x.shape[-1] != w.shape[0 if transposed else 1] or not x.is_contiguous()
                 or torch.is_autocast_enabled(x.device.type)):
             return None
-        rows, d = x.shape[0], self.local_directions
-        if rows % d or (self._active.antithetic and rows // d % 2):
-            return None
-        pop = self._population(rows, x.dtype, x.device)
+        pop = self._population(x.shape[0], x.dtype, x.device)
         noise = self._noise_of("weight", x.dtype)
         bias_noise = None if params.get("bias") is None else self._noise_of("bias", x.dtype)
         product = None if noise is None else self._slot("weight").kind.linear_plan(

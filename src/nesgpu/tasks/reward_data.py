@@ -95,6 +95,9 @@ def render(prompt, tokenizer) -> str:
 EXTRAS = ("completion_ids", "trainer_state", "log_extra", "log_metric")
 """What TRL's GRPOTrainer passes a reward function besides the prompts, completions and columns."""
 
+CONTEXT = {"completion_ids": "completion_ids", "trainer_state": "step"}
+"""The extras a GenerationTask must pass :class:`Rewards` something for, and what."""
+
 
 def _extras_taken(function: Callable) -> frozenset[str]:
     """The names of :data:`EXTRAS` that ``function`` takes: all of them through ``**kwargs``."""
@@ -139,9 +142,7 @@ class Rewards:
             raise ValueError(f"need one finite weight per reward function ({len(functions)}); got {weights}")
         self.functions, self.weights, self.rows = functions, weights, rows
         self.takes = [_extras_taken(f) for f in functions]
-        taken = frozenset().union(*self.takes)
-        self.takes_context = frozenset(["completion_ids"] if "completion_ids" in taken else []) | frozenset(
-            ["step"] if "trainer_state" in taken else [])
+        self.takes_context = frozenset(CONTEXT[k] for k in frozenset().union(*self.takes) if k in CONTEXT)
         self.logged: dict[str, dict] = {"metrics": {}, "extra": {}}
         self._told = False
         self.__name__ = "+".join(getattr(f, "__name__", "reward") for f in functions)
@@ -158,13 +159,12 @@ class Rewards:
                   "log_metric": self._log_metric, "log_extra": self._log_extra}
         if completion_ids is not None:
             extras["completion_ids"] = completion_ids
-        total = torch.zeros(len(completions), dtype=torch.float64)
-        scored = torch.zeros(len(completions), dtype=torch.bool)
+        total: list[float | None] = [None] * len(completions)  # None: no function scored it (NaN)
         for f, weight, takes in zip(self.functions, self.weights, self.takes):
             values = f(completions=texts, prompts=list(originals), **{k: list(v) for k, v in columns.items()},
                        **{k: v for k, v in extras.items() if k in takes and k not in columns})
-            _add_checked(f, values, weight, total, scored)
-        return torch.where(scored, total, torch.full_like(total, math.nan)).float()
+            _add_checked(f, values, weight, total)
+        return torch.tensor([math.nan if t is None else t for t in total], dtype=torch.float64).float()
 
     def _log_metric(self, name: str, value: float) -> None:
         self._tell("log_metric")
@@ -183,9 +183,9 @@ class Rewards:
                           f"reward.logged)", stacklevel=3)
 
 
-def _add_checked(f: Callable, values, weight: float, total: torch.Tensor, scored: torch.Tensor) -> None:
+def _add_checked(f: Callable, values, weight: float, total: list[float | None]) -> None:
     """total += weight * values where a value is given (None: not scored), values checked."""
-    name, n = getattr(f, "__name__", repr(f)), total.shape[0]
+    name, n = getattr(f, "__name__", repr(f)), len(total)
     if not isinstance(values, (list, tuple)) or len(values) != n:
         raise ValueError(f"reward function {name} must return a list of {n} floats (or None), one per completion; "
                          f"got {values!r:.80}")
@@ -194,8 +194,7 @@ def _add_checked(f: Callable, values, weight: float, total: torch.Tensor, scored
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"reward function {name} returned {v!r:.40} for completion {i}; expected a float or None")
-        total[i] += weight * float(v)
-        scored[i] = True
+        total[i] = (total[i] or 0.0) + weight * float(v)
 
 
 def load_function(spec: str) -> Callable:
