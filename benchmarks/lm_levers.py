@@ -37,6 +37,14 @@ LEVERS = {  # name: nesgpu train options over the task's defaults
     "likelihood, T 0.7, 8 per prompt": ["--fitness", "likelihood", "--temperature", "0.7", "--generations", "8"],
     "likelihood, T 1, 8 per prompt, sigma 0.01, lr 3e-4": ["--fitness", "likelihood", "--temperature", "1",
                                                            "--generations", "8", "--sigma", "0.01", "--lr", "3e-4"],
+    "IID Gaussian noise": ["--layer", "gaussian"],
+    "z-score shaping": ["--shaping", "z_score"],
+    "32 prompts per step": ["--batch-size", "32"],
+    "more directions: population 128, 8 prompts": ["--population", "128"],
+    # ES at Scale's update: plain SGD on reward-normalised differences (ARS with every direction)
+    "SGD on normalised rewards (ARS), lr 4e-4": ["--strategy", "ars", "--lr", "4e-4"],
+    "SGD on normalised rewards (ARS), lr 1e-3": ["--strategy", "ars", "--lr", "1e-3"],
+    "ARS, top half of directions, lr 4e-4": ["--strategy", "ars", "--lr", "4e-4", "--top-b", "8"],
 }
 
 
