@@ -165,11 +165,16 @@ class GenerationTask:
         if self._drawn is None or self._drawn.step != step:
             self._drawn = self._draw(pm.model, self.step_prompts(step), step)
             generated = self._drawn.kept.numel()
-        drawn = self._drawn
-        with pm.perturbing():
-            logp = sequence_logp(pm.model, pm.member_rows(drawn.ids), pm.member_rows(drawn.mask),
-                                 pm.member_rows(drawn.kept), self.temperature)
-        fitness = importance_weighted(pm.by_member(logp), drawn.base, drawn.rewards.to(logp.device))
+        drawn, signs = self._drawn, (2 if pm.antithetic else 1)
+        varied, rows = drawn.varied()
+        fitness = drawn.constant_fitness(signs, pm.local_directions)
+        if rows.numel():  # a prompt whose completions all scored alike needs no forward: each member expects that
+            with pm.perturbing():
+                logp = sequence_logp(pm.model, pm.member_rows(drawn.ids[rows]), pm.member_rows(drawn.mask[rows]),
+                                     pm.member_rows(drawn.kept[rows]), self.temperature)
+            weighted = importance_weighted(pm.by_member(logp), drawn.base[rows], drawn.rewards.to(logp)[varied])
+            fitness = fitness.to(weighted.dtype)
+            fitness.view(signs, drawn.rewards.shape[0], -1)[:, varied] = weighted.view(signs, varied.numel(), -1)
         return fitness, {"completion_tokens": drawn.kept.sum(1).float().mean(),
                          "generated_tokens": torch.tensor(generated, device=drawn.ids.device)}
 

@@ -43,6 +43,28 @@ class Drawn:
     rewards: torch.Tensor
     base: torch.Tensor
 
+    @property
+    def k(self) -> int:
+        """Completions per prompt."""
+        return self.rewards.shape[1]
+
+    def varied(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts whose completions did not all score alike, and their rows, as indices on the device.
+
+        Only these carry a signal. A prompt whose completions all scored ``r`` gives every member exactly ``r``:
+        its importance weights would sum to one only up to rounding, and the per-prompt standardisation would
+        blow that rounding up into a full-weight random fitness."""
+        rewards = self.rewards.cpu()  # scored on the host: no device sync
+        prompts = (rewards.amax(1) > rewards.amin(1)).nonzero().flatten()
+        rows = (prompts.unsqueeze(1) * self.k + torch.arange(self.k)).flatten()
+        return prompts.to(self.ids.device), rows.to(self.ids.device)
+
+    def constant_fitness(self, signs: int, directions: int) -> torch.Tensor:
+        """(signs * P, directions): every member's fitness where each prompt's completions scored alike (each
+        prompt's first reward); the varied prompts' rows are overwritten by their expected rewards."""
+        first = self.rewards[:, 0].to(self.ids.device, torch.promote_types(self.rewards.dtype, torch.float32))
+        return first.repeat(signs).unsqueeze(1).expand(-1, directions).clone()
+
 
 def kept_tokens(tokenizer, new: torch.Tensor, stops: tuple[str, ...]) -> torch.Tensor:
     """(rows, T) bool: each row's tokens up to and including the one that completes its first stop string or
