@@ -37,6 +37,8 @@ LEVERS = {  # name: nesgpu train options over the task's defaults
     "likelihood, T 0.7, 8 per prompt": ["--fitness", "likelihood", "--temperature", "0.7", "--generations", "8"],
     "likelihood, T 1, 8 per prompt, sigma 0.01, lr 3e-4": ["--fitness", "likelihood", "--temperature", "1",
                                                            "--generations", "8", "--sigma", "0.01", "--lr", "3e-4"],
+    "likelihood, T 0.7, 8 per prompt, 16 prompts": ["--fitness", "likelihood", "--temperature", "0.7",
+                                                     "--generations", "8", "--batch-size", "16"],
     "IID Gaussian noise": ["--layer", "gaussian"],
     "z-score shaping": ["--shaping", "z_score"],
     "32 prompts per step": ["--batch-size", "32"],
