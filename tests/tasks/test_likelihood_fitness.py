@@ -138,6 +138,19 @@ def test_several_samples_average_each_members_rewards():
     torch.testing.assert_close(result.fitness * 3, (result.fitness * 3).round())
 
 
+def test_members_whose_samples_scored_the_same_values_in_another_order_tie_exactly():
+    values, k, d = [0.1, 1.0, 0.3, 0.7], 4, 3  # summed in another order, these differ in the last bit
+
+    def rotated(prompts, completions):  # rows run (sign, prompt, sample, direction): direction j's samples rotated
+        return torch.tensor([values[(n // d % k + n % d) % k] for n in range(len(completions))])
+
+    t = task(fitness="reward", generations=k, reward=rotated)
+    fitness = Population(perturbed(d, torch.float32), log=lambda *a: None).evaluate(t, 0, 0.3).fitness
+    assert fitness.eq(fitness[0, 0]).all()
+    shaped = task(fitness="reward", generations=k, reward=rotated, shaping="per_prompt").shape(fitness)
+    assert shaped.eq(0).all()  # no signal where there is none
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(fitness="dense"), r"fitness must be one of \['reward', 'likelihood'\]; got 'dense'"),
     (dict(generations=1), "needs generations >= 2 and a temperature above 0; got generations 1"),

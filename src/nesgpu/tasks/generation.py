@@ -153,7 +153,9 @@ class GenerationTask:
         lengths = [len(t) for t in self.tokenizer(texts, add_special_tokens=False).input_ids]
         completions = [texts[i] for i in row_of]
         rewards = pm.by_member(self._score(row_prompts, completions, distinct, row_of).to(ids.device))  # (S, P*K, D)
-        fitness = rewards.view(signs, len(prompts), self.generations, d).mean(2).reshape(signs * len(prompts), d)
+        # sorted first: members whose samples scored the same values in another order tie exactly, not to rounding
+        fitness = rewards.view(signs, len(prompts), self.generations, d).sort(2).values.mean(2)
+        fitness = fitness.reshape(signs * len(prompts), d)
         tokens = sum(lengths[i] for i in row_of) / len(row_of)
         return fitness, {"completion_tokens": torch.tensor(tokens, device=ids.device),
                          "generated_tokens": torch.tensor(new.numel(), device=ids.device)}
