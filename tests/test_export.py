@@ -100,3 +100,15 @@ def test_the_tasks_own_models_export_as_their_own_classes(task, hidden, inputs):
     x = inputs()
     with torch.no_grad():
         assert torch.equal(plain(x), model(x))
+
+
+def test_export_is_the_function_after_the_trainer_is_imported():
+    import subprocess
+    import sys
+
+    code = ("import nesgpu, torch\nfrom nesgpu.train import train\n"
+            "net = nesgpu.convert(torch.nn.Linear(3, 2), 'lowrank')\n"
+            "print(type(nesgpu.export(net)).__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "Linear"

@@ -13,7 +13,7 @@ from .version import __version__  # noqa: F401 (nesgpu.__version__)
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 # public name -> the module that defines it (the perturbed layers come from nesgpu.layers' __all__)
-_HOMES = {"PerturbedModel": "model", "convert": "conversion", "summary": "conversion", "export": "export",
+_HOMES = {"PerturbedModel": "model", "convert": "conversion", "summary": "conversion", "export": "exporting",
           "check": "exactness", "CheckReport": "exactness"}
 
 

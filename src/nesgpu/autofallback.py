@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .export import unconvert
+from .exporting import unconvert
 from .layers import FunctionalPerturbed, PerturbedModule, functional_fallback
 from .layers.guard import NeedsFallback
 from .memory import out_of_memory
