@@ -117,7 +117,7 @@ def test_what_trl_passes_besides_the_columns_reaches_a_function_that_takes_it():
     assert Rewards([columns_only], {}).takes_context == frozenset()  # the task makes no token ids for it
     pm = PerturbedModel(convert(tiny_llama(), "lowrank"), directions=4, sigma=0.5, antithetic=True)
     pm.set_noise(step=5)
-    with pytest.warns(UserWarning, match="called log_metric: nesgpu writes log_extra's columns beside the evaluated"):
+    with pytest.warns(UserWarning, match="called log_metric: nesgpu writes log_metric's values to metrics.csv"):
         fitness, _ = task.fitness(pm, 5)
     assert bool((fitness == 5).all()) and seen == [5]
     logged = task.reward.logged
@@ -163,6 +163,37 @@ def test_log_extra_columns_reach_the_samples_as_json_and_never_the_trainers_keys
         json.dumps(sample, allow_nan=False)
         assert sample["odd"].startswith("<object") and sample["nan"] is None
         assert "step" not in sample and "short" not in sample
+
+
+def test_log_metric_values_become_columns_of_metrics_csv_each_steps_mean_and_survive_a_resume(tmp_path):
+    import csv
+
+    from nesgpu.train import TrainConfig, train
+
+    calls = []
+
+    def counting(completions, log_metric, **kwargs):
+        calls.append(len(calls))
+        log_metric("call", len(calls))  # a training step's value: the mean over its calls (its blocks)
+        return [float(c.count("1")) for c in completions]
+
+    def run(steps, resume=False):
+        task = dataset_task(ROWS, char_tokenizer(), counting, max_new_tokens=2, prompts_per_step=2, correct_at=None)
+        cfg = TrainConfig(task="generation", population=4, sigma=0.1, lr=0.01, steps=steps, eval_every=2,
+                          chunk_size=1, out=str(tmp_path / "run"), log="none")
+        with pytest.warns(UserWarning, match="log_metric's values to metrics.csv"):
+            train(cfg, model=tiny_llama(), task=task, resume=resume, log=lambda *a: None)
+        with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+            return list(csv.DictReader(f))
+
+    rows = run(2)  # step 0: an evaluation (call 1); step 1: two blocks (calls 2, 3); step 2: 4, 5, then eval 6
+    assert [r["eval_log_metric/call"] for r in rows] == ["1", "", "6"]
+    assert [r["log_metric/call"] for r in rows] == ["", "2.5", "4.5"]
+    rows = run(3, resume=True)  # the columns read back; step 3's calls are 8, 9 (7: the first run's final evaluation)
+    assert [r["log_metric/call"] for r in rows] == ["", "2.5", "4.5", "8.5"]
+    with pytest.raises(TypeError, match=r"log_metric\('x', value\) needs a number; got str"):
+        Rewards([lambda completions, log_metric, **kw: log_metric("x", "high") or [0.0]], {"p": {"prompt": "p"}})(
+            ["p"], ["c"])
 
 
 def test_reward_functions_load_by_module_or_file_with_one_line_errors(tmp_path, monkeypatch):

@@ -256,6 +256,11 @@ class GenerationTask:
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
         """Nothing carries over between steps."""
 
+    def logged_metrics(self) -> dict[str, float]:
+        """What the reward functions gave TRL's ``log_metric`` since the last call, each name's mean."""
+        take = getattr(self.reward, "take_metrics", None)
+        return take() if callable(take) else {}
+
     # ----- the plain model ---------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> float:

@@ -67,6 +67,16 @@ class KeepsSamples(Protocol):
 
 
 @runtime_checkable
+class LogsMetrics(Protocol):
+    """A task whose reward functions log scalars of their own (TRL's ``log_metric``): the trainer takes them
+    after every step and every evaluation, and writes them beside the step's statistics."""
+
+    def logged_metrics(self) -> dict[str, float]:
+        """Each name's mean since the last call; the next call starts afresh."""
+        ...
+
+
+@runtime_checkable
 class ModelMaker(Protocol):
     """A task that builds its own model (every built-in task does): ``train`` needs no ``model=`` then."""
 
@@ -120,4 +130,5 @@ def check_differentiable(task: object) -> DifferentiableTask:
     return task
 
 
-__all__ = ["DIFFERENTIABLE_MEMBERS", "DescribesFitness", "DifferentiableTask", "ModelMaker", "ShapesFitness", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]
+__all__ = ["DIFFERENTIABLE_MEMBERS", "DescribesFitness", "DifferentiableTask", "LogsMetrics", "ModelMaker",
+           "ShapesFitness", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]

@@ -144,6 +144,7 @@ class Rewards:
         self.takes = [_extras_taken(f) for f in functions]
         self.takes_context = frozenset(CONTEXT[k] for k in frozenset().union(*self.takes) if k in CONTEXT)
         self.logged: dict[str, dict] = {"metrics": {}, "extra": {}}
+        self._pending: dict[str, list[float]] = {}  # log_metric's values since the last take_metrics()
         self._told = False
         self.__name__ = "+".join(getattr(f, "__name__", "reward") for f in functions)
 
@@ -168,7 +169,19 @@ class Rewards:
 
     def _log_metric(self, name: str, value: float) -> None:
         self._tell("log_metric")
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"log_metric({name!r}, value) needs a number; got {type(value).__name__} {value!r:.40}")
         self.logged["metrics"].setdefault(str(name), []).append(value)
+        self._pending.setdefault(str(name), []).append(float(value))
+
+    def take_metrics(self) -> dict[str, float]:
+        """Each name's mean over what ``log_metric`` got since the last take (TRL averages a logging step's
+        values), and a fresh start."""
+        taken = {name: math.fsum(values) / len(values) for name, values in self._pending.items()}
+        self._pending = {}
+        return taken
 
     def _log_extra(self, column: str, values: list) -> None:
         self._tell("log_extra")
@@ -177,10 +190,10 @@ class Rewards:
     def _tell(self, what: str) -> None:
         if not self._told:
             self._told = True
-            warnings.warn(f"a reward function called {what}: nesgpu writes log_extra's columns beside the evaluated "
-                          f"completions in samples.jsonl, and does not write log_metric's values to metrics.csv (from "
-                          f"Python, what log_metric and log_extra got in the latest call is in the task's "
-                          f"reward.logged)", stacklevel=3)
+            warnings.warn(f"a reward function called {what}: nesgpu writes log_metric's values to metrics.csv and the "
+                          f"trackers as log_metric/NAME (a training step's mean; eval_log_metric/NAME at an "
+                          f"evaluation; under torchrun the first process's), and log_extra's columns beside the "
+                          f"evaluated completions in samples.jsonl", stacklevel=3)
 
 
 def _add_checked(f: Callable, values, weight: float, total: list[float | None]) -> None:

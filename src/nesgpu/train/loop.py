@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..tasks.protocol import DescribesFitness, KeepsSamples
+from ..tasks.protocol import DescribesFitness, KeepsSamples, LogsMetrics
 from .setup.config import TrainConfig
 from .steps.evolution import Stepper
 from .storage.checkpoint import WEIGHTS, save_checkpoint
@@ -118,9 +118,11 @@ class Loop:
                 self.progress.elapsed = time.perf_counter() - start
                 if self.stepper.needs_sync and (self._eval_due(step) or self._checkpoint_due(step)):
                     self.stepper.sync()  # every rank: rank 0's plain model and optimizer state, for what follows
+                logged = self._logged("log_metric/")  # every rank takes its own, so that none piles up
                 if not self.main:
                     continue
-                row = {"step": step, "seconds": self.progress.elapsed, "env_steps": self.progress.env_steps, **stats}
+                row = {"step": step, "seconds": self.progress.elapsed, "env_steps": self.progress.env_steps, **stats,
+                       **logged}
                 stop = self._after_step(step, row)
                 last_line = self._show(bar, row, last_line)
                 if stop or step == self.cfg.steps:
@@ -166,7 +168,14 @@ class Loop:
         if self.main:
             metric = evaluated(self.task, self.stepper.model)
             self._write_samples(0)
-            self.metrics.write({"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: metric})
+            self.metrics.write({"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: metric,
+                                **self._logged("eval_log_metric/")})
+
+    def _logged(self, prefix: str) -> dict[str, float]:
+        """What the task's reward functions logged since the last take (TRL's log_metric), keys prefixed."""
+        if not isinstance(self.task, LogsMetrics):
+            return {}
+        return {prefix + name: value for name, value in self.task.logged_metrics().items()}
 
     def _out_of_time(self) -> bool:
         return self.cfg.time_budget is not None and self.progress.elapsed >= self.cfg.time_budget
@@ -184,6 +193,7 @@ class Loop:
         if self._eval_due(step):
             metric = self.task.metric
             row[metric] = evaluated(self.task, self.stepper.model)
+            row.update(self._logged("eval_log_metric/"))
             self.progress.last_eval = self.progress.elapsed
             self._write_samples(step)
             if self.target is not None and row[metric] >= self.target:

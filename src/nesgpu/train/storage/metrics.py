@@ -12,6 +12,8 @@ from .loggers import Logger, make_loggers
 
 COLUMNS = ["step", "seconds", "env_steps", "fitness_mean", "fitness_max", "fitness_min", "sigma", "lr",
            "train_loss", "episode_return", "test_accuracy", "eval_return"]
+# the prefixes of columns that appear when a value first does (what a reward function logs, by its own names)
+OPEN_PREFIXES = ("log_metric/", "eval_log_metric/")
 
 
 class MetricsLog:
@@ -30,14 +32,18 @@ class MetricsLog:
         rows = self.read(self.path) if resume_step and self.path.exists() else []
         self.rows = [r for r in rows if int(r["step"]) <= resume_step]
         self.columns = COLUMNS + [c for c in dict.fromkeys(extra_columns) if c not in COLUMNS]
-        with open(self.path, "w", newline="") as f:
-            writer = csv.DictWriter(f, self.columns)
-            writer.writeheader()
-            writer.writerows({k: _fmt(r.get(k)) for k in self.columns} for r in self.rows)
+        self.columns += _opened(self.rows, self.columns)
+        self._rewrite()
         self.loggers = list(make_loggers(None, Path(out)) if loggers is None else loggers)
         self.closed = False
         for logger in list(self.loggers):
             self._call(logger, "start", dict(config or {}), resume_step)
+
+    def _rewrite(self) -> None:
+        with open(self.path, "w", newline="") as f:
+            writer = csv.DictWriter(f, self.columns)
+            writer.writeheader()
+            writer.writerows({k: _fmt(r.get(k)) for k in self.columns} for r in self.rows)
 
     @staticmethod
     def read(path: Path) -> list[dict]:
@@ -45,10 +51,16 @@ class MetricsLog:
             return [{k: _parse(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
 
     def write(self, row: dict) -> None:
-        """Append ``row``'s values of the file's columns (every value goes to the trackers)."""
+        """Append ``row``'s values of the file's columns (every value goes to the trackers). A key with one of
+        ``OPEN_PREFIXES`` that is not a column yet becomes one: the file is written again with it."""
         self.rows.append(row)
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, self.columns).writerow({k: _fmt(row.get(k)) for k in self.columns})
+        opened = _opened([row], self.columns)
+        if opened:
+            self.columns += opened
+            self._rewrite()
+        else:
+            with open(self.path, "a", newline="") as f:
+                csv.DictWriter(f, self.columns).writerow({k: _fmt(row.get(k)) for k in self.columns})
         step = int(row["step"])
         for logger in list(self.loggers):
             self._call(logger, "log", step, dict(row))
@@ -96,6 +108,11 @@ def _fmt(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _opened(rows: list[dict], columns: list[str]) -> list[str]:
+    """The keys of ``rows`` with one of ``OPEN_PREFIXES`` that are not among ``columns``, in order of appearance."""
+    return [k for k in dict.fromkeys(k for r in rows for k in r) if k.startswith(OPEN_PREFIXES) and k not in columns]
 
 
 def _line(axis, rows: list[dict], column: str, label: str | None) -> None:
