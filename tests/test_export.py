@@ -106,9 +106,10 @@ def test_export_is_the_function_after_the_trainer_is_imported():
     import subprocess
     import sys
 
-    code = ("import nesgpu, torch\nfrom nesgpu.train import train\n"
+    # read before any other public name: the first one loads them all, which hid the bug
+    code = ("import nesgpu, torch\nfrom nesgpu.train import train\nexport = nesgpu.export\n"
             "net = nesgpu.convert(torch.nn.Linear(3, 2), 'lowrank')\n"
-            "print(type(nesgpu.export(net)).__name__)")
+            "print(type(export(net)).__name__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "Linear"

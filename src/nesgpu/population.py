@@ -45,6 +45,17 @@ class DescribesFitness(Protocol):
         ...
 
 
+@runtime_checkable
+class LogsMetrics(Protocol):
+    """A task whose reward functions log scalars of their own (TRL's ``log_metric``): the trainer takes them
+    after every step and every evaluation, and writes them beside the step's statistics. A step's evaluation
+    starts by dropping what is pending (a step evaluated again after a fallback or out of memory counts once)."""
+
+    def logged_metrics(self) -> dict[str, float]:
+        """Each name's mean since the last call; the next call starts afresh."""
+        ...
+
+
 class Evaluation(NamedTuple):
     """What one step's population gives back, gathered over every process."""
 
@@ -127,6 +138,8 @@ class Population:
                 self.log(f"out of memory at step {step}: retrying the step with chunk size {self.chunk}")
 
     def _evaluate(self, task, step: int, sigma: float, sq_norms: bool) -> Evaluation:
+        if isinstance(task, LogsMetrics):  # what an earlier try of this step logged is not this step's
+            task.logged_metrics()
         parts, norms, totals = [], [], _BlockTotals(task.summed_info)
         for block in self.blocks.forward_blocks():
             self._draw(step, block, sigma)
@@ -203,4 +216,4 @@ class _BlockTotals:
         return dict(self.totals)
 
 
-__all__ = ["DescribesFitness", "Evaluation", "Population", "ShapesFitness"]
+__all__ = ["DescribesFitness", "Evaluation", "LogsMetrics", "Population", "ShapesFitness"]

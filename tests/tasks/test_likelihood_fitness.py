@@ -102,7 +102,9 @@ def test_chunked_likelihood_fitness_equals_unchunked_and_draws_once_per_step():
     assert chunked.info["generated_tokens"] == 3 * 4 * 5  # drawn once: prompts x samples x tokens
 
 
-def test_a_prompt_whose_completions_all_scored_alike_gives_every_member_exactly_that_without_a_forward():
+@pytest.mark.parametrize("antithetic, chunk", [(True, None), (False, None), (True, 2)])
+def test_a_prompt_whose_completions_all_scored_alike_gives_every_member_exactly_that_without_a_forward(antithetic,
+                                                                                                        chunk):
     alike = PROMPTS[:6]  # every completion of these scores 0.1: importance weights would sum to 1 only up to rounding
 
     def reward(prompts, completions):
@@ -110,22 +112,24 @@ def test_a_prompt_whose_completions_all_scored_alike_gives_every_member_exactly_
                              for p, c in zip(prompts, completions)])
 
     t = task(reward=reward, prompts_per_step=6)  # raw fitness; shaped below
-    pm = perturbed(4, torch.float32)
-    rows = []
+    pm = nesgpu.PerturbedModel(nesgpu.convert(tiny_llama(), "lowrank"), 4, sigma=0.3, antithetic=antithetic, seed=1)
+    rows, signs = [], 2 if antithetic else 1
     hook = pm.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
-    result = Population(pm, log=lambda *a: None).evaluate(t, 0, 0.3)
+    result = Population(pm, chunk=chunk, log=lambda *a: None).evaluate(t, 0, 0.3)
     hook.remove()
     prompts = t.step_prompts(0)
     same = torch.tensor([p in alike for p in prompts])
     assert 0 < same.sum() < len(prompts) and not t._drawn.rewards[~same].eq(0.1).all()  # both kinds this step
-    by_prompt = result.fitness.view(2, len(prompts), 4)
+    by_prompt = result.fitness.view(signs, len(prompts), 4)
     assert by_prompt[:, same].eq(0.1).all()  # exactly, for every member
     varied = t._drawn.rewards.amax(1) > t._drawn.rewards.amin(1)
-    assert set(rows[:-1]) == {6 * 4}  # the draw: the plain model's generate() of prompts x completions
-    assert rows[-1] == 2 * 4 * int(varied.sum()) * 4  # then one forward: signs x directions x varied x completions
+    blocks = 1 if chunk is None else 4 // chunk
+    assert set(rows[:-blocks]) == {6 * 4}  # the draw: the plain model's generate() of prompts x completions
+    # then a forward per block: signs x its directions x varied prompts x completions
+    assert rows[-blocks:] == [signs * (4 // blocks) * int(varied.sum()) * 4] * blocks
     assert t.describe(result.fitness)["prompts_with_spread"] <= varied.float().mean()
     shaped = task(reward=reward, prompts_per_step=6, shaping="per_prompt").shape(result.fitness)
-    assert shaped.view(2, len(prompts), 4)[:, same].eq(0).all()  # no signal, where rounding would have made one
+    assert shaped.view(signs, len(prompts), 4)[:, same].eq(0).all()  # no signal, where rounding would have made one
 
 
 def test_several_samples_average_each_members_rewards():

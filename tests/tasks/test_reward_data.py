@@ -167,21 +167,24 @@ def test_log_extra_columns_reach_the_samples_as_json_and_never_the_trainers_keys
 
 def test_log_metric_values_become_columns_of_metrics_csv_each_steps_mean_and_survive_a_resume(tmp_path):
     import csv
+    import warnings
 
     from nesgpu.train import TrainConfig, train
 
-    calls = []
+    calls, quiet = [], []
 
     def counting(completions, log_metric, **kwargs):
         calls.append(len(calls))
-        log_metric("call", len(calls))  # a training step's value: the mean over its calls (its blocks)
+        if not quiet:
+            log_metric("call", len(calls))  # a training step's value: the mean over its calls (its blocks)
         return [float(c.count("1")) for c in completions]
 
     def run(steps, resume=False):
         task = dataset_task(ROWS, char_tokenizer(), counting, max_new_tokens=2, prompts_per_step=2, correct_at=None)
         cfg = TrainConfig(task="generation", population=4, sigma=0.1, lr=0.01, steps=steps, eval_every=2,
                           chunk_size=1, out=str(tmp_path / "run"), log="none")
-        with pytest.warns(UserWarning, match="log_metric's values to metrics.csv"):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "a reward function called log_metric", UserWarning)
             train(cfg, model=tiny_llama(), task=task, resume=resume, log=lambda *a: None)
         with open(tmp_path / "run" / "metrics.csv", newline="") as f:
             return list(csv.DictReader(f))
@@ -191,6 +194,10 @@ def test_log_metric_values_become_columns_of_metrics_csv_each_steps_mean_and_sur
     assert [r["log_metric/call"] for r in rows] == ["", "2.5", "4.5"]
     rows = run(3, resume=True)  # the columns read back; step 3's calls are 8, 9 (7: the first run's final evaluation)
     assert [r["log_metric/call"] for r in rows] == ["", "2.5", "4.5", "8.5"]
+    quiet.append(True)
+    rows = run(4, resume=True)  # a resume that logs nothing keeps the columns and their values
+    assert [r["log_metric/call"] for r in rows] == ["", "2.5", "4.5", "8.5", ""]
+    assert [r["eval_log_metric/call"] for r in rows] == ["1", "", "6", "10", ""]
     with pytest.raises(TypeError, match=r"log_metric\('x', value\) needs a number; got str"):
         Rewards([lambda completions, log_metric, **kw: log_metric("x", "high") or [0.0]], {"p": {"prompt": "p"}})(
             ["p"], ["c"])

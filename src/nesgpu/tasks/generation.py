@@ -174,9 +174,11 @@ class GenerationTask:
             with pm.perturbing():
                 logp = sequence_logp(pm.model, pm.member_rows(drawn.ids[rows]), pm.member_rows(drawn.mask[rows]),
                                      pm.member_rows(drawn.kept[rows]), self.temperature)
-            weighted = importance_weighted(pm.by_member(logp), drawn.base[rows], drawn.rewards.to(logp)[varied])
-            fitness = fitness.to(weighted.dtype)
-            fitness.view(signs, drawn.rewards.shape[0], -1)[:, varied] = weighted.view(signs, varied.numel(), -1)
+            at = drawn.base.device  # the logits' device: another than the ids' where a model spans devices
+            weighted = importance_weighted(pm.by_member(logp).to(at), drawn.base[rows.to(at)],
+                                           drawn.rewards.to(drawn.base)[varied.to(at)])
+            weighted = weighted.view(signs, varied.numel(), -1).to(fitness)
+            fitness.view(signs, drawn.rewards.shape[0], -1)[:, varied] = weighted
         return fitness, {"completion_tokens": drawn.kept.sum(1).float().mean(),
                          "generated_tokens": torch.tensor(generated, device=drawn.ids.device)}
 

@@ -62,7 +62,7 @@ class Drawn:
     def constant_fitness(self, signs: int, directions: int) -> torch.Tensor:
         """(signs * P, directions): every member's fitness where each prompt's completions scored alike (each
         prompt's first reward); the varied prompts' rows are overwritten by their expected rewards."""
-        first = self.rewards[:, 0].to(self.ids.device, torch.promote_types(self.rewards.dtype, torch.float32))
+        first = self.rewards[:, 0].to(self.ids.device, self.base.dtype)  # the dtype of the members' expectations
         return first.repeat(signs).unsqueeze(1).expand(-1, directions).clone()
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..model import PerturbedModel
-from ..population import DescribesFitness, ShapesFitness  # noqa: F401 (parts of the protocol a task may meet)
+from ..population import DescribesFitness, LogsMetrics, ShapesFitness  # noqa: F401 (parts of the protocol a task may meet)
 
 
 @runtime_checkable
@@ -64,16 +64,6 @@ class KeepsSamples(Protocol):
     the trainer appends them to the run's ``samples.jsonl`` at every evaluation."""
 
     samples: list[dict]
-
-
-@runtime_checkable
-class LogsMetrics(Protocol):
-    """A task whose reward functions log scalars of their own (TRL's ``log_metric``): the trainer takes them
-    after every step and every evaluation, and writes them beside the step's statistics."""
-
-    def logged_metrics(self) -> dict[str, float]:
-        """Each name's mean since the last call; the next call starts afresh."""
-        ...
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ import importlib.util
 import inspect
 import json
 import math
+import numbers
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -171,7 +172,7 @@ class Rewards:
         self._tell("log_metric")
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's scalars are Real too
             raise TypeError(f"log_metric({name!r}, value) needs a number; got {type(value).__name__} {value!r:.40}")
         self.logged["metrics"].setdefault(str(name), []).append(value)
         self._pending.setdefault(str(name), []).append(float(value))

@@ -110,6 +110,7 @@ class Loop:
             if self._met_already():
                 return
             self.progress.stopped = self.progress.stopped_value = None  # it goes on: it has not ended yet
+            self._logged("")  # what the task's reward functions logged before this run (a tuning trial's) is not its
             self._evaluate_start()
             while self.stepper.step < self.cfg.steps:
                 stats = self.stepper.run()  # the step's one read from the device

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from .checkpoint import atomic_write_text
 from .loggers import Logger, make_loggers
 
 COLUMNS = ["step", "seconds", "env_steps", "fitness_mean", "fitness_max", "fitness_min", "sigma", "lr",
@@ -40,10 +42,12 @@ class MetricsLog:
             self._call(logger, "start", dict(config or {}), resume_step)
 
     def _rewrite(self) -> None:
-        with open(self.path, "w", newline="") as f:
-            writer = csv.DictWriter(f, self.columns)
-            writer.writeheader()
-            writer.writerows({k: _fmt(r.get(k)) for k in self.columns} for r in self.rows)
+        """The whole file, atomically: a kill while a new column opens leaves the rows written before."""
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, self.columns)
+        writer.writeheader()
+        writer.writerows({k: _fmt(r.get(k)) for k in self.columns} for r in self.rows)
+        atomic_write_text(self.path, text.getvalue())
 
     @staticmethod
     def read(path: Path) -> list[dict]:
