@@ -145,6 +145,22 @@ def test_token_ids_are_worked_out_only_when_read_and_a_column_wins_over_an_extra
     assert not calls and set(seen[0]) == {"column"}
     ids = likelihood.CompletionIds(char_tokenizer(), torch.tensor([[5, 6]]), ("\n",))  # read: worked out once
     assert len(ids) == 1 and not calls and list(ids) == [[5, 6]] and calls == [1]
+    kept = torch.tensor([[True, False]])
+    known = likelihood.CompletionIds(char_tokenizer(), torch.tensor([[5, 6]]), ("\n",), kept=kept)
+    assert list(known) == [[5]] and calls == [1]  # kept tokens already worked out (the likelihood's draw) are used
+
+
+def test_numpy_scalars_are_numbers_to_a_reward_and_to_log_metric():
+    np = pytest.importorskip("numpy")
+
+    def numpy_valued(completions, log_metric, **kwargs):
+        log_metric("half", np.float32(0.5))
+        return [np.float32(0.25)] * len(completions)
+
+    rewards = Rewards([numpy_valued], {"p": {"prompt": "p"}})
+    with pytest.warns(UserWarning, match="called log_metric"):
+        assert rewards(["p", "p"], ["a", "b"]).tolist() == [0.25, 0.25]
+    assert rewards.take_metrics() == {"half": 0.5}
 
 
 def test_log_extra_columns_reach_the_samples_as_json_and_never_the_trainers_keys():

@@ -189,7 +189,7 @@ class GenerationTask:
         ids, mask = self._encode(rows, model)
         new = self._generate(model, ids, mask, derive_seed(self.seed, step, DRAW))
         kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
-        rewards = self._score(rows, self._decode(new), new).view(len(prompts), self.generations)
+        rewards = self._score(rows, self._decode(new), new, kept=kept).view(len(prompts), self.generations)
         ids, mask = joined(ids, mask, new, kept, self.tokenizer.pad_token_id)
         return Drawn(step, ids, mask, kept, rewards, sequence_logp(model, ids, mask, kept, self.temperature))
 
@@ -328,14 +328,15 @@ class GenerationTask:
         return texts
 
     def _score(self, prompts: list[str], completions: list[str], tokens: torch.Tensor,
-               row_of: list[int] | None = None) -> torch.Tensor:
+               row_of: list[int] | None = None, kept: torch.Tensor | None = None) -> torch.Tensor:
         """The reward function's values, checked: a tensor of one finite float per completion. ``tokens``: the
-        completions' new tokens (rows ``row_of`` of them, when given); a reward that ``takes_context``
-        (:class:`~nesgpu.tasks.reward_data.Rewards`) gets their ids and the step where it takes them."""
+        completions' new tokens (rows ``row_of`` of them, when given; ``kept``: their kept_tokens, if known); a
+        reward that ``takes_context`` (:class:`~nesgpu.tasks.reward_data.Rewards`) gets their ids and the step
+        where it takes them."""
         wanted, context = getattr(self.reward, "takes_context", frozenset()), {}
         wanted = wanted if isinstance(wanted, frozenset) else frozenset()
         if "completion_ids" in wanted:
-            context["completion_ids"] = CompletionIds(self.tokenizer, tokens, self.stop, row_of)
+            context["completion_ids"] = CompletionIds(self.tokenizer, tokens, self.stop, row_of, kept)
         if "step" in wanted:
             context["step"] = self._step
         try:  # copies: samples.jsonl keeps what was made

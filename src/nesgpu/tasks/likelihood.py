@@ -89,15 +89,18 @@ class CompletionIds(Sequence):
     a list per row (rows ``row_of`` of ``tokens`` when given), worked out at the first read: finding where a
     stop string ends decodes the rows once per token, which a reward function that never reads them skips."""
 
-    def __init__(self, tokenizer, tokens: torch.Tensor, stops: tuple[str, ...], row_of: list[int] | None = None):
-        self._args, self._rows = (tokenizer, tokens, stops, row_of), tokens.shape[0] if row_of is None else len(row_of)
+    def __init__(self, tokenizer, tokens: torch.Tensor, stops: tuple[str, ...], row_of: list[int] | None = None,
+                 kept: torch.Tensor | None = None):
+        self._args = (tokenizer, tokens, stops, row_of, kept)  # kept: the tokens' kept_tokens, where known already
+        self._rows = tokens.shape[0] if row_of is None else len(row_of)
         self._ids: list[list[int]] | None = None
 
     def _value(self) -> list[list[int]]:
         if self._ids is None:
-            tokenizer, tokens, stops, row_of = self._args
+            tokenizer, tokens, stops, row_of, kept = self._args
             tokens = tokens.cpu()
-            ids = [row[kept].tolist() for row, kept in zip(tokens, kept_tokens(tokenizer, tokens, stops))]
+            kept = kept_tokens(tokenizer, tokens, stops) if kept is None else kept.cpu()
+            ids = [row[k].tolist() for row, k in zip(tokens, kept)]
             self._ids = ids if row_of is None else [ids[i] for i in row_of]
         return self._ids
 

@@ -11,9 +11,9 @@
   (TRL's ``nansum``). A reward function written for ``GRPOTrainer`` runs unchanged: what TRL passes besides
   the columns reaches a function that takes it (by name, or through ``**kwargs``): ``completion_ids`` (each
   completion's token ids as scored, up to and including the token that ends it), ``trainer_state`` (a
-  ``transformers.TrainerState`` whose ``global_step`` is the ES step), and ``log_metric`` / ``log_extra``,
-  whose values are kept in :attr:`Rewards.logged`: an evaluation's ``log_extra`` columns go beside its
-  completions in ``samples.jsonl``; ``log_metric``'s are not written to metrics.csv (the first call says so).
+  ``transformers.TrainerState`` whose ``global_step`` is the ES step), and ``log_metric`` / ``log_extra``:
+  ``log_metric``'s values reach metrics.csv and the trackers (:meth:`Rewards.take_metrics`), and an
+  evaluation's ``log_extra`` columns go beside its completions in ``samples.jsonl``.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class Rewards:
         self._tell("log_metric")
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's scalars are Real too
+        if not _is_number(value):
             raise TypeError(f"log_metric({name!r}, value) needs a number; got {type(value).__name__} {value!r:.40}")
         self.logged["metrics"].setdefault(str(name), []).append(value)
         self._pending.setdefault(str(name), []).append(float(value))
@@ -197,6 +197,11 @@ class Rewards:
                           f"evaluated completions in samples.jsonl", stacklevel=3)
 
 
+def _is_number(value) -> bool:
+    """A real number other than a bool: Python's, or numpy's scalars (which a reward function often returns)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _add_checked(f: Callable, values, weight: float, total: list[float | None]) -> None:
     """total += weight * values where a value is given (None: not scored), values checked."""
     name, n = getattr(f, "__name__", repr(f)), len(total)
@@ -206,7 +211,7 @@ def _add_checked(f: Callable, values, weight: float, total: list[float | None]) 
     for i, v in enumerate(values):
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if not _is_number(v):
             raise TypeError(f"reward function {name} returned {v!r:.40} for completion {i}; expected a float or None")
         total[i] = (total[i] or 0.0) + weight * float(v)
 
