@@ -156,3 +156,20 @@ def test_exchange_equals_one_process_adding_its_blocks_in_order(tmp_path):
         assert got.keys() == expected.keys()
         for key, value in expected.items():
             assert got[key].dtype == value.dtype and torch.equal(got[key], value), (rank, key)
+
+
+def test_two_processes_whose_members_all_tie_leave_the_weights_as_they_were(tmp_path):
+    from nesgpu.train import TrainConfig
+    from nesgpu.train.setup.build import build
+
+    # sigma 1e-12 vanishes beside every weight: each member is the plain model, so every fitness ties exactly
+    args = [*ARGS["digits"], "--sigma", "1e-12", "--device", "cpu", "--out", str(tmp_path / "two")]
+    two = torchrun(2, "train", *args)
+    assert two.returncode == 0, two.stderr[-3000:]
+    with open(tmp_path / "two" / "metrics.csv") as f:
+        assert [row["no_signal"] for row in csv.DictReader(f)][1:] == ["1"] * 4
+    assert '"steps_without_signal": 1.0' in two.stdout
+    start = build(TrainConfig(task="digits", population=16, steps=4, hidden=(8,), batch_size=8).resolved(),
+                  torch.device("cpu")).model.state_dict()
+    trained = load_file(tmp_path / "two" / "model.safetensors")
+    assert set(trained) == set(start) and all(torch.equal(trained[k], start[k]) for k in start)

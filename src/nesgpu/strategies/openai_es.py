@@ -11,7 +11,7 @@ import torch
 from ..options import check_options, option
 from .base import Strategy
 from .schedules import Schedule
-from .shaping import SHAPINGS, get_shaping
+from .shaping import SHAPINGS, centered_per_repeat, get_shaping
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class OpenAIESOptions:
 
 class OpenAIES(Strategy):
     """g = -1/(D sigma) sum_{r,d} s_r u_{r,d} z_d / R, with u the shaped fitness; then the optimizer steps.
+    Without antithetic pairs each repeat's u is centred over the directions (a fitness that is the same for
+    every direction of a repeat carries no signal).
 
     Args:
         directions, antithetic: the population's (antithetic sampling recommended).
@@ -50,7 +52,8 @@ class OpenAIES(Strategy):
         return torch.optim.Adam(parameters, lr=self.default_lr if lr is None else lr)
 
     def weights(self, fitness: torch.Tensor, sigma: float) -> torch.Tensor:
-        return -self.shaping(fitness)
+        shaped = self.shaping(fitness)
+        return -(shaped if self.antithetic else centered_per_repeat(shaped))
 
     def regularize(self, parameters) -> None:
         if self.weight_decay:

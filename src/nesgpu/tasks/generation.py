@@ -212,7 +212,10 @@ class GenerationTask:
         signs = fitness.shape[0] // self.prompts_per_step
         by_prompt = self._by_prompt(fitness)
         mean, std = by_prompt.mean(1, keepdim=True), by_prompt.std(1, unbiased=False, keepdim=True)
-        shaped = torch.where(std > 0, (by_prompt - mean) / std.clamp_min(1e-12), torch.zeros_like(by_prompt))
+        # a prompt whose members all tie gives exactly zero: their mean can differ from them in the last bit, and
+        # so their std from zero, which the division would turn into a full-weight random fitness
+        varied = by_prompt.amax(1, keepdim=True) > by_prompt.amin(1, keepdim=True)
+        shaped = torch.where(varied, (by_prompt - mean) / std.clamp_min(1e-12), torch.zeros_like(by_prompt))
         return shaped.view(self.prompts_per_step, signs, -1).transpose(0, 1).reshape(fitness.shape)
 
     def _by_prompt(self, fitness: torch.Tensor) -> torch.Tensor:

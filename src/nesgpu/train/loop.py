@@ -19,6 +19,7 @@ import torch
 from ..tasks.protocol import DescribesFitness, KeepsSamples, LogsMetrics
 from .setup.config import TrainConfig
 from .steps.evolution import Stepper
+from .steps.signal import SignalWatch
 from .storage.checkpoint import WEIGHTS, save_checkpoint
 
 
@@ -80,6 +81,7 @@ class Loop:
                           f"about the steps the budget reaches", stacklevel=2)
         if self.main:
             self._keep_samples_to(self.stepper.step)
+        self.watch = SignalWatch(self.log, cfg.sigma, self.metrics.rows if self.metrics is not None else ())
         if cfg.eval_seconds and self.stepper.needs_sync:
             raise ValueError("eval_seconds cannot time the evaluations of a sharded job (every rank gathers the "
                              "weights at the same step); use --eval-every")
@@ -124,6 +126,7 @@ class Loop:
                     continue
                 row = {"step": step, "seconds": self.progress.elapsed, "env_steps": self.progress.env_steps, **stats,
                        **logged}
+                self.watch.see(step, row)
                 stop = self._after_step(step, row)
                 last_line = self._show(bar, row, last_line)
                 if stop or step == self.cfg.steps:

@@ -150,6 +150,8 @@ def _train(job: _Job) -> dict:
         loop.run()
         built.step.finish()
         summary = {**_summary(cfg, built, job, progress), "stopped": loop.stopped, "target": loop.target}
+        if loop.watch.share is not None:  # the share of ES steps whose members all tied (no update)
+            summary["steps_without_signal"] = round(loop.watch.share, 4)
         if main:
             _write_results(cfg, out, built, summary, metrics, progress, job.log)
     except BaseException as e:  # the trackers' runs end as killed (Ctrl-C) or failed

@@ -82,16 +82,22 @@ class EvolutionStep:
         return self.population.chunk
 
     def run(self) -> dict:
-        """One ES step; returns the fitness statistics, sigma, the next step's lr and the task's scalars."""
+        """One ES step; returns the fitness statistics, sigma, the next step's lr and the task's scalars. A step
+        whose weights are all zero (every member tied: no signal) writes no ``.grad``, so the optimizer leaves
+        the weights and its own state as they were."""
         strategy, state = self.strategy, self.state
         sigma = strategy.ask(state)
         result = self.population.evaluate(self.task, state.step + 1, sigma, sq_norms=strategy.needs_sq_norms)
+        weights, told = strategy.tell(state, result.fitness, result.sq_norms)
         scalars = {k: v for k, v in result.info.items() if torch.as_tensor(v).dim() == 0}
+        # a step whose weights are all zero (every member tied) changes no .grad: counted, in the step's one read
+        scalars["no_signal"] = (weights == 0).all()
         stats = fitness_statistics(result.fitness, state.step + 1, strategy.antithetic, scalars)
-        weights, self.state = strategy.tell(state, result.fitness, result.sq_norms)
+        self.state = told
         self.optimizer.zero_grad(set_to_none=True)
-        self.population.update(weights, sigma)
-        strategy.regularize(self.population.parameters())
+        if not stats["no_signal"]:  # else no .grad at all: the optimizer skips the step (weight decay, momentum)
+            self.population.update(weights, sigma)
+            strategy.regularize(self.population.parameters())
         self.optimizer.step()
         self.population.pm.sync_weights()  # a half-precision model: its weights from the stepped masters
         self.lrs.apply(self.state.step)

@@ -13,7 +13,7 @@ from .checkpoint import atomic_write_text
 from .loggers import Logger, make_loggers
 
 COLUMNS = ["step", "seconds", "env_steps", "fitness_mean", "fitness_max", "fitness_min", "sigma", "lr",
-           "train_loss", "episode_return", "test_accuracy", "eval_return"]
+           "no_signal", "train_loss", "episode_return", "test_accuracy", "eval_return"]
 # the prefixes of columns that appear when a value first does (what a reward function logs, by its own names)
 OPEN_PREFIXES = ("log_metric/", "eval_log_metric/")
 
