@@ -118,15 +118,17 @@ class Population:
             self.pm.set_noise(step=step, directions=block, sigma=sigma)
 
     # ----- the step ----------------------------------------------------------------------------------
-    def evaluate(self, task, step: int, sigma: float, sq_norms: bool = False) -> Evaluation:
+    def evaluate(self, task, step: int, sigma: float, sq_norms: bool = False, finish: bool = True) -> Evaluation:
         """Fitness (R, D) of the whole population at ``step`` with noise scale ``sigma`` (every process's),
         ||z_d||^2 when ``sq_norms``, and the step's statistics. With chunk "auto", an out-of-memory error
-        halves the chunk and evaluates the step again."""
+        halves the chunk and evaluates the step again. ``finish=False`` leaves the task as it was (no
+        ``finish_step``: an RL task's observation statistics do not take in what the evaluation saw), for
+        evaluations that are not a training step (the sigma probe)."""
         if not self.blocks.sized:
             self.blocks.size_for(task, self.device)
         while True:  # each fallback takes more of the model, so it ends (fall_back refuses a second time)
             try:
-                return self._evaluate(task, step, sigma, sq_norms)
+                return self._evaluate(task, step, sigma, sq_norms, finish)
             except NeedsFallback as e:  # a module exact only in the fallback (once per module, at the first call)
                 self.pm.fall_back(e)
             except RuntimeError as e:  # torch.OutOfMemoryError is one too
@@ -137,7 +139,7 @@ class Population:
                     torch.cuda.empty_cache()
                 self.log(f"out of memory at step {step}: retrying the step with chunk size {self.chunk}")
 
-    def _evaluate(self, task, step: int, sigma: float, sq_norms: bool) -> Evaluation:
+    def _evaluate(self, task, step: int, sigma: float, sq_norms: bool, finish: bool) -> Evaluation:
         if isinstance(task, LogsMetrics):  # what an earlier try of this step logged is not this step's
             task.logged_metrics()
         parts, norms, totals = [], [], _BlockTotals(task.summed_info)
@@ -169,7 +171,8 @@ class Population:
                                f"process died or hung ({e})") from e
         norms = info.pop("__sq_norms__", None)
         info = {k: v if k in task.summed_info else v / self.pm.directions for k, v in info.items()}
-        task.finish_step(self.pm, info)
+        if finish:
+            task.finish_step(self.pm, info)
         if isinstance(task, DescribesFitness):  # the raw fitness, before shaping makes it a mean of zero
             info.update(task.describe(fitness))
         if isinstance(task, ShapesFitness):  # over the whole population, the same in every process

@@ -58,7 +58,7 @@ def test_print_config_round_trips_through_yaml(tmp_path, capsys):
     (["--hidden", "8,-1"], "layer sizes must be >= 1 (or a lone 0 for none); got '8,-1'"),
     (["--hidden", "64,0,32"], "layer sizes must be >= 1"),
     (["--top-b", "4"], "option 'top_b' (= 4) applies to strategy 'ars', not to strategy 'openai_es'"),
-    (["--sigma", "nan"], "sigma must be a positive finite number; got nan"),
+    (["--sigma", "nan"], "sigma must be a positive finite number or 'auto'; got nan"),
     (["--population", "0"], "population must be >= 2; got 0"),
     (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
     (["--device", "gpu"], "device must be auto, cpu, cuda or cuda:N; got 'gpu'"),

@@ -198,7 +198,7 @@ def test_load_run_returns_the_trained_model_and_refuses_non_finite_weights(tmp_p
     ('antithetic: "no"\n', "option 'antithetic' must be bool; got 'no' \\(str\\)"),
     ("steps: 3.7\n", "option 'steps' must be int or None; got 3.7"),
     ("hidden: [8, true]\n", "option 'hidden' must be tuple"),
-    ("sigma: fast\n", "option 'sigma' must be float or None"),
+    ("sigma: fast\n", "option 'sigma' must be a number or 'auto'; got 'fast'"),
 ])
 def test_yaml_values_are_type_checked_naming_the_field(tmp_path, text, message):
     path = tmp_path / "run.yaml"

@@ -39,12 +39,21 @@ def stored_names(path):
         return set(f.keys())
 
 
+def dense_reward(tmp_path):
+    """A prompts file and a reward with spread on a random model (the distinct characters of the completion):
+    an exact-answer reward gives such a model no signal, and a step without signal trains nothing."""
+    (tmp_path / "prompts.jsonl").write_text("".join(f'{{"prompt": "{a}+{b}="}}\n' for a in range(5) for b in range(4)))
+    (tmp_path / "spread.py").write_text("def distinct(completions, **kw):\n"
+                                        "    return [len(set(c)) / 10 for c in completions]\n")
+    return dict(task="generation", prompts=str(tmp_path / "prompts.jsonl"), reward=f"{tmp_path / 'spread.py'}:distinct")
+
+
 @pytest.mark.parametrize("family", list(TIED))
 def test_a_tied_model_trains_checkpoints_resumes_and_saves_with_its_tie(family, tmp_path):
     hf = saved(family, tmp_path / "model")
     _, table, head = TIED[family]
-    cfg = TrainConfig(task="arithmetic", model=f"hf:{hf}", steps=3, population=4, batch_size=2, eval_every=3,
-                      checkpoint_every=1, log="none", out=str(tmp_path / "straight"))
+    cfg = TrainConfig(model=f"hf:{hf}", steps=3, population=4, batch_size=2, eval_every=3, checkpoint_every=1,
+                      log="none", out=str(tmp_path / "straight"), **dense_reward(tmp_path))
     train(cfg, log=lambda *a, **k: None)
     train(dataclasses.replace(cfg, steps=2, out=str(tmp_path / "split")), log=lambda *a, **k: None)
     train(dataclasses.replace(cfg, out=str(tmp_path / "split")), resume=True, log=lambda *a, **k: None)

@@ -154,7 +154,7 @@ def test_corrupt_and_mismatched_checkpoints_are_reported(tmp_path):
     ({"task": "chess"}, "unknown task 'chess'"),
     ({"strategy": "cma"}, "unknown strategy 'cma'"),
     ({"layer": "dense"}, r"layer must be one of \['flipout', .*got 'dense'"),
-    ({"sigma": 0.0}, "sigma must be a positive finite number; got 0.0"),
+    ({"sigma": 0.0}, "sigma must be a positive finite number or .auto.; got 0.0"),
     ({"sigma": -1.0}, "sigma must be a positive"),
     ({"population": 1}, "population must be >= 2; got 1"),
     ({"population": 17}, "population must be even with antithetic sampling"),

@@ -36,6 +36,15 @@ def _chunk(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number of directions or 'auto'; got {text!r}") from None
 
 
+def _auto_float(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto'; got {text!r}") from None
+
+
 def _count(text: str) -> int | float:
     """A count (an int) or a fraction (a float)."""
     try:
@@ -92,6 +101,8 @@ def _add_field(p, f: dataclasses.Field) -> None:
         return
     if meta.get("parse") == "chunk":
         kwargs["type"] = _chunk
+    elif meta.get("parse") == "auto":
+        kwargs["type"] = _auto_float
     elif f.type.startswith("tuple[int"):
         kwargs["type"] = _hidden
     else:

@@ -65,6 +65,12 @@ class ARS(Strategy):
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
         return torch.optim.SGD(parameters, lr=self.default_lr if lr is None else lr)
 
+    @classmethod
+    def lr_for_sigma(cls, sigma: float) -> float:
+        """sigma / 2, "Evolution Strategies at Scale"'s alpha for its plain SGD step on reward-normalised
+        differences, the shape of this update."""
+        return sigma / 2
+
     def weights(self, fitness: torch.Tensor, sigma: float) -> torch.Tensor:
         plus, minus = antithetic_halves(fitness)
         mask = top_directions(plus, minus, self.top_b)

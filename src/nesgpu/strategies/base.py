@@ -153,6 +153,12 @@ class Strategy:
         """This strategy's default optimizer over ``parameters`` (step size ``lr``, default :attr:`default_lr`)."""
         raise NotImplementedError
 
+    @classmethod
+    def lr_for_sigma(cls, sigma: float) -> float:
+        """The step size of its default optimizer that goes with ``sigma`` (``--lr auto``): a strategy without a
+        rule of its own keeps its :attr:`default_lr`."""
+        return cls.default_lr
+
     def ask(self, state: StrategyState) -> float:
         """The sigma of the coming step: the schedule's at this step, else the state's."""
         if self.sigma_schedule is None:

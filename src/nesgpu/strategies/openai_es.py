@@ -51,6 +51,12 @@ class OpenAIES(Strategy):
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
         return torch.optim.Adam(parameters, lr=self.default_lr if lr is None else lr)
 
+    @classmethod
+    def lr_for_sigma(cls, sigma: float) -> float:
+        """sigma / 10: Adam moves each weight by about lr a step, so a step stays a tenth of the scale at which
+        the population just measured the model (measured against sigma / 3 and sigma / 30: BENCHMARKS.md)."""
+        return sigma / 10
+
     def weights(self, fitness: torch.Tensor, sigma: float) -> torch.Tensor:
         shaped = self.shaping(fitness)
         return -(shaped if self.antithetic else centered_per_repeat(shaped))

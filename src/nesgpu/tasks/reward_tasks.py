@@ -157,9 +157,10 @@ class PromptOptions:
         check_options(self, "reward task")
 
 
-# fine-tuning a pretrained small model (OpenAI-ES + Adam on low-rank noise; measured on the demo's model, where
-# sigma 0.02 and lr 0.002 unlearn it); batch_size = prompts per step
-DEFAULTS = dict(population=32, sigma=0.003, lr=1e-4, steps=1000, hidden=(), batch_size=8)
+# fine-tuning a pretrained small model (OpenAI-ES + Adam on low-rank noise); sigma from the model's own response
+# (nesgpu.probe) and lr from sigma (OpenAIES.lr_for_sigma): no fixed sigma holds across models (BENCHMARKS.md);
+# batch_size = prompts per step
+DEFAULTS = dict(population=32, sigma="auto", lr="auto", steps=1000, hidden=(), batch_size=8)
 TASKS = {
     "arithmetic": TaskSpec(_maker(arithmetic_problems, arithmetic_reward, 6), DEFAULTS, models=("hf:DIR",),
                            model_prefix=HF, options=PromptOptions),

@@ -182,9 +182,10 @@ def _first_step_then(settle, callback, stop_requested):
 
 def _summary(cfg: TrainConfig, built: Built, job: _Job, progress: Progress) -> dict:
     """summary.json's fields, in their order, before the final evaluation."""
+    of_step = built.step.summary(cfg)  # an ES run's lr: its base step size (--lr auto: the one sigma gave)
     summary = {"task": cfg.task, "metric": built.task.metric, "value": None, "steps": built.step.step,
                "seconds": round(progress.elapsed, 3), "env_steps": progress.env_steps, "strategy": cfg.strategy,
-               **built.step.summary(cfg), "lr": cfg.lr, "seed": cfg.seed, "device": str(job.device),
+               **of_step, "lr": of_step.get("lr", cfg.lr), "seed": cfg.seed, "device": str(job.device),
                "processes": job.ranks.world, "chunk_size": built.step.chunk, "precision": cfg.precision,
                "dtype": str(next(built.model.parameters()).dtype).removeprefix("torch.")}
     if cfg.bits is not None:

@@ -19,8 +19,8 @@ that is the task presets unless the base config sets them:
 
 | option | range | strategies |
 |---|---|---|
-| lr | log-uniform, value / 10 .. value * 10 | all |
-| sigma | log-uniform, value / 10 .. value * 10 | ES |
+| lr | log-uniform, value / 10 .. value * 10 (auto: 1e-5 .. 0.1) | all |
+| sigma | log-uniform, value / 10 .. value * 10 (auto: the probe's grid, 1e-4 .. 1) | ES |
 | population | int, p .. 4p in steps of p, p = population / 2 (rounded down to even) | ES |
 | weight_decay | uniform 0 .. 0.02 (openai_es), 0 .. 0.1 (backprop) | openai_es, backprop |
 | rank | int, log-uniform 1 .. 8 (layer lowrank only) | ES |
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..layers import KINDS
+from ..probe import GRID
 from ..strategies import STRATEGIES
 from ..train.setup.config import TrainConfig
 from ..train.setup.defaults import BACKPROP, ES_ONLY
@@ -178,10 +179,15 @@ def _check_values(space: SearchSpace, param: Param, base: TrainConfig, where: st
 
 
 # ----- defaults -----------------------------------------------------------------------------------------
+AUTO_RANGES = {"sigma": (GRID[0], GRID[-1]), "lr": (1e-5, 0.1)}  # what "auto" is searched over
+
+
 def _around(factor: float) -> Callable[[TrainConfig, str], dict]:
     """A log-uniform range ``factor`` times either side of the base config's value."""
     def spec(cfg: TrainConfig, name: str) -> dict:
         value = getattr(cfg, name)
+        if value == "auto":  # probed at each trial's start: searched over the probe's own range instead
+            return {"low": AUTO_RANGES[name][0], "high": AUTO_RANGES[name][1], "log": True}
         return {"low": value / factor, "high": value * factor, "log": True}
     return spec
 

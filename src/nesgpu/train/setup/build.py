@@ -22,7 +22,7 @@ from ...tasks import make_task
 from ...tasks.protocol import ModelMaker, check_differentiable, check_task
 from ..steps.activations import checkpoint_blocks
 from ..steps.backprop import Backprop, BackpropStep, shard_model
-from ..steps.evolution import EvolutionStep, Stepper
+from ..steps.evolution import AUTO, UNPROBED, EvolutionStep, Stepper
 from .config import BACKPROP, TrainConfig, compiles
 from .initialization import init_weights
 from .options import STRATEGY, TASK, task_key
@@ -174,7 +174,8 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None, mo
         return Built(task, bp.plain, None, BackpropStep(task, bp, ranks, cfg.precision,
                                                                  strategy_options(cfg).accumulate))
     model = held_in(perturbed(cfg, model).to(device), cfg.dtype)
-    pm = PerturbedModel(model, cfg.directions, sigma=cfg.sigma, antithetic=cfg.antithetic, seed=cfg.seed)
+    start = UNPROBED if cfg.sigma == AUTO else cfg.sigma  # auto: the probe sets it before the first step
+    pm = PerturbedModel(model, cfg.directions, sigma=start, antithetic=cfg.antithetic, seed=cfg.seed)
     population = Population(pm, ranks, cfg.chunk_size, cfg.precision, log)
     step = EvolutionStep(task, population, make_strategy(cfg, pm), cfg.sigma, lr=cfg.lr,
                          lr_schedule=schedule(cfg, "lr"))

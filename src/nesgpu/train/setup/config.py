@@ -83,9 +83,12 @@ class TrainConfig:
     model: str | None = opt(help="architecture: mlp; mnist1d also cnn (Conv1d); reverse, sort: transformer; "
                             "arithmetic, countdown: hf:DIR (a local Hugging Face model directory)", per_task=True)
     population: int | None = opt(help="members per step, both signs counted", per_task=True)
-    sigma: float | None = opt(help="noise scale", per_task=True)
-    lr: float | None = opt(help="step size (another strategy than the task's: that strategy's own default)",
-                           per_task=True)
+    sigma: float | str | None = opt(help="noise scale, or auto: probed before the first step, the sigma at which "
+                                    "the members' fitness spreads (nesgpu.probe)", per_task=True, parse="auto",
+                                    metavar="S|auto")
+    lr: float | str | None = opt(help="step size, or auto: the strategy's rule from sigma (openai_es: sigma / 10, "
+                                 "ars: sigma / 2); another strategy than the task's starts from its own default",
+                                 per_task=True, parse="auto", metavar="LR|auto")
     steps: int | None = opt(help="ES steps", per_task=True)
     seed: int = opt(0, "seed of the initial weights, the noise and the data")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
@@ -192,9 +195,11 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"{source}: unknown option(s) {unknown}; expected a subset of {sorted(names)}")
         values = dict(values)
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
         for name, value in values.items():
-            check_type(name, value, types[name], source)
+            check_type(name, value, fields[name].type, source)
+            if fields[name].metadata.get("parse") == "auto" and isinstance(value, str) and value != "auto":
+                raise ValueError(f"{source}: option {name!r} must be a number or 'auto'; got {value!r}")
         if values.get("hidden") is not None:
             values["hidden"] = tuple(values["hidden"])
         if values.get("preset") is not None:

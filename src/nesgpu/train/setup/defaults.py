@@ -21,7 +21,8 @@ GLOBAL_DEFAULTS = dict(strategy="openai_es", lr_schedule="constant", lr_final=1.
 # a task of the user's own (``train(cfg, task=...)``) is labelled "custom:<name>"; it starts from these where
 # neither the config nor the task's own ``defaults`` mapping sets an option
 CUSTOM = "custom:"
-CUSTOM_DEFAULTS = dict(population=64, sigma=0.05, lr=0.01, steps=100, hidden=(32,), model="default")
+# (sigma and lr: from the model's own response, nesgpu.probe, and the strategy's rule)
+CUSTOM_DEFAULTS = dict(population=64, sigma="auto", lr="auto", steps=100, hidden=(32,), model="default")
 # each built-in task's tuned options, as the registry declares them (a read-only view)
 TASK_DEFAULTS: dict[str, dict] = {name: dict(spec.defaults) for name, spec in TASKS.items()}
 # the built-in RL runs compile their rollouts when they make at least this many environment steps: compiling
@@ -50,7 +51,9 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
         elif strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {list(STRATEGY_CHOICES)}")
         else:
-            values.update(strategy=strategy, lr=STRATEGIES[strategy].default_lr)
+            # a sigma from the probe takes the strategy's own rule for lr (auto); else its own default
+            lr = "auto" if values.get("lr") == "auto" else STRATEGIES[strategy].default_lr
+            values.update(strategy=strategy, lr=lr)
     # the strategy's options: its own defaults, less what the task tuned for it (for its own strategy only)
     values.update(STRATEGY.defaults_of(values["strategy"]))
     values.update({k: v for k, v in tuned.items() if values["strategy"] == own and k in values})

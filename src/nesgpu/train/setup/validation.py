@@ -67,9 +67,14 @@ def _check_ranges(cfg) -> None:
             raise ValueError(f"{name} must be >= {low}; got {getattr(cfg, name)}")
     if cfg.seed >= 2**63:
         raise ValueError(f"seed must be below 2**63; got {cfg.seed}")
-    for name in ("sigma", "lr", "dist_timeout"):
-        if not 0 < getattr(cfg, name) < math.inf:
-            raise ValueError(f"{name} must be a positive finite number; got {getattr(cfg, name)}")
+    for name in ("sigma", "lr"):
+        value = getattr(cfg, name)
+        if value == "auto":
+            continue
+        if isinstance(value, str) or not 0 < value < math.inf:
+            raise ValueError(f"{name} must be a positive finite number or 'auto'; got {value!r}")
+    if not 0 < cfg.dist_timeout < math.inf:
+        raise ValueError(f"dist_timeout must be a positive finite number; got {cfg.dist_timeout}")
     if cfg.time_budget is not None and not 0 < cfg.time_budget < math.inf:
         raise ValueError(f"time_budget must be a positive finite number of seconds; got {cfg.time_budget}")
     for name in ("sigma_final", "lr_final", "progress_every", "eval_seconds"):

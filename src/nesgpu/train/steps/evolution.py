@@ -7,15 +7,20 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Protocol
 
 import torch
 from torch import nn
 
 from ...population import Population
+from ...probe import Probe, describe, probe_sigma
 from ...strategies import Strategy
 from ...strategies.base import fitness_statistics
 from ...strategies.schedules import Schedule, StepSizes
+
+AUTO = "auto"
+UNPROBED = 0.01  # the sigma a run of --sigma auto holds until the probe has run (it never steps at it)
 
 
 class Stepper(Protocol):
@@ -53,24 +58,31 @@ class EvolutionStep:
         population: evaluates and updates the perturbed model.
         strategy: fitness in, weights and the next state out.
         optimizer: over ``population.parameters()`` (default: the strategy's own, at ``lr``).
-        sigma: the initial noise scale.
+        sigma: the initial noise scale, or ``"auto"``: probed before the first step of a new run
+            (:func:`nesgpu.probe.probe_sigma`; a resumed run keeps the sigma of its checkpoint).
+        lr: the optimizer's step size, or ``"auto"``: the strategy's rule from sigma
+            (:meth:`~nesgpu.strategies.Strategy.lr_for_sigma`).
         lr_schedule: the factor of every group's lr per step (None: constant).
     """
 
     needs_sync = False
     progress_key = "fitness_mean"
 
-    def __init__(self, task, population: Population, strategy: Strategy, sigma: float,
-                 optimizer: torch.optim.Optimizer | None = None, lr: float | None = None,
+    def __init__(self, task, population: Population, strategy: Strategy, sigma: float | str,
+                 optimizer: torch.optim.Optimizer | None = None, lr: float | str | None = None,
                  lr_schedule: Schedule | None = None):
         if strategy.directions != population.directions:
             raise ValueError(f"the strategy was built for {strategy.directions} directions; the population has "
                              f"{population.directions}")
         self.task, self.population, self.strategy = task, population, strategy
         self.model = population.pm.model
+        self.probe: Probe | None = None  # what --sigma auto measured
+        self.probing, self.auto_lr = sigma == AUTO, lr == AUTO
+        start = UNPROBED if self.probing else sigma
+        lr = strategy.lr_for_sigma(start) if self.auto_lr else lr
         self.optimizer = optimizer or strategy.make_optimizer(population.parameters(), lr)
         self.lrs = StepSizes(self.optimizer, lr_schedule)
-        self.state = strategy.init(sigma)
+        self.state = strategy.init(start)
         self.lrs.apply(self.state.step)
 
     @property
@@ -85,6 +97,8 @@ class EvolutionStep:
         """One ES step; returns the fitness statistics, sigma, the next step's lr and the task's scalars. A step
         whose weights are all zero (every member tied: no signal) writes no ``.grad``, so the optimizer leaves
         the weights and its own state as they were."""
+        if self.probing:
+            self.probed(probe_sigma(self.population, self.task))
         strategy, state = self.strategy, self.state
         sigma = strategy.ask(state)
         result = self.population.evaluate(self.task, state.step + 1, sigma, sq_norms=strategy.needs_sq_norms)
@@ -104,6 +118,15 @@ class EvolutionStep:
         fitness = {k: stats.pop(k) for k in ("fitness_mean", "fitness_max", "fitness_min")}
         return {**fitness, "sigma": self.state.sigma, "lr": self.optimizer.param_groups[0]["lr"], **stats}
 
+    def probed(self, probe: Probe) -> None:
+        """Take the probe's sigma (and, with ``lr="auto"``, its step size) from this step on."""
+        self.probing, self.probe = False, probe
+        self.state = dataclasses.replace(self.state, sigma=probe.sigma, sigma0=probe.sigma)
+        if self.auto_lr:
+            self.lrs.set_base(self.strategy.lr_for_sigma(probe.sigma), self.state.step)
+        self.population.log(describe(probe) + f"; lr {self.lrs.bases[0]:.3g}"
+                            + (" (auto: from sigma)" if self.auto_lr else ""))
+
     def sync(self) -> None:
         """Every process holds the same model: nothing to gather."""
 
@@ -112,30 +135,41 @@ class EvolutionStep:
         not stored: the one this step was built with applies from the loaded step on)."""
         masters = self.population.pm.master_state()  # a half-precision model's float32 weights
         return {**self.state.as_dict(), "lr": list(self.lrs.bases), "optimizer": self.optimizer.state_dict(),
-                **({"masters": masters} if masters else {})}
+                **({"masters": masters} if masters else {}),
+                **({"probe": self.probe.as_dict()} if self.probe is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a :meth:`state_dict`; the saved base step sizes are set under this step's own schedule."""
         if not isinstance(state, dict) or "optimizer" not in state:
             raise ValueError("not an ES checkpoint's strategy state (no optimizer state)")
         self.state = self.strategy.State.from_dict(state)
+        self.probing = False  # a resumed run keeps its sigma (and what the probe measured, if it ran)
+        self.probe = Probe.from_dict(state["probe"]) if isinstance(state.get("probe"), dict) else None
         self.population.pm.load_master_state(state.get("masters"))
         self.optimizer.load_state_dict(state["optimizer"])
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
         self.lrs.load(state["lr"] if "lr" in state else legacy, self.state.step)
 
     def apply_changes(self, old: dict, cfg) -> None:
-        """A resumed run's explicit new sigma replaces the current one; a new lr becomes the base."""
-        if old.get("sigma") != cfg.sigma:
+        """A resumed run's explicit new sigma replaces the current one; a new lr becomes the base (``"auto"``:
+        the strategy's rule from the run's sigma). ``--sigma auto`` on resume keeps the checkpoint's sigma: the
+        probe runs before a new run's first step only (a warning says so where the run had another sigma)."""
+        sigma_changed = old.get("sigma") != cfg.sigma
+        if sigma_changed and cfg.sigma == AUTO:
+            warnings.warn(f"--sigma auto does not probe a resumed run: it keeps its sigma {self.state.sigma:.4g}; "
+                          f"give a number to change it", stacklevel=2)
+        elif sigma_changed:
             self.state = dataclasses.replace(self.state, sigma=cfg.sigma, sigma0=cfg.sigma)
-        if old.get("lr") != cfg.lr:
-            self.lrs.set_base(cfg.lr, self.state.step)
+        if old.get("lr") != cfg.lr or (cfg.lr == AUTO and sigma_changed and cfg.sigma != AUTO):
+            lr = self.strategy.lr_for_sigma(self.state.sigma) if cfg.lr == AUTO else cfg.lr
+            self.lrs.set_base(lr, self.state.step)
 
     def summary(self, cfg) -> dict:
         """The run's layer kind, population (members, both signs), directions (PerturbedModel's: noise vectors,
         population / 2 with antithetic pairs) and (current) sigma, for summary.json."""
         return {"layer": cfg.layer, "population": cfg.population, "directions": cfg.directions,
-                "sigma": self.state.sigma}
+                "sigma": self.state.sigma, "lr": self.lrs.bases[0],
+                **({"sigma_probe": self.probe.as_dict()} if self.probe is not None else {})}
 
     def finish(self) -> None:
         self.population.free_memory()

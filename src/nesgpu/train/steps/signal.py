@@ -44,11 +44,14 @@ class SignalWatch:
         if self.warned or len(self.latest) < FIRST_LOOK or 2 * quiet <= len(self.latest):
             return
         self.warned = True
+        probed = self.sigma == "auto"
+        raise_it = "raise --sigma" if probed else ("raise --sigma (or use --sigma auto, which probes for the sigma at "
+                                                   "which members differ)")
         self.log(f"warning: {quiet} of the last {len(self.latest)} steps (to step {step}) carried no signal: every "
                  f"member of the population scored the same, so those steps changed nothing. The population does "
-                 f"not spread at sigma {row.get('sigma', self.sigma):.3g}: raise --sigma (or use --sigma auto, which "
-                 f"probes for the sigma at which members differ); for a reward, also sample (--temperature 0.7 "
-                 f"--generations 4), give more prompts per step (--batch-size), or score partial answers")
+                 f"not spread at sigma {row['sigma']:.3g}{' (probed)' if probed else ''}: {raise_it}; for a reward, "
+                 f"also sample (--temperature 0.7 --generations 4), give more prompts per step (--batch-size), or "
+                 f"score partial answers")
 
     @property
     def share(self) -> float | None:
