@@ -4,8 +4,9 @@ other settings, the same steps, scored by the task's own held-out metric, two ru
 The language models are the demo's (examples/lm_reward_demo.py) and three of this script's own construction with
 other base rates: ``first`` (its teacher wrong in the first digit, not the last), ``weak`` (the demo's corpus, 250
 pretraining steps instead of 1,500) and ``biased`` (its teacher wrong in the last digit 97% of the time, not half),
-the last two near 0% held-out accuracy and on a binary reward (exact answer 1, anything else 0). Each row says the gain over the start (the metric at step 0) of the default run, of the best
-tuned one, and their ratio; the goal is >= 0.9.
+the last two near 0% held-out accuracy and on a binary reward (exact answer 1, anything else 0). Each row says the
+gain over the start (the metric at step 0) of the default run, of the best tuned one, and their ratio; the goal is
+>= 0.9.
 
     python benchmarks/defaults_table.py --out runs/defaults --workloads lm-demo lm-first lm-weak-binary
     python benchmarks/defaults_table.py --out runs/defaults --workloads digits mnist1d cartpole
@@ -18,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -54,10 +56,11 @@ WORKLOADS = {
     "lm-first": lm("first"),
     "lm-weak-binary": lm("weak", binary=True),
     "lm-biased-binary": lm("biased", binary=True),
+    "lm-flawed-binary": lm("flawed", binary=True),
 }
 # each model's teacher: how often it is wrong, in which digit; and the pretraining steps
 MODELS = {"demo": (0.5, "last", 1500), "first": (0.5, "first", 1500), "weak": (0.5, "last", 250),
-          "biased": (0.97, "last", 1500)}
+          "biased": (0.97, "last", 1500), "flawed": (1.0, "last", 1500)}
 
 
 def prepare(out: Path, names) -> None:
@@ -114,21 +117,25 @@ def lr_rule(out: Path, done: list[dict], seed: int) -> list[dict]:
 
 
 def table(results: list[dict]) -> None:
-    print("| workload | default: sigma, lr | default gain | best tuned setting | its gain | default / best |")
-    print("|---|---|---:|---|---:|---:|")
+    """Per workload: the default's gain and the best tuned setting's, each the median over the seeds run."""
+    print("| workload | default: sigma, lr | start | default gain | best tuned setting | its gain | default / best | "
+          "seeds |\n|---|---|---:|---:|---|---:|---:|---:|")
     for workload in WORKLOADS:
         rows = [r for r in results if r["workload"] == workload]
-        default = [r for r in rows if r["setting"] == 0]
-        tuned = [r for r in rows if r["setting"] > 0]
-        rule = {r["setting"]: r for r in rows if r["setting"] < 0}
-        if not default or not tuned:
+        by_setting = {}
+        for r in rows:
+            by_setting.setdefault(r["setting"], []).append(r)
+        gain = {i: statistics.median(r["gain"] for r in runs) for i, runs in by_setting.items()}
+        tuned = [i for i in by_setting if i > 0]
+        if 0 not in by_setting or not tuned:
             continue
-        d = default[0]
-        best = max(tuned, key=lambda r: r["gain"])
-        ratio = d["gain"] / best["gain"] if best["gain"] > 0 else float("nan")
-        print(f"| {workload} | {d['sigma']:.3g}, {d['lr']:.3g} | {d['start']:.3f} -> {d['value']:.3f} "
-              f"({d['gain']:+.3f}) | `{' '.join(best['options'])}` | {best['gain']:+.3f} | {ratio:.2f} |"
-              + (f" lr sigma/3: {rule[-1]['gain']:+.3f}, sigma/30: {rule[-2]['gain']:+.3f}" if len(rule) == 2 else ""))
+        best = max(tuned, key=lambda i: gain[i])
+        d = by_setting[0][0]
+        ratio = f"{gain[0] / gain[best]:.2f}" if gain[best] > 1e-6 else "n/a (no tuned gain)"
+        rule = "".join(f"; lr sigma/{divisor}: {gain[i]:+.3f}" for i, divisor in ((-1, 3), (-2, 30)) if i in gain)
+        print(f"| {workload} | {d['sigma']:.3g}, {d['lr']:.3g} | {d['start']:.3f} | {gain[0]:+.3f} | "
+              f"`{' '.join(by_setting[best][0]['options'])}` | {gain[best]:+.3f} | {ratio} | "
+              f"{len(by_setting[0])}{rule} |")
 
 
 def main() -> None:

@@ -118,7 +118,7 @@ def test_response_splits_antithetic_pairs_into_odd_and_even():
 
 
 def test_a_probe_round_trips_through_a_dict():
-    probe = Probe(0.01, "prompts_with_spread", [{"sigma": 0.01, "prompts_with_spread": 0.5}], "")
+    probe = Probe(0.01, "prompts_with_spread", [{"sigma": 0.01, "prompts_with_spread": 0.5}], "", 1.5)
     assert Probe.from_dict(probe.as_dict()) == probe
 
 
@@ -158,7 +158,8 @@ def test_a_resumed_run_keeps_the_probed_sigma_and_ends_as_one_run(tmp_path):
     cfg.steps = 4
     two = train(cfg, model=own_model(), task=task, resume=True, log=lambda *a, **k: None)
     assert task.steps == [3, 4]  # not probed again
-    assert two["sigma"] == one["sigma"] and two["sigma_probe"] == one["sigma_probe"] and two["lr"] == one["lr"]
+    assert two["sigma"] == one["sigma"] and two["lr"] == one["lr"]
+    assert {**two["sigma_probe"], "seconds": 0} == {**one["sigma_probe"], "seconds": 0}  # the record kept
     a = nesgpu.load_run(tmp_path / "one", model=own_model(), task=QuantisedReward())[0].state_dict()
     b = nesgpu.load_run(tmp_path / "two", model=own_model(), task=QuantisedReward())[0].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

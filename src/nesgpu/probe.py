@@ -25,7 +25,9 @@ The rule for the step size that follows (``--lr auto``) is the strategy's :meth:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -48,12 +50,14 @@ class Probe:
         measure: ``"prompts_with_spread"`` (a reward) or ``"local_response"`` (any other fitness).
         tried: each candidate's sigma and measurements, in the order evaluated.
         note: why the choice is a fallback, if it is ("" when the rule was met).
+        seconds: the probe's wall time (its evaluations; the first step's time includes it).
     """
 
     sigma: float
     measure: str
     tried: list[dict] = field(default_factory=list)
     note: str = ""
+    seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,15 +65,18 @@ class Probe:
     @classmethod
     def from_dict(cls, values: dict) -> Probe:
         return cls(float(values["sigma"]), str(values["measure"]), list(values.get("tried", [])),
-                   str(values.get("note", "")))
+                   str(values.get("note", "")), float(values.get("seconds", 0.0)))
 
 
 def probe_sigma(population: Population, task) -> Probe:
     """The sigma at which ``population``'s members respond to ``task`` (see the module's rule). The task is left
     as it was (no ``finish_step``)."""
+    started = time.perf_counter()
     if isinstance(task, DescribesFitness) and "prompts_with_spread" in task.describes:
-        return _probe_reward(population, task)
-    return _probe_response(population, task)
+        probe = _probe_reward(population, task)
+    else:
+        probe = _probe_response(population, task)
+    return dataclasses.replace(probe, seconds=round(time.perf_counter() - started, 3))
 
 
 def _evaluate(population: Population, task, sigma: float):
@@ -160,8 +167,9 @@ def describe(probe: Probe) -> str:
     measured = ", ".join(f"{t['sigma']:.2g}: {t['prompts_with_spread']:.2f}" if "prompts_with_spread" in t
                          else f"{t['sigma']:.2g}: {t['signal']:.3g}/{t['drop']:.3g}" for t in probe.tried)
     what = "prompts with spread" if probe.measure == "prompts_with_spread" else "signal/drop"
-    return (f"sigma auto: {probe.sigma:.3g} after {len(probe.tried) + (probe.measure != 'prompts_with_spread')} "
-            f"probe evaluations ({what} by sigma: {measured})" + (f"; {probe.note}" if probe.note else ""))
+    calls = len(probe.tried) + (probe.measure != "prompts_with_spread")  # and the plain model's, for a response
+    return (f"sigma auto: {probe.sigma:.3g} after {calls} probe evaluations in {probe.seconds:.1f} s ({what} by "
+            f"sigma: {measured})" + (f"; {probe.note}" if probe.note else ""))
 
 
 __all__ = ["FLOOR", "GRID", "NOISE_RATIO", "PROBE_STEP", "Probe", "REWARD_SPREAD", "describe", "probe_sigma",
