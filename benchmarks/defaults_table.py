@@ -145,18 +145,23 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr-rule", action="store_true", help="also the default's probed sigma with lr = sigma / 3 "
                                                                   "and sigma / 30 (the rule is sigma / 10)")
+    parser.add_argument("--default-only", action="store_true", help="run only the default setting (the tuned ones "
+                                                                       "kept from earlier runs)")
     parser.add_argument("--report", action="store_true")
     args = parser.parse_args()
     results_file = args.out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else []
     if not args.report:
         prepare(args.out, [WORKLOADS[w]["model"] for w in args.workloads if "model" in WORKLOADS[w]])
-        jobs = [(w, i, s) for w in args.workloads for i, s in enumerate([[], *WORKLOADS[w]["tuning"]])]
+        jobs = [(w, i, s) for w in args.workloads for i, s in enumerate([[], *WORKLOADS[w]["tuning"]])
+                if i == 0 or not args.default_only]
         with ThreadPoolExecutor(2) as pool:
             done = list(pool.map(lambda job: run(args.out, *job, args.seed), jobs))
         if args.lr_rule:
             done += lr_rule(args.out, done, args.seed)
         keys = {(r["workload"], r["setting"], r["seed"]) for r in done}
+        # read again: another invocation may have written its results meanwhile
+        results = json.loads(results_file.read_text()) if results_file.is_file() else []
         results = [r for r in results if (r["workload"], r["setting"], r["seed"]) not in keys] + done
         results_file.write_text(json.dumps(results, indent=1))
     table(results)
