@@ -206,3 +206,11 @@ def test_without_optuna_nesgpu_loads_and_tune_says_what_to_install(tmp_path):
     assert "lr:" in result.stdout
     assert result.stderr.strip().splitlines()[-1].startswith("nesgpu tune: error: nesgpu tune needs Optuna")
     assert "pip install 'nesgpu[tune]'" in result.stderr
+
+
+def test_an_auto_sigma_and_lr_are_searched_over_the_probes_range():
+    from nesgpu.probe import GRID
+
+    specs = default_space(TrainConfig(sigma="auto", lr="auto")).to_dict()
+    assert specs["sigma"] == {"low": GRID[0], "high": GRID[-1], "log": True}
+    assert specs["lr"] == {"low": 1e-5, "high": 0.1, "log": True}
