@@ -1,6 +1,7 @@
 """torchrun runs: ranks split the directions, exchange fitness only, and end bit-identical to one process."""
 
 import csv
+import json
 import os
 import signal
 import socket
@@ -173,3 +174,19 @@ def test_two_processes_whose_members_all_tie_leave_the_weights_as_they_were(tmp_
                   torch.device("cpu")).model.state_dict()
     trained = load_file(tmp_path / "two" / "model.safetensors")
     assert set(trained) == set(start) and all(torch.equal(trained[k], start[k]) for k in start)
+
+
+def test_two_processes_probe_the_same_sigma_as_one(tmp_path):
+    # --sigma auto: every rank runs the probe's evaluations, exchanges their fitness, and so finds the same sigma
+    args = [*ARGS["digits"], "--sigma", "auto", "--lr", "auto", "--device", "cpu"]
+    two = torchrun(2, "train", *args, "--out", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = nesgpu("train", *args, "--chunk-size", "4", "--out", str(tmp_path / "one"),
+                 env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert two.stderr.count("sigma auto: ") == 1  # rank 0 says it
+    summaries = [json.loads((tmp_path / run / "summary.json").read_text()) for run in ("one", "two")]
+    assert summaries[0]["sigma_probe"]["tried"] == summaries[1]["sigma_probe"]["tried"]
+    assert summaries[0]["sigma"] == summaries[1]["sigma"] and summaries[0]["lr"] == summaries[1]["lr"]
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)

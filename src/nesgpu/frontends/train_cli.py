@@ -27,22 +27,20 @@ def _hidden(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _chunk(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of directions or 'auto'; got {text!r}") from None
+def _or_auto(parse, expected: str):
+    """A flag's parser: ``parse(text)``, or the text "auto"."""
+    def parser(text: str):
+        if text == "auto":
+            return text
+        try:
+            return parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected} or 'auto'; got {text!r}") from None
+    return parser
 
 
-def _auto_float(text: str) -> float | str:
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto'; got {text!r}") from None
+_chunk = _or_auto(int, "a number of directions")
+_auto_float = _or_auto(float, "a number")
 
 
 def _count(text: str) -> int | float:
