@@ -170,6 +170,8 @@ def test_auto_is_the_default_of_the_generation_tasks_and_of_your_own():
 
     for task in ("arithmetic", "countdown", "generation", "custom:mine"):
         assert presets(task)["sigma"] == "auto" and presets(task)["lr"] == "auto", task
+    for task in ("arithmetic", "countdown", "generation"):  # and a decay that does not depend on --steps
+        assert presets(task)["lr_schedule"] == "rsqrt", task
     assert presets("arithmetic", strategy="ars")["lr"] == "auto"  # another strategy: its own rule
     assert presets("digits")["sigma"] == 0.1  # a task with a tuned sigma keeps it
 

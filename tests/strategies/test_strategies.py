@@ -163,6 +163,13 @@ def test_schedules(kind, expected):
         Schedule("step")
 
 
+def test_rsqrt_holds_for_100_steps_then_decays_as_one_over_sqrt_step_whatever_the_runs_length():
+    for steps in (10, 1_000_000):  # a time-budgeted run's --steps says nothing of its length
+        s = Schedule("rsqrt", final=0.1, steps=steps)
+        assert [s(0), s(1), s(100)] == [1.0, 1.0, 1.0]
+        assert [s(400), s(10_000)] == pytest.approx([0.5, 0.1])
+
+
 def test_sigma_and_lr_schedules_apply_per_step():
     pm = make_pm(sigma=0.2)
     es = Driver(pm, OpenAIES(pm.directions, sigma_schedule=Schedule("linear", 0.5, 4)), lr=0.1,

@@ -5,17 +5,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-KINDS = ("constant", "linear", "cosine", "exponential")
+KINDS = ("constant", "linear", "cosine", "exponential", "rsqrt")
+RSQRT_HOLD = 100  # rsqrt: the steps at the full value before the 1 / sqrt(step) decay
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """``factor(step)`` goes from 1 at step 0 to ``final`` at step ``steps`` (then stays there).
+    """``factor(step)`` goes from 1 at step 0 to ``final`` at step ``steps`` (then stays there); "rsqrt" instead
+    holds 1 for ``RSQRT_HOLD`` steps, then decays as sqrt(RSQRT_HOLD / step), whatever the run's length (the
+    stochastic-approximation rate for noisy gradients; a time-budgeted run's --steps says nothing of its length).
 
     Args:
-        kind: "constant", "linear", "cosine" or "exponential".
-        final: the factor reached at ``steps`` (ignored by "constant").
-        steps: length of the schedule.
+        kind: "constant", "linear", "cosine", "exponential" or "rsqrt".
+        final: the factor reached at ``steps`` (ignored by "constant" and "rsqrt").
+        steps: length of the schedule (ignored by "rsqrt").
     """
 
     kind: str = "constant"
@@ -31,6 +34,8 @@ class Schedule:
             raise ValueError(f"an exponential schedule needs final > 0; got {self.final}")
 
     def __call__(self, step: int) -> float:
+        if self.kind == "rsqrt":
+            return min(1.0, math.sqrt(RSQRT_HOLD / max(step, 1)))
         t = min(max(step, 0), self.steps) / self.steps
         if self.kind == "constant":
             return 1.0

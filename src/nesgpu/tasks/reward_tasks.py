@@ -158,9 +158,10 @@ class PromptOptions:
 
 
 # fine-tuning a pretrained small model (OpenAI-ES + Adam on low-rank noise); sigma from the model's own response
-# (nesgpu.probe) and lr from sigma (OpenAIES.lr_for_sigma): no fixed sigma holds across models (BENCHMARKS.md);
+# (nesgpu.probe) and lr from sigma (OpenAIES.lr_for_sigma), decaying as 1 / sqrt(step) after 100 steps: no fixed
+# sigma holds across models, and a constant lr that suits 100 steps unlearns over 2,000 (BENCHMARKS.md, issue 43);
 # batch_size = prompts per step
-DEFAULTS = dict(population=32, sigma="auto", lr="auto", steps=1000, hidden=(), batch_size=8)
+DEFAULTS = dict(population=32, sigma="auto", lr="auto", lr_schedule="rsqrt", steps=1000, hidden=(), batch_size=8)
 TASKS = {
     "arithmetic": TaskSpec(_maker(arithmetic_problems, arithmetic_reward, 6), DEFAULTS, models=("hf:DIR",),
                            model_prefix=HF, options=PromptOptions),

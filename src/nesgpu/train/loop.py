@@ -74,7 +74,8 @@ class Loop:
             self.target = None
         if cfg.time_budget is not None and self.distributed:
             raise ValueError("time_budget cannot stop a torchrun job (the ranks would not stop together); use --steps")
-        scheduled = [name for name in ("sigma", "lr") if (getattr(cfg, f"{name}_schedule") or "constant") != "constant"]
+        scheduled = [name for name in ("sigma", "lr")  # rsqrt does not depend on --steps
+                     if (getattr(cfg, f"{name}_schedule") or "constant") not in ("constant", "rsqrt")]
         if cfg.time_budget is not None and scheduled and self.main:
             warnings.warn(f"the {' and '.join(scheduled)} schedule runs over --steps ({cfg.steps}), not over "
                           f"--time-budget: a run the budget stops first ends part-way through it; set --steps to "
