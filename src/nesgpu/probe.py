@@ -162,7 +162,7 @@ def _probe_response(population: Population, task) -> Probe:
                                                    f"between members); the smallest candidate")
 
 
-def describe(probe: Probe) -> str:
+def probe_line(probe: Probe) -> str:
     """One line for the console: the chosen sigma and what it rests on."""
     measured = ", ".join(f"{t['sigma']:.2g}: {t['prompts_with_spread']:.2f}" if "prompts_with_spread" in t
                          else f"{t['sigma']:.2g}: {t['signal']:.3g}/{t['drop']:.3g}" for t in probe.tried)
@@ -172,5 +172,5 @@ def describe(probe: Probe) -> str:
             f"sigma: {measured})" + (f"; {probe.note}" if probe.note else ""))
 
 
-__all__ = ["FLOOR", "GRID", "NOISE_RATIO", "PROBE_STEP", "Probe", "REWARD_SPREAD", "describe", "probe_sigma",
+__all__ = ["FLOOR", "GRID", "NOISE_RATIO", "PROBE_STEP", "Probe", "REWARD_SPREAD", "probe_line", "probe_sigma",
            "response"]

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ...population import Population
-from ...probe import Probe, describe, probe_sigma
+from ...probe import Probe, probe_line, probe_sigma
 from ...strategies import Strategy
 from ...strategies.base import fitness_statistics
 from ...strategies.schedules import Schedule, StepSizes
@@ -124,7 +124,7 @@ class EvolutionStep:
         self.state = dataclasses.replace(self.state, sigma=probe.sigma, sigma0=probe.sigma)
         if self.auto_lr:
             self.lrs.set_base(self.strategy.lr_for_sigma(probe.sigma), self.state.step)
-        self.population.log(describe(probe) + f"; lr {self.lrs.bases[0]:.3g}"
+        self.population.log(probe_line(probe) + f"; lr {self.lrs.bases[0]:.3g}"
                             + (" (auto: from sigma)" if self.auto_lr else ""))
 
     def sync(self) -> None:
