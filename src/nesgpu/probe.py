@@ -90,9 +90,9 @@ def _climb(measure, met) -> tuple[list[dict], float | None]:
     tried, below = [], None
     for sigma in GRID:
         trial = measure(sigma)
-        tried.append(trial)
         if trial is None:
             break
+        tried.append(trial)
         if met(trial):
             if below is not None:
                 middle = measure(math.sqrt(below * sigma))
@@ -102,7 +102,7 @@ def _climb(measure, met) -> tuple[list[dict], float | None]:
                         return tried, middle["sigma"]
             return tried, sigma
         below = sigma
-    return [t for t in tried if t is not None], None
+    return tried, None
 
 
 def _probe_reward(population: Population, task) -> Probe:

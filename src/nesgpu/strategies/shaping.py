@@ -15,20 +15,16 @@ import torch
 def tied_ranks(values: torch.Tensor) -> torch.Tensor:
     """The 0-based ranks of a 1-d tensor, ties sharing the mean of the ranks they span (SciPy's "average"
     method): ``tied_ranks([3, 1, 3, 2]) == [2.5, 0, 2.5, 1]``. In the input's dtype, on its device."""
-    n = values.numel()
     order = values.argsort()
     ordered = values[order]
     # runs of equal values in sorted order: a new run starts wherever the value changes
-    starts = torch.ones(n, dtype=torch.bool, device=values.device)
+    starts = torch.ones_like(ordered, dtype=torch.bool)
     starts[1:] = ordered[1:] != ordered[:-1]
     run = starts.cumsum(0) - 1  # the run of each sorted position
-    positions = torch.arange(n, dtype=values.dtype, device=values.device)
-    first = torch.zeros(int(n), dtype=values.dtype, device=values.device).scatter_reduce(
-        0, run, positions, reduce="amin", include_self=False)
-    last = torch.zeros(int(n), dtype=values.dtype, device=values.device).scatter_reduce(
-        0, run, positions, reduce="amax", include_self=False)
-    ranks = torch.empty_like(positions)
-    ranks[order] = ((first + last) / 2)[run]
+    counts = torch.bincount(run).to(values.dtype)
+    mean_rank = counts.cumsum(0) - (counts + 1) / 2  # of the positions first .. last of each run
+    ranks = torch.empty_like(ordered)
+    ranks[order] = mean_rank[run]
     return ranks
 
 
