@@ -8,7 +8,7 @@ from torch import nn
 
 import nesgpu
 from nesgpu.population import Population
-from nesgpu.probe import FLOOR, GRID, PROBE_STEP, REWARD_SPREAD, Probe, probe_sigma, response
+from nesgpu.probe import FALLBACK, FLOOR, GRID, PROBE_STEP, REWARD_SPREAD, Probe, probe_sigma, response
 from nesgpu.train import TrainConfig, train
 
 PROMPTS = 8
@@ -87,8 +87,23 @@ def test_a_reward_takes_the_smallest_sigma_at_which_half_the_prompts_spread():
 def test_a_reward_that_never_spreads_is_said_in_the_note():
     pop, task = population(), QuantisedReward(quantum=1e9, offset=5e8)  # every member scores 0
     probe = probe_sigma(pop, task)
-    assert [t["sigma"] for t in probe.tried] == list(GRID)
+    assert [t["sigma"] for t in probe.tried] == [FLOOR, *GRID]  # the plain population first
     assert "gives this model no signal" in probe.note
+
+
+class SampledReward(QuantisedReward):
+    """Rewards that differ between members with no perturbation at all, as sampled completions do."""
+
+    def fitness(self, pm, step):
+        fitness, info = super().fitness(pm, step)
+        gen = torch.Generator().manual_seed(step)
+        return fitness + torch.randint(0, 2, fitness.shape, generator=gen).to(fitness), info
+
+
+def test_a_reward_that_spreads_without_any_perturbation_cannot_tell_sigma_and_says_so():
+    probe = probe_sigma(population(), SampledReward())
+    assert probe.sigma == FALLBACK and len(probe.tried) == 1 and probe.tried[0]["sigma"] == FLOOR
+    assert "spread with no perturbation" in probe.note and "give --sigma" in probe.note
 
 
 def test_the_probe_is_the_same_chunked_and_not():

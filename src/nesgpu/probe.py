@@ -9,9 +9,11 @@ grid, ``GRID`` (1e-4 to 1, sqrt(10) apart), climbed from the bottom, with one mo
 (geometrically) where the rule first holds (a reward) or first fails (any other fitness):
 
 - **A reward** (a task that describes ``prompts_with_spread``: the generation tasks): the spread is the share of
-  the step's prompts on which the members' rewards differ (a prompt where they all tie carries no signal). The
-  probe takes the smallest sigma at which at least ``REWARD_SPREAD`` of the prompts spread; if none does, the
-  one with the most spread (the smaller on a tie), and says so.
+  the step's prompts on which the members' rewards differ (a prompt where they all tie carries no signal). One
+  call at sigma ``FLOOR`` measures what spreads with no perturbation (sampled completions); the probe takes the
+  smallest sigma at which ``REWARD_SPREAD`` of the prompts that sampling leaves tied spread too (with greedy
+  decoding: half of all prompts); if none does, the one with the most spread (the smaller on a tie), and says
+  so. Where sampling alone spreads half of the prompts, the spread cannot tell sigma: ``FALLBACK``, with a note.
 - **Any other fitness**: the plain model's fitness f0 and the evaluation noise come from one call at sigma
   ``FLOOR`` (every member is the plain model there: what still differs between directions is the task's own
   noise). At each candidate, the *signal* is the spread over the directions of their odd response,
@@ -37,6 +39,7 @@ from .population import DescribesFitness, Population
 GRID = tuple(10 ** (k / 2) for k in range(-8, 1))  # 1e-4, 3.2e-4, ..., 0.32, 1
 FLOOR = 1e-9  # a sigma at which every member is the plain model, up to rounding
 REWARD_SPREAD = 0.5
+FALLBACK = 0.01  # a reward whose spread cannot tell sigma (sampling alone spreads it): a guess, said as one
 NOISE_RATIO = 2.0
 PROBE_STEP = 1  # the first training step's data and noise
 
@@ -110,15 +113,23 @@ def _probe_reward(population: Population, task) -> Probe:
         info = _evaluate(population, task, sigma).info
         return {"sigma": sigma, "prompts_with_spread": float(info["prompts_with_spread"])}
 
-    tried, chosen = _climb(measure, lambda t: t["prompts_with_spread"] >= REWARD_SPREAD)
+    plain = measure(FLOOR)  # what spreads with no perturbation: sampled completions (a temperature above 0)
+    floor = plain["prompts_with_spread"]
+    if floor >= REWARD_SPREAD:
+        return Probe(FALLBACK, "prompts_with_spread", [plain],
+                     f"{floor:.2f} of the prompts spread with no perturbation at all (sampled completions), so the "
+                     f"spread cannot tell sigma; sigma {FALLBACK:g} is a guess: give --sigma")
+    target = floor + REWARD_SPREAD * (1 - floor)  # half of the prompts that sampling alone leaves tied
+    tried, chosen = _climb(measure, lambda t: t["prompts_with_spread"] >= target)
+    tried = [plain, *tried]
     if chosen is not None:
         return Probe(chosen, "prompts_with_spread", tried)
-    best = max(tried, key=lambda t: (t["prompts_with_spread"], -t["sigma"]))
-    if best["prompts_with_spread"] == 0:
+    best = max(tried[1:], key=lambda t: (t["prompts_with_spread"], -t["sigma"]))
+    if best["prompts_with_spread"] <= floor:
         note = (f"no sigma up to {GRID[-1]:g} made the members' rewards differ on any probe prompt: the reward "
                 f"gives this model no signal (every completion scores alike); sigma {best['sigma']:g} is a guess")
     else:
-        note = (f"no sigma reached a spread of {REWARD_SPREAD} of the prompts; the most was "
+        note = (f"no sigma reached a spread of {target:.2f} of the prompts; the most was "
                 f"{best['prompts_with_spread']:.2f}, at sigma {best['sigma']:g}")
     return Probe(best["sigma"], "prompts_with_spread", tried, note)
 
@@ -167,10 +178,10 @@ def probe_line(probe: Probe) -> str:
     measured = ", ".join(f"{t['sigma']:.2g}: {t['prompts_with_spread']:.2f}" if "prompts_with_spread" in t
                          else f"{t['sigma']:.2g}: {t['signal']:.3g}/{t['drop']:.3g}" for t in probe.tried)
     what = "prompts with spread" if probe.measure == "prompts_with_spread" else "signal/drop"
-    calls = len(probe.tried) + (probe.measure != "prompts_with_spread")  # and the plain model's, for a response
+    calls = len(probe.tried) + (probe.measure != "prompts_with_spread")  # a response's plain call is not in tried
     return (f"sigma auto: {probe.sigma:.3g} after {calls} probe evaluations in {probe.seconds:.1f} s ({what} by "
             f"sigma: {measured})" + (f"; {probe.note}" if probe.note else ""))
 
 
-__all__ = ["FLOOR", "GRID", "NOISE_RATIO", "PROBE_STEP", "Probe", "REWARD_SPREAD", "probe_line", "probe_sigma",
+__all__ = ["FALLBACK", "FLOOR", "GRID", "NOISE_RATIO", "PROBE_STEP", "Probe", "REWARD_SPREAD", "probe_line", "probe_sigma",
            "response"]
