@@ -6,6 +6,7 @@ from the command line, with one-line errors."""
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -39,11 +40,16 @@ def test_every_column_reaches_each_reward_function_aligned_with_its_completion()
     assert values.tolist() == [2.0 + 10.0, 1.0, 1.0]
 
 
-def test_none_is_skipped_and_a_completion_no_function_scores_is_nan():
+def test_none_is_skipped_and_a_completion_no_function_scores_is_zero_with_one_warning():
     some = Rewards([lambda completions, **kw: [None, 1.0], lambda completions, **kw: [None, None]],
                    {"a": {"prompt": "a"}})
-    values = some(["a", "a"], ["x", "y"])
-    assert torch.isnan(values[0]) and values[1] == 1.0
+    with pytest.warns(UserWarning, match="every reward function returned None .* it scores 0, as in TRL"):
+        values = some(["a", "a"], ["x", "y"])
+    assert values.tolist() == [0.0, 1.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: not at every step
+        assert some(["a", "a"], ["x", "y"]).tolist() == [0.0, 1.0]
+    assert some.unscored == 2
     with pytest.raises(ValueError, match="must return a list of 2 floats"):
         Rewards(lambda completions, **kw: [1.0], {"a": {"prompt": "a"}})(["a", "a"], ["x", "y"])
     with pytest.raises(TypeError, match="expected a float or None"):

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
 
 from ..layers import KINDS
@@ -227,6 +228,8 @@ def add_eval_parser(commands) -> None:
                    "fitness and evaluate, or what makes one when called), as module:name or file.py:name")
     p.add_argument("--model", metavar="MODULE:NAME", help="a run of a model of your own (unless the task makes "
                    "it): the model, or what makes one when called, as module:name or file.py:name")
+    p.add_argument("--trust-reward-code", action="store_true", help="import the reward functions the run's "
+                   "config.json names even from a file outside the run directory and the working directory")
     p.set_defaults(func=run_eval)
 
 
@@ -235,16 +238,39 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from ..train.storage.runs import evaluate_run
 
+    consent_to_rewards(Path(args.run), args.trust_reward_code)
     task = None if args.task is None else own_object(args.task, "--task", lambda o: hasattr(o, "fitness"))
     model = None if args.model is None else own_object(args.model, "--model", lambda o: isinstance(o, nn.Module))
     print(json.dumps(evaluate_run(args.run, args.device, model=model, task=task)))
     return 0
 
 
+def consent_to_rewards(run: Path, trusted: bool) -> None:
+    """Say which files the run's reward functions (config.json's ``reward``) will be imported from: a run
+    directory someone sent you is code. One outside the run directory and the working directory needs
+    ``--trust-reward-code``."""
+    from ..tasks.user_code import code_file, outside
+
+    try:  # a config.json that cannot be read is named when the run loads
+        reward = json.loads((run / "config.json").read_text()).get("reward")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
+        return
+    specs = [s.strip() for s in reward.split(",") if s.strip()] if isinstance(reward, str) else []
+    for spec in specs:
+        file = code_file(spec)
+        if file is None:
+            continue
+        if outside(file, run, Path.cwd()) and not trusted:
+            raise ValueError(f"{run}/config.json names the reward function {spec}, which would import {file}, "
+                             f"outside the run directory and the working directory; read it, then pass "
+                             f"--trust-reward-code to import it")
+        print(f"nesgpu eval: importing the reward function {spec} from {file}", file=sys.stderr)
+
+
 def own_object(spec: str, flag: str, made):
     """The object ``spec`` (module:name) names, or what it returns when called with no arguments, if it is
     not yet ``made`` (a class or a function that makes a task or model)."""
-    from ..tasks.reward_data import load_object
+    from ..tasks.user_code import load_object
 
     found = load_object(spec, flag, kind=flag.removeprefix("--"))
     if not made(found) and callable(found):

@@ -11,9 +11,10 @@ import functools
 from dataclasses import dataclass
 
 from ..options import check_options, option
-from .reward_data import dataset_task, load_function
+from .reward_data import dataset_task
 from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, PromptOptions, hf_directory, load_tokenizer
 from .spec import TaskOptions, TaskSpec
+from .user_code import load_function
 
 
 @dataclass(frozen=True)

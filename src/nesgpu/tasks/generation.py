@@ -10,7 +10,6 @@ prompt's rewards across every member (both signs, all directions, after the exch
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import warnings
@@ -23,6 +22,7 @@ from ..decode import CompiledDecode, check_compilable
 from ..model import PerturbedModel
 from ..noise import derive_seed
 from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
+from .scores import checked_rewards, logged_columns
 
 SHAPINGS = ("per_prompt", "none")
 FITNESSES = ("reward", "likelihood")
@@ -277,9 +277,9 @@ class GenerationTask:
             ids, mask = self._encode(prompts, model)
             new = self._generate(model, ids, mask, seed=None)
             completions = self._decode(new)
-            scores = self._score(prompts, completions, new)
+            scores = self._score(prompts, completions, new, evaluating=True)
             rewards.append(scores)
-            extra = _logged_columns(self.reward, len(completions))
+            extra = logged_columns(self.reward, len(completions))
             self.samples += [{**{k: v[i] for k, v in extra.items()}, "prompt": p, "completion": c, "reward": float(r)}
                              for i, (p, c, r) in enumerate(zip(prompts, completions, scores.tolist()))]
         rewards = torch.cat(rewards)
@@ -331,56 +331,25 @@ class GenerationTask:
         return texts
 
     def _score(self, prompts: list[str], completions: list[str], tokens: torch.Tensor,
-               row_of: list[int] | None = None, kept: torch.Tensor | None = None) -> torch.Tensor:
+               row_of: list[int] | None = None, kept: torch.Tensor | None = None,
+               evaluating: bool = False) -> torch.Tensor:
         """The reward function's values, checked: a tensor of one finite float per completion. ``tokens``: the
         completions' new tokens (rows ``row_of`` of them, when given; ``kept``: their kept_tokens, if known); a
-        reward that ``takes_context`` (:class:`~nesgpu.tasks.reward_data.Rewards`) gets their ids and the step
-        where it takes them."""
+        reward that ``takes_context`` (:class:`~nesgpu.tasks.reward_data.Rewards`) gets their ids, the step
+        and whether it scores an evaluation where it takes them."""
         wanted, context = getattr(self.reward, "takes_context", frozenset()), {}
         wanted = wanted if isinstance(wanted, frozenset) else frozenset()
         if "completion_ids" in wanted:
             context["completion_ids"] = CompletionIds(self.tokenizer, tokens, self.stop, row_of, kept)
         if "step" in wanted:
             context["step"] = self._step
+        if "evaluating" in wanted:
+            context["evaluating"] = evaluating
         try:  # copies: samples.jsonl keeps what was made
             rewards = self.reward(list(prompts), list(completions), **context)
         except Exception as e:  # the user's function: its error, named as its own
             raise ValueError(f"the reward function raised {type(e).__name__}: {e}") from e
-        if not isinstance(rewards, torch.Tensor):
-            raise TypeError(f"the reward function must return a torch.Tensor of {len(completions)} floats; got "
-                            f"{type(rewards).__name__}")
-        if rewards.is_complex():
-            raise TypeError(f"the reward function must return real rewards; got a {rewards.dtype} tensor")
-        if rewards.shape != (len(completions),):
-            raise ValueError(f"the reward function must return shape ({len(completions)},), one reward per "
-                             f"completion; got {tuple(rewards.shape)}")
-        rewards = rewards.detach().float().cpu()
-        if not bool(torch.isfinite(rewards).all()):
-            raise ValueError(f"the reward function returned a non-finite reward for completion "
-                             f"{completions[int((~torch.isfinite(rewards)).nonzero()[0])]!r:.80}")
-        return rewards
-
-
-def _logged_columns(reward, rows: int) -> dict[str, list]:
-    """The columns a reward's functions gave ``log_extra`` in its latest call (TRL's completions table), one value
-    per completion, as JSON values (anything else as its text, a non-finite float as None), the trainer's own keys
-    left out."""
-    logged = getattr(reward, "logged", None)
-    columns = logged.get("extra") if isinstance(logged, dict) else None
-    if not isinstance(columns, dict):
-        return {}
-
-    def as_json(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        try:
-            json.dumps(v, allow_nan=False)
-            return v
-        except (TypeError, ValueError):
-            return str(v)
-
-    return {str(k): [as_json(v) for v in values] for k, values in columns.items()
-            if len(values) == rows and str(k) not in ("step", "prompt", "completion", "reward")}
+        return checked_rewards(rewards, completions)
 
 
 def _check_sampling(fitness: str, generations: int, temperature: float) -> None:

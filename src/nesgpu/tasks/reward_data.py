@@ -18,18 +18,19 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import hashlib
 import inspect
 import json
 import math
 import numbers
-import sys
+import stat
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+
+from .user_code import load_function, load_object
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -37,6 +38,8 @@ def read_jsonl(path: str | Path) -> list[dict]:
     file and the line of the first bad one."""
     path = Path(path).expanduser()
     try:
+        if path.exists() and not stat.S_ISREG(path.stat().st_mode):  # /dev/zero would be read until memory ends
+            raise ValueError(f"cannot read the prompts file {path}: not a regular file")
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read the prompts file {path}: {getattr(e, 'strerror', None) or e}") from e
@@ -48,6 +51,8 @@ def read_jsonl(path: str | Path) -> list[dict]:
             row = json.loads(line)
         except ValueError as e:
             raise ValueError(f"{path}, line {number}: not JSON ({e})") from None
+        except RecursionError:
+            raise ValueError(f"{path}, line {number}: JSON nested too deeply to read") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}, line {number}: expected a JSON object with a 'prompt'; got "
                              f"{type(row).__name__}")
@@ -59,7 +64,7 @@ def prompt_rows(data, what: str = "prompts") -> list[dict]:
     """The rows of ``data`` (a ``datasets.Dataset``, a list of dicts, or a JSON-lines file's path), each with a
     ``prompt`` that is text or a list of messages."""
     if isinstance(data, (str, Path)):
-        rows = read_jsonl(data)
+        rows, what = read_jsonl(data), f"{what} ({data})"
     elif hasattr(data, "column_names") or (isinstance(data, Sequence) and not isinstance(data, str)):
         rows = [dict(row) if isinstance(row, dict) else row for row in data]
     else:
@@ -70,6 +75,9 @@ def prompt_rows(data, what: str = "prompts") -> list[dict]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or "prompt" not in row:
             raise ValueError(f"{what}: row {i} has no 'prompt' column; got {row!r:.80}")
+        if taken := sorted(RESERVED.intersection(row)):
+            raise ValueError(f"{what}: row {i} has a column named {taken[0]!r}, a name the reward functions are "
+                             f"passed by the trainer itself (TRL's signature); rename the column")
         prompt = row["prompt"]
         if not (isinstance(prompt, str) and prompt) and not _is_conversation(prompt):
             raise ValueError(f"{what}: row {i}'s prompt must be non-empty text or a list of {{'role', 'content'}} "
@@ -90,7 +98,11 @@ def render(prompt, tokenizer) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("conversational prompts need a tokenizer with a chat template (tokenizer.chat_template); "
                          "this one has none: give the prompts as text")
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # the template is the model directory's: jinja2's TemplateError, its SecurityError, ...
+        raise ValueError(f"the tokenizer's chat template cannot render the messages {prompt!r:.80} "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
 EXTRAS = ("completion_ids", "trainer_state", "log_extra", "log_metric")
@@ -98,6 +110,10 @@ EXTRAS = ("completion_ids", "trainer_state", "log_extra", "log_metric")
 
 CONTEXT = {"completion_ids": "completion_ids", "trainer_state": "step"}
 """The extras a GenerationTask must pass :class:`Rewards` something for, and what."""
+
+RESERVED = frozenset({"completions", "prompts"})
+"""Keyword names a reward function is always given by the trainer: no data column may take one (a column
+named like one of :data:`EXTRAS` is passed instead of the extra)."""
 
 
 def _extras_taken(function: Callable) -> frozenset[str]:
@@ -123,35 +139,47 @@ class Rewards:
     each row's original prompt and other columns, looked up by its rendered prompt, reach every function.
 
     Args:
-        functions: TRL reward functions ``f(completions, prompts=..., **columns) -> list[float | None]``.
+        functions: TRL reward functions ``f(completions, prompts=..., **columns) -> list[float | None]``, or
+            their names, ``module:function`` or ``file.py:function``.
         weights: one per function (default: 1 each).
         rows: the prompts' rows, by their rendered text.
+        eval_rows: the held-out prompts' rows, by their rendered text, where they differ from ``rows``: a
+            held-out row whose prompt is also a training prompt reaches the functions with its own columns.
 
     ``takes_context``: what a :class:`~nesgpu.tasks.generation.GenerationTask` passes it besides the prompts
     and completions, the ones its functions take: the completions' token ids (``completion_ids=``, a sequence
     worked out at its first read) and the step (``step=``, for ``trainer_state``). A dataset column of the
-    same name as one of TRL's extras is passed instead of the extra. ``logged``: what the functions gave
-    ``log_metric`` (name -> values) and ``log_extra`` (column -> values) in the latest call.
+    same name as one of TRL's extras is passed instead of the extra; and, with ``eval_rows``, whether the call
+    scores an evaluation (``evaluating=``). ``logged``: what the functions gave ``log_metric`` (name ->
+    values) and ``log_extra`` (column -> values) in the latest call. A completion no function scores (every
+    one returned None) gets 0, with a warning, as TRL's ``nansum`` gives it.
     """
 
-    def __init__(self, functions: Sequence[Callable], rows: dict[str, dict], weights: Sequence[float] | None = None):
-        functions = [functions] if callable(functions) else list(functions)
+    def __init__(self, functions: Sequence[Callable], rows: dict[str, dict], weights: Sequence[float] | None = None,
+                 eval_rows: dict[str, dict] | None = None):
+        functions = [functions] if callable(functions) or isinstance(functions, str) else list(functions)
+        functions = [load_function(f) if isinstance(f, str) else f for f in functions]
         if not functions or not all(callable(f) for f in functions):
-            raise TypeError(f"reward functions must be callables; got {functions!r:.80}")
+            raise TypeError(f"reward functions must be callables or module:function names; got "
+                            f"{[type(f).__name__ for f in functions]}")
         weights = [1.0] * len(functions) if weights is None else [float(w) for w in weights]
         if len(weights) != len(functions) or not all(math.isfinite(w) for w in weights):
             raise ValueError(f"need one finite weight per reward function ({len(functions)}); got {weights}")
         self.functions, self.weights, self.rows = functions, weights, rows
+        self.eval_rows = None if eval_rows is None or eval_rows is rows else eval_rows
         self.takes = [_extras_taken(f) for f in functions]
         self.takes_context = frozenset(CONTEXT[k] for k in frozenset().union(*self.takes) if k in CONTEXT)
+        if self.eval_rows is not None:
+            self.takes_context |= {"evaluating"}
+        self.unscored = 0  # completions no function scored (scored 0, with a warning the first time)
         self.logged: dict[str, dict] = {"metrics": {}, "extra": {}}
         self._pending: dict[str, list[float]] = {}  # log_metric's values since the last take_metrics()
         self._told = False
         self.__name__ = "+".join(getattr(f, "__name__", "reward") for f in functions)
 
     def __call__(self, prompts: list[str], completions: list[str], completion_ids: Sequence[list[int]] | None = None,
-                 step: int = 0) -> torch.Tensor:
-        rows = [self.rows[p] for p in prompts]
+                 step: int = 0, evaluating: bool = False) -> torch.Tensor:
+        rows = self._rows_of(prompts, self.eval_rows if evaluating and self.eval_rows is not None else self.rows)
         columns = {k: [row.get(k) for row in rows] for k in dict.fromkeys(k for row in rows for k in row)}
         originals = columns.pop("prompt")
         texts = [[{"role": "assistant", "content": c}] if _is_conversation(p) else c
@@ -166,7 +194,32 @@ class Rewards:
             values = f(completions=texts, prompts=list(originals), **{k: list(v) for k, v in columns.items()},
                        **{k: v for k, v in extras.items() if k in takes and k not in columns})
             _add_checked(f, values, weight, total)
-        return torch.tensor([math.nan if t is None else t for t in total], dtype=torch.float64).float()
+        self._note_unscored(total, originals)
+        return torch.tensor([0.0 if t is None else t for t in total], dtype=torch.float64)
+
+    @staticmethod
+    def _rows_of(prompts: list[str], table: dict[str, dict]) -> list[dict]:
+        missing = next((p for p in prompts if p not in table), None)
+        if missing is not None:
+            raise ValueError(f"the rewards hold no row whose prompt renders as {missing!r:.80}; they score the "
+                             f"prompts they were built with ({len(table)} rows)")
+        return [table[p] for p in prompts]
+
+    def _note_unscored(self, total: list[float | None], prompts: list) -> None:
+        """Warn (the first time) that every function returned None for a completion: it scores 0."""
+        unscored = [i for i, t in enumerate(total) if t is None]
+        if unscored and not self.unscored:
+            warnings.warn(f"every reward function returned None for a completion of the prompt "
+                          f"{prompts[unscored[0]]!r:.60}: it scores 0, as in TRL (make one function score every "
+                          f"completion); this warning is given once", stacklevel=3)
+        self.unscored += len(unscored)
+
+    def fingerprint(self) -> str:
+        """A hash of the rows the functions are given (training and held-out), to tell a resumed run whether
+        its data changed."""
+        tables = [self.rows] if self.eval_rows is None else [self.rows, self.eval_rows]
+        text = json.dumps([sorted(t.items()) for t in tables], default=repr, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def _log_metric(self, name: str, value: float) -> None:
         self._tell("log_metric")
@@ -216,52 +269,20 @@ def _add_checked(f: Callable, values, weight: float, total: list[float | None]) 
         total[i] = (total[i] or 0.0) + weight * float(v)
 
 
-def load_function(spec: str) -> Callable:
-    """A function from ``module:name`` (importable, the current directory first) or ``path/file.py:name``; a
-    ValueError says what is missing."""
-    function = load_object(spec, "reward function", kind="function")
-    if not callable(function):
-        raise ValueError(f"reward function {spec!r}: {spec.rpartition(':')[0]} has no function "
-                         f"{spec.rpartition(':')[2]!r} (it is a {type(function).__name__})")
-    return function
-
-
-def load_object(spec: str, what: str, kind: str = "object"):
-    """The object ``module:name`` names (importable, the current directory first) or ``path/file.py:name``;
-    ``what`` it is for (and the ``kind`` of object) name it in a ValueError that says what is missing."""
-    module_name, sep, name = spec.rpartition(":")
-    if not sep or not module_name or not name:
-        raise ValueError(f"a {what} is given as module:{kind} or file.py:{kind}; got {spec!r}")
-    path = Path(module_name).expanduser()
-    if module_name.endswith(".py") and not path.is_file():
-        raise ValueError(f"{what} {spec!r}: no file {path}")
-    try:
-        if module_name.endswith(".py"):
-            loaded = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(module)
-        else:
-            if "" not in sys.path:
-                sys.path.insert(0, "")
-            module = importlib.import_module(module_name)
-    except Exception as e:  # the user's module: its own error, in one line
-        raise ValueError(f"{what} {spec!r}: cannot import {module_name!r} ({type(e).__name__}: {e})") from e
-    if not hasattr(module, name):
-        raise ValueError(f"{what} {spec!r}: {module_name} has no {kind} {name!r}")
-    return getattr(module, name)
-
-
-def rows_by_prompt(rows: list[dict], tokenizer, what: str) -> dict[str, dict]:
-    """The rows by their rendered prompt; two rows that render alike but differ in another column are an error
-    (the reward could not tell them apart)."""
+def rows_by_prompt(rows: list[dict], tokenizer, what: str) -> tuple[dict[str, dict], list[str]]:
+    """The rows by their rendered prompt, and every row's rendered prompt in order (a repeated row is kept, as
+    TRL keeps it: it is drawn as often as it appears); two rows that render alike but differ in another column
+    are an error (the reward could not tell them apart)."""
     by_text: dict[str, dict] = {}
+    texts = []
     for i, row in enumerate(rows):
         text = render(row["prompt"], tokenizer)
         if by_text.get(text, row) != row:
             raise ValueError(f"{what}: row {i} has the prompt of an earlier row but other columns; make the prompts "
                              f"unique")
         by_text[text] = row
-    return by_text
+        texts.append(text)
+    return by_text, texts
 
 
 def dataset_task(data, tokenizer, reward_funcs, reward_weights=None, eval_data=None, task_class=None, **options):
@@ -271,11 +292,11 @@ def dataset_task(data, tokenizer, reward_funcs, reward_weights=None, eval_data=N
     it."""
     from .generation import GenerationTask
 
-    train = rows_by_prompt(prompt_rows(data, "prompts"), tokenizer, "prompts")
-    held = train if eval_data is None else rows_by_prompt(prompt_rows(eval_data, "eval prompts"), tokenizer,
-                                                          "eval prompts")
-    reward = Rewards(reward_funcs, {**held, **train}, reward_weights)
-    return (task_class or GenerationTask)(prompts=list(train), eval_prompts=list(held), reward=reward,
+    train, train_prompts = rows_by_prompt(prompt_rows(data, "prompts"), tokenizer, "prompts")
+    held, held_prompts = (train, train_prompts) if eval_data is None else \
+        rows_by_prompt(prompt_rows(eval_data, "eval prompts"), tokenizer, "eval prompts")
+    reward = Rewards(reward_funcs, train, reward_weights, eval_rows=held)
+    return (task_class or GenerationTask)(prompts=train_prompts, eval_prompts=held_prompts, reward=reward,
                                           tokenizer=tokenizer, **options)
 
 

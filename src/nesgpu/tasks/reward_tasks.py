@@ -33,10 +33,39 @@ def hf_directory(model: str | None) -> Path:
                          f"save_pretrained writes")
     try:
         json.loads((directory / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ValueError(f"{directory / 'config.json'} cannot be read as JSON ({e}); expected what save_pretrained "
                          f"writes") from e
+    refuse_remote_code(directory)
     return directory
+
+
+CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+"""The files of a model directory whose ``auto_map`` would have transformers import the directory's Python."""
+
+
+def refuse_remote_code(directory: Path) -> None:
+    """A model directory is data: refuse one whose configs name Python files of its own (``auto_map``), which
+    transformers would import (asking on a terminal first) if trusted; nesgpu never runs them."""
+    for name in CODE_CONFIGS:
+        try:
+            config = json.loads((directory / name).read_text())
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # absent or unreadable: not code
+            continue
+        auto_map = config.get("auto_map") if isinstance(config, dict) else None
+        if auto_map:
+            raise ValueError(f"{directory / name} has an auto_map that names code in the model directory "
+                             f"({', '.join(_code_files(auto_map)) or auto_map}); nesgpu never runs a model "
+                             f"directory's code: use a model transformers implements itself (or remove auto_map "
+                             f"where its model_type is one transformers has)")
+
+
+def _code_files(auto_map) -> list[str]:
+    """The Python files an ``auto_map`` names: {"AutoModelForCausalLM": "modeling_x.XForCausalLM", ...}, a
+    tokenizer's as a [slow, fast] pair, a hub reference as "repo--module.Class"."""
+    values = auto_map.values() if isinstance(auto_map, dict) else [auto_map]
+    names = [v for value in values for v in (value if isinstance(value, (list, tuple)) else [value])]
+    return sorted({f"{str(v).split('--')[-1].rpartition('.')[0]}.py" for v in names if isinstance(v, str) and "." in v})
 
 
 def load_causal_lm(directory: Path, **options) -> nn.Module:
@@ -44,8 +73,10 @@ def load_causal_lm(directory: Path, **options) -> nn.Module:
     frozen again (``from_pretrained`` makes every parameter trainable: RoFormer's sinusoidal table)."""
     import torch
 
+    refuse_remote_code(directory)
     try:
         model, info = _causal_lm_class(directory).from_pretrained(directory, local_files_only=True,
+                                                                   trust_remote_code=False,
                                                                    output_loading_info=True, **options)
     except Exception as e:  # a truncated or garbage weights file, a pickle that is no tensor: its loader's words
         raise ValueError(f"{directory} holds no causal language model transformers can load "
@@ -73,7 +104,7 @@ def _causal_lm_class(directory: Path):
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
         return transformers.AutoModelForCausalLM
     named = [getattr(transformers, a, None) for a in getattr(config, "architectures", None) or []]
@@ -89,13 +120,23 @@ def load_tokenizer(directory: Path):
     """The directory's tokenizer, with a pad token (its eos token when it has none)."""
     from transformers import AutoTokenizer
 
+    refuse_remote_code(directory)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise ValueError(f"{directory} has no tokenizer that transformers can load ({e})") from e
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def check_vocabulary(tokenizer, lm: nn.Module, directory: Path) -> None:
+    """Refuse a tokenizer with more tokens than the model's embedding has rows: its ids past the table would
+    fail deep inside the embedding."""
+    rows = lm.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise ValueError(f"the tokenizer in {directory} has {len(tokenizer)} tokens, but the model's embedding has "
+                         f"{rows} rows; use the tokenizer the model was trained with")
 
 
 class PretrainedGenerationTask(GenerationTask):
@@ -108,10 +149,7 @@ class PretrainedGenerationTask(GenerationTask):
 
     def make_model(self, hidden, model: str) -> nn.Module:
         lm = load_causal_lm(self.directory, dtype=self.dtype or "auto")
-        rows = lm.get_input_embeddings().num_embeddings
-        if len(self.tokenizer) > rows:  # ids past the table would fail deep inside the embedding
-            raise ValueError(f"the tokenizer in {self.directory} has {len(self.tokenizer)} tokens, but the model's "
-                             f"embedding has {rows} rows; use the tokenizer the model was trained with")
+        check_vocabulary(self.tokenizer, lm, self.directory)
         return lm
 
     def save(self, model: nn.Module, directory: Path) -> None:
@@ -169,4 +207,5 @@ TASKS = {
                           model_prefix=HF, options=PromptOptions),
 }
 
-__all__ = ["DEFAULTS", "HF", "PretrainedGenerationTask", "TASKS", "hf_directory", "load_tokenizer", "splits"]
+__all__ = ["DEFAULTS", "HF", "PretrainedGenerationTask", "TASKS", "check_vocabulary", "hf_directory", "load_causal_lm",
+           "load_tokenizer", "splits"]

@@ -1,0 +1,150 @@
+"""Files from strangers and a user's own slips, on the language-model path: a model directory's code never
+runs (``auto_map`` is refused, never asked about), a reward module leaves the import path as it was, a
+chat template or a JSON line that cannot be read is one error, and rewards the statistics cannot hold, rows
+the reward cannot tell apart or a prompt the rewards do not hold are named, not silently mis-scored."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import char_tokenizer
+from test_generation import tiny_llama
+
+from nesgpu.tasks.generation import GenerationTask
+from nesgpu.tasks.reward_data import Rewards, dataset_task, prompt_rows, read_jsonl, render
+from nesgpu.tasks.reward_tasks import hf_directory, load_causal_lm, load_tokenizer
+from nesgpu.tasks.user_code import code_file, load_function
+
+tf = pytest.importorskip("transformers")
+
+EVIL = "import pathlib\npathlib.Path(__file__).with_name('ran').touch()\n"
+
+
+def model_dir(path, config_map=None, tokenizer_map=None):
+    tiny_llama().save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    for name, auto_map in (("config.json", config_map), ("tokenizer_config.json", tokenizer_map)):
+        if auto_map:
+            config = json.loads((path / name).read_text())
+            (path / name).write_text(json.dumps({**config, "auto_map": auto_map}))
+    (path / "modeling_evil.py").write_text(EVIL)
+    (path / "tokenization_evil.py").write_text(EVIL)
+    return path
+
+
+@pytest.mark.parametrize("where", ["config", "tokenizer"])
+def test_a_model_directory_with_an_auto_map_is_refused_and_its_code_never_runs(tmp_path, where):
+    hf = model_dir(tmp_path / "m", config_map={"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+                   if where == "config" else None,
+                   tokenizer_map={"AutoTokenizer": ["tokenization_evil.Slow", "tokenization_evil.Fast"]}
+                   if where == "tokenizer" else None)
+    file = "modeling_evil.py" if where == "config" else "tokenization_evil.py"
+    for load in (lambda: hf_directory(f"hf:{hf}"), lambda: load_causal_lm(hf), lambda: load_tokenizer(hf)):
+        with pytest.raises(ValueError, match=f"has an auto_map .*{file}.*never runs a model directory's code"):
+            load()
+    for command in (["check", "--model", f"hf:{hf}"],
+                    ["train", "--task", "arithmetic", "--model", f"hf:{hf}", "--steps", "1", "--out",
+                     str(tmp_path / "run")]):
+        done = subprocess.run([sys.executable, "-m", "nesgpu", *command], capture_output=True, text=True,
+                              input="y\n" * 8, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert "auto_map" in done.stderr and "trust_remote_code" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (hf / "ran").exists()
+
+
+def test_a_reward_module_leaves_the_import_path_as_it_was(tmp_path, monkeypatch):
+    (tmp_path / "rw.py").write_text("def ok(completions, **kw):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "shadowed_by_cwd.py").write_text("raise RuntimeError('the working directory stood in')\n")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    assert load_function("rw:ok")(["a"]) == [1.0]
+    assert sys.path == before and "" not in sys.path[:1] and str(tmp_path) not in sys.path
+    assert code_file("rw:ok") == (tmp_path / "rw.py").resolve()
+    assert code_file("json:loads").name == "__init__.py" and code_file("sys:path") is None
+
+
+def test_a_chat_template_that_fails_is_one_error(tmp_path):
+    tok = char_tokenizer()
+    tok.chat_template = "{{ messages.__class__.__mro__ }}"
+    with pytest.raises(ValueError, match=r"chat template cannot render .*SecurityError"):
+        render([{"role": "user", "content": "1+1="}], tok)
+
+
+def test_prompts_files_that_cannot_be_read_are_named(tmp_path):
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100000 + "]" * 100000 + "\n")
+    with pytest.raises(ValueError, match="deep.jsonl, line 1: JSON nested too deeply"):
+        read_jsonl(deep)
+    with pytest.raises(ValueError, match="/dev/zero: not a regular file"):
+        read_jsonl("/dev/zero")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match=r"prompts \(.*empty.jsonl\): no rows"):
+        prompt_rows(str(tmp_path / "empty.jsonl"))
+    for column in ("completions", "prompts"):
+        with pytest.raises(ValueError, match=f"row 0 has a column named '{column}'.*rename the column"):
+            prompt_rows([{"prompt": "1+1=", column: "x"}])
+
+
+def correct(completions, answer, **kwargs):
+    return [1.0 if c == a else 0.0 for c, a in zip(completions, answer)]
+
+
+def test_rewards_name_a_prompt_they_do_not_hold_and_load_functions_by_name(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="the rewards hold no row whose prompt renders as '9\\+9='"):
+        Rewards(correct, {"1+1=": {"prompt": "1+1=", "answer": "2"}})(["9+9="], ["18"])
+    (tmp_path / "rw.py").write_text("def ok(completions, **kw):\n    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    task = dataset_task([{"prompt": "1+1="}], char_tokenizer(), "rw:ok")
+    assert task.reward(["1+1="], ["2"]).tolist() == [1.0]
+    with pytest.raises(TypeError, match=r"callables or module:function names; got \['int'\]"):
+        Rewards([3], {})
+
+
+def test_held_out_rows_keep_their_own_columns_and_repeated_rows_are_kept():
+    train = [{"prompt": "1+1=", "answer": "2"}] * 3 + [{"prompt": "2+2=", "answer": "4"}]
+    held = [{"prompt": "1+1=", "answer": "11"}]  # the same prompt, another answer: the held-out row's
+    task = dataset_task(train, char_tokenizer(), correct, eval_data=held, max_new_tokens=2)
+    assert task.prompts == ["1+1="] * 3 + ["2+2="]
+    assert task.reward(["1+1="], ["2"]).tolist() == [1.0]
+    assert task.reward(["1+1="], ["2"], evaluating=True).tolist() == [0.0]
+    assert task.reward(["1+1="], ["11"], evaluating=True).tolist() == [1.0]
+    assert task.reward.fingerprint() != dataset_task(train[:2], char_tokenizer(), correct,
+                                                     eval_data=held).reward.fingerprint()
+
+
+@pytest.mark.parametrize("value", [3e38, -3e38, float("inf"), float("nan")])
+def test_rewards_the_statistics_cannot_hold_are_refused(value):
+    task = GenerationTask(["1+1="], char_tokenizer(), lambda p, c: torch.full((len(c),), value),
+                          max_new_tokens=2, correct_at=None)
+    with pytest.raises(ValueError, match="rewards must be finite numbers of at most 1e\\+15 in magnitude"):
+        task.evaluate(tiny_llama())
+
+
+def test_eval_names_the_reward_file_it_imports_and_asks_before_one_from_elsewhere(tmp_path):
+    from nesgpu.train import TrainConfig, train
+
+    hf, code, away = model_dir(tmp_path / "m"), tmp_path / "code", tmp_path / "away"
+    code.mkdir(), away.mkdir()
+    (code / "rw.py").write_text("import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n"
+                                "def ok(completions, **kw):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "1+1="}) + "\n")
+    train(TrainConfig(task="generation", model=f"hf:{hf}", prompts=str(tmp_path / "p.jsonl"),
+                      reward=f"{code / 'rw.py'}:ok", steps=1, population=2, batch_size=1, max_new_tokens=1,
+                      sigma=0.01, lr=0.01, log="none", out=str(tmp_path / "run")), log=lambda *a, **k: None)
+    (code / "imported").unlink()
+
+    def evaluate(*flags):
+        return subprocess.run([sys.executable, "-m", "nesgpu", "eval", str(tmp_path / "run"), *flags], cwd=away,
+                              capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    refused = evaluate()
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert f"would import {code / 'rw.py'}" in refused.stderr and "--trust-reward-code" in refused.stderr
+    assert not (code / "imported").exists()
+    trusted = evaluate("--trust-reward-code")
+    assert trusted.returncode == 0, trusted.stderr[-2000:]
+    assert f"importing the reward function {code / 'rw.py'}:ok from {code / 'rw.py'}" in trusted.stderr
+    assert json.loads(trusted.stdout)["metric"] == "mean_reward" and (code / "imported").exists()
