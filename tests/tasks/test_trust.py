@@ -148,3 +148,29 @@ def test_eval_names_the_reward_file_it_imports_and_asks_before_one_from_elsewher
     assert trusted.returncode == 0, trusted.stderr[-2000:]
     assert f"importing the reward function {code / 'rw.py'}:ok from {code / 'rw.py'}" in trusted.stderr
     assert json.loads(trusted.stdout)["metric"] == "mean_reward" and (code / "imported").exists()
+
+
+def test_one_sigterm_stops_a_run_whose_chat_template_renders_forever(tmp_path):
+    import signal
+    import time
+
+    hf = model_dir(tmp_path / "m")
+    config = json.loads((hf / "tokenizer_config.json").read_text())
+    loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    (hf / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": loops + "{{ messages }}"}))
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "1+1="}]}) + "\n")
+    (tmp_path / "rw.py").write_text("import pathlib\npathlib.Path('imported').touch()\n"  # just before rendering
+                                    "def ok(completions, **kw):\n    return [1.0] * len(completions)\n")
+    run = subprocess.Popen([sys.executable, "-m", "nesgpu", "train", "--task", "generation", "--model", f"hf:{hf}",
+                            "--prompts", "p.jsonl", "--reward", "rw:ok", "--steps", "1", "--out", "run"],
+                           cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        started = time.monotonic()
+        while not (tmp_path / "imported").exists() and time.monotonic() - started < 240 and run.poll() is None:
+            time.sleep(0.2)
+        time.sleep(1)
+        run.send_signal(signal.SIGTERM)  # once, as a scheduler or `timeout` sends it
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130 and "nesgpu train: interrupted" in err and "Traceback" not in err, err[-2000:]

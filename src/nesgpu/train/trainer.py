@@ -34,25 +34,47 @@ from .storage.metrics import MetricsLog, plot_curve
 from .storage.resume import resume as resume_run
 
 
-@contextlib.contextmanager
-def _stop_requests(enabled: bool):
-    """Yields a function telling whether SIGINT / SIGTERM asked the run to stop. The first signal asks to
-    stop at the end of the current step (with a checkpoint); a second one stops at once."""
-    requested: list[int] = []
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
+class StopRequests:
+    """Whether SIGINT / SIGTERM asked the run to stop (call it). While steps run (:meth:`deferred`), the first
+    signal asks to stop at the end of the current step, with a checkpoint, and a second one stops at once;
+    outside them (the task being built, a model loaded, its chat template rendered, the final evaluation)
+    the first one stops at once: no step would end to stop at."""
 
-    def handler(signum, frame):
-        if requested:
+    def __init__(self):
+        self.signals: list[int] = []
+        self.deferring = False
+
+    def __call__(self) -> bool:
+        return bool(self.signals)
+
+    def handle(self, signum, frame) -> None:
+        if self.signals or not self.deferring:
             raise KeyboardInterrupt
-        requested.append(signum)
+        self.signals.append(signum)
         print("stopping at the end of this step, with a checkpoint (again to stop at once)", file=sys.stderr,
               flush=True)
 
-    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    @contextlib.contextmanager
+    def deferred(self):
+        """Signals wait for the end of the step while this lasts."""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+
+
+@contextlib.contextmanager
+def _stop_requests(enabled: bool):
+    """Yields what tells whether SIGINT / SIGTERM asked the run to stop (a :class:`StopRequests`), its
+    handler installed for the run where it can be (the main thread)."""
+    requests = StopRequests()
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield requests
+        return
+    saved = {sig: signal.signal(sig, requests.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield lambda: bool(requested)
+        yield requests
     finally:
         for sig, previous in saved.items():
             signal.signal(sig, previous)
@@ -147,7 +169,8 @@ def _train(job: _Job) -> dict:
         loop = Loop(cfg, out, built.task, built.step, main, job.ranks.distributed, metrics, job.log,
                     _first_step_then(replaced.discard, job.callback, job.stop_requested), job.stop_requested,
                     progress)
-        loop.run()
+        with job.stop_requested.deferred():
+            loop.run()
         built.step.finish()
         summary = {**_summary(cfg, built, job, progress), "stopped": loop.stopped, "target": loop.target}
         if loop.watch.share is not None:  # the share of ES steps whose members all tied (no update)
