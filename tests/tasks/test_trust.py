@@ -174,3 +174,26 @@ def test_one_sigterm_stops_a_run_whose_chat_template_renders_forever(tmp_path):
     finally:
         run.kill()
     assert run.returncode == 130 and "nesgpu train: interrupted" in err and "Traceback" not in err, err[-2000:]
+
+
+def test_a_resume_on_a_prompts_file_changed_since_is_refused(tmp_path):
+    from nesgpu.train import TrainConfig, train
+
+    hf, prompts = model_dir(tmp_path / "m"), tmp_path / "p.jsonl"
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows))
+
+    def run(steps, resume):
+        cfg = TrainConfig(task="generation", model=f"hf:{hf}", prompts=str(prompts), reward=f"{__name__}:correct",
+                          steps=steps, population=2, batch_size=2, max_new_tokens=1, sigma=0.01, lr=0.01, log="none",
+                          out=str(tmp_path / "run"))
+        return train(cfg, resume=resume, log=lambda *a, **k: None)
+    run(1, False)
+    prompts.write_text("\n".join(json.dumps(r) for r in rows[:3]))
+    with pytest.raises(ValueError, match=r"cannot resume .*the task's data .* differ from what the run trained on"):
+        run(2, True)
+    prompts.write_text("\n".join(json.dumps({**r, "answer": "0"}) for r in rows))  # the same prompts, other answers
+    with pytest.raises(ValueError, match=r"the task's data .* differ"):
+        run(2, True)
+    prompts.write_text("\n".join(json.dumps(r) for r in rows))
+    assert run(2, True)["steps"] == 2

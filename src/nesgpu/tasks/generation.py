@@ -10,6 +10,8 @@ prompt's rewards across every member (both signs, all directions, after the exch
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 import warnings
@@ -121,9 +123,19 @@ class GenerationTask:
         self.metric = "accuracy" if correct_at is not None else "mean_reward"
         self.samples: list[dict] = []  # the last evaluation's prompts, completions and rewards
         self._longest = None  # tokens of the longest training prompt, once counted
+        self._fingerprint: str | None = None  # data_fingerprint, once worked out
         # the compiled decode: given, or made at the first population call
         self.compile, self._compiled = bool(compile), compile if isinstance(compile, CompiledDecode) else None
         self._graphs_seen: tuple[int, int] | None = None  # (step, graphs compiled by its end) of the last step
+
+    def data_fingerprint(self) -> str:
+        """A short hash of the training and held-out prompts (and the rows the reward reads, where it can say):
+        a checkpoint records it, and a resume on other prompts is refused."""
+        if self._fingerprint is None:
+            reward = getattr(self.reward, "fingerprint", None)
+            text = json.dumps([self.prompts, self.eval_prompts, reward() if callable(reward) else None])
+            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._fingerprint
 
     # ----- the population ----------------------------------------------------------------------------
     def step_prompts(self, step: int) -> list[str]:

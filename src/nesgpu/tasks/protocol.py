@@ -67,6 +67,16 @@ class KeepsSamples(Protocol):
 
 
 @runtime_checkable
+class Fingerprinted(Protocol):
+    """A task whose data can change between a run and its resume (a prompts file): the checkpoint records
+    :meth:`data_fingerprint`, and a resume on other data is refused."""
+
+    def data_fingerprint(self) -> str:
+        """A short hash of what the task trains and evaluates on."""
+        ...
+
+
+@runtime_checkable
 class ModelMaker(Protocol):
     """A task that builds its own model (every built-in task does): ``train`` needs no ``model=`` then."""
 
@@ -120,5 +130,6 @@ def check_differentiable(task: object) -> DifferentiableTask:
     return task
 
 
-__all__ = ["DIFFERENTIABLE_MEMBERS", "DescribesFitness", "DifferentiableTask", "LogsMetrics", "ModelMaker",
+__all__ = ["DIFFERENTIABLE_MEMBERS", "DescribesFitness", "DifferentiableTask", "Fingerprinted", "LogsMetrics",
+           "ModelMaker",
            "ShapesFitness", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..tasks.protocol import DescribesFitness, KeepsSamples, LogsMetrics
+from ..tasks.protocol import DescribesFitness, Fingerprinted, KeepsSamples, LogsMetrics
 from .setup.config import TrainConfig
 from .steps.evolution import Stepper
 from .steps.signal import SignalWatch
@@ -241,7 +241,8 @@ class Loop:
         save_checkpoint(self.out / "checkpoint", self.stepper.model, {
             "strategy": self.stepper.state_dict(), "seconds": self.progress.elapsed,
             "env_steps": self.progress.env_steps, "config": dataclasses.asdict(self.cfg),
-            "stopped": [self.progress.stopped, self.progress.stopped_value]})
+            "stopped": [self.progress.stopped, self.progress.stopped_value],
+            **({"data": self.task.data_fingerprint()} if isinstance(self.task, Fingerprinted) else {})})
         self.progress.last_checkpoint = step
 
 

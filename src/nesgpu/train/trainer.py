@@ -157,8 +157,8 @@ def _train(job: _Job) -> dict:
         rundir.clear(out)
         if job.overwrite and not job.resume:
             replaced.stash()  # deleted after the new run's first step; back if the run fails before it
-    progress = resume_run(cfg, out, built.step, is_supervised(cfg.task, built.task), job.log) if job.resume \
-        else Progress()
+    progress = resume_run(cfg, out, built.step, is_supervised(cfg.task, built.task), job.log, built.task) \
+        if job.resume else Progress()
     if main:
         write_json(out / "config.json", json.loads(cfg.to_json()))
     metrics = MetricsLog(out, resume_step=built.step.step if job.resume else 0, loggers=loggers,

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ...strategies import Schedule
+from ...tasks.protocol import Fingerprinted
 from ..loop import Progress
 from ..setup.config import TrainConfig
 from ..setup.options import own_only
@@ -18,9 +19,10 @@ from . import rundir
 from .checkpoint import load_checkpoint
 
 
-def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log) -> Progress:
+def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log, task=None) -> Progress:
     """Load ``out``'s last checkpoint into ``stepper`` and its model; returns the run's progress so far.
-    ``supervised`` says which defaults an older nesgpu's run had (:func:`rundir.legacy`)."""
+    ``supervised`` says which defaults an older nesgpu's run had (:func:`rundir.legacy`); a ``task`` whose
+    data the checkpoint fingerprinted must hold the same data."""
     new = dataclasses.asdict(cfg)
 
     def check(state):
@@ -32,6 +34,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log)
         if changed:
             raise ValueError(f"cannot resume {out}: options that define the run differ from its checkpoint "
                              f"({'; '.join(changed)}); start a new run to change them")
+        check_data(state, task, out)
         at = checked_strategy(state, out)["step"]
         if cfg.steps < at:
             raise ValueError(f"--steps {cfg.steps} is below the checkpoint's step {at}; expected >= {at}")
@@ -54,6 +57,18 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log)
     stopped, value = state.get("stopped") or (None, None)  # an older nesgpu's checkpoint did not say
     return Progress(elapsed=elapsed, env_steps=int(state["env_steps"]), last_checkpoint=stepper.step,
                     last_eval=elapsed, stopped=stopped, stopped_value=value)
+
+
+def check_data(state: dict, task, out: Path) -> None:
+    """Refuse to resume on data other than the run's (a prompts file edited since): a ValueError."""
+    recorded = state.get("data") if isinstance(state, dict) else None
+    if recorded is None or not isinstance(task, Fingerprinted):  # an older checkpoint did not record it
+        return
+    now = task.data_fingerprint()
+    if now != recorded:
+        raise ValueError(f"cannot resume {out}: the task's data (its prompts and their other columns) differ "
+                         f"from what the run trained on (fingerprint {recorded}, now {now}); restore that data, or "
+                         f"start a new run on this one")
 
 
 def checked_strategy(state: dict, out: Path) -> dict:
