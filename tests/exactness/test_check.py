@@ -3,6 +3,7 @@ exact, fails an injected layout bug, reports the fallback a direct read takes, r
 and the CLI exits accordingly."""
 
 import copy
+import os
 import subprocess
 import sys
 
@@ -149,3 +150,81 @@ def test_sampled_generate_is_compared_by_its_logits_and_a_difference_is_found():
         scaled.lm_head.weight.mul_(1.01)
     found = compare_generate(scaled, pm, inputs, inputs.member_rows(pm), 3, [], 1e-9)
     assert found.startswith("differs: sampled"), found
+
+
+def test_a_model_with_non_finite_weights_or_buffers_is_refused_naming_them():
+    model = mlp()
+    with torch.no_grad():
+        model[2].bias[0] = float("nan")
+    report = nesgpu.check(model, torch.randn(3, 4))
+    assert not report.exact and report.refused.startswith("the model holds NaN or infinity in ['2.bias']: ")
+    assert str(report).startswith("refused: the model holds NaN or infinity")
+    normed = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    normed[1].running_var.fill_(float("inf"))
+    report = nesgpu.check(normed, torch.randn(3, 4))
+    assert not report.exact and "['1.running_var']" in report.refused
+
+
+@pytest.mark.parametrize("tolerance", [float("nan"), -1, -1e-12, float("inf")])
+def test_a_tolerance_that_is_no_finite_number_at_or_above_0_is_refused(tolerance):
+    with pytest.raises(ValueError, match=rf"tolerance must be a finite number >= 0; got {tolerance!r}"):
+        nesgpu.check(mlp(), torch.randn(3, 4), tolerance=tolerance)
+
+
+def test_a_tolerance_of_another_type_is_a_type_error():
+    with pytest.raises(TypeError, match="tolerance must be a finite number >= 0; got str '1e-9'"):
+        nesgpu.check(mlp(), torch.randn(3, 4), tolerance="1e-9")
+    assert nesgpu.check(mlp(), torch.randn(3, 4), tolerance=0).tolerance == 0  # 0 is a tolerance: none
+
+
+def _check_cli(*args):
+    return subprocess.run([sys.executable, "-m", "nesgpu", "check", *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+@pytest.mark.parametrize("tolerance", ["nan", "-1", "inf"])
+def test_the_cli_refuses_a_bad_tolerance_in_one_line_before_the_model_loads(tmp_path, tolerance):
+    source = tmp_path / "mine.py"
+    source.write_text(f"raise SystemExit('loaded {source}')\n")  # the model's file must not even run
+    result = _check_cli("--model", f"{source}:build", f"--tolerance={tolerance}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0] == f"nesgpu check: error: --tolerance must be a finite number >= 0; got {float(tolerance)}"
+
+
+def _tiny_llama(directory, vocab=None, nan=False):
+    tf = pytest.importorskip("transformers")
+    from conftest import char_tokenizer
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=vocab or len(char_tokenizer()), hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=1))
+    if nan:
+        with torch.no_grad():
+            model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+    model.save_pretrained(directory)
+    char_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def test_the_cli_refuses_an_hf_model_with_a_nan_weight_and_exits_1(tmp_path):
+    hf = _tiny_llama(tmp_path / "m", nan=True)
+    result = _check_cli("--model", f"hf:{hf}", "--directions", "1")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stdout.startswith("refused: the model holds NaN or infinity in "
+                                    "['model.layers.0.mlp.up_proj.weight']"), result.stdout
+
+
+def test_the_cli_refuses_a_tokenizer_larger_than_the_embedding_in_trainings_words(tmp_path):
+    from conftest import char_tokenizer
+
+    tokens = len(char_tokenizer())
+    hf = _tiny_llama(tmp_path / "m", vocab=tokens - 1)
+    result = _check_cli("--model", f"hf:{hf}", "--directions", "1")
+    lines = [line for line in result.stderr.splitlines() if "error" in line]  # not transformers' progress bars
+    assert result.returncode != 0 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[0] == (f"nesgpu check: error: the tokenizer in {hf} has {tokens} tokens, but the model's embedding "
+                        f"has {tokens - 1} rows; use the tokenizer the model was trained with")
+    assert not result.stdout.startswith("exact")

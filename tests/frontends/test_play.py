@@ -62,6 +62,41 @@ def test_supervised_runs_are_refused(tmp_path):
         play_run(out)
 
 
+def test_a_language_model_run_is_refused_before_its_model_is_built(tmp_path, monkeypatch, capsys):
+    tf = pytest.importorskip("transformers")
+    from conftest import char_tokenizer
+
+    from nesgpu.train.storage import runs
+
+    torch.manual_seed(0)
+    hf = tmp_path / "m"
+    tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=len(char_tokenizer()), hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=1)).save_pretrained(hf)
+    char_tokenizer().save_pretrained(hf)
+    lm, digits = tmp_path / "arithmetic", tmp_path / "digits"
+    train(TrainConfig(task="arithmetic", model=f"hf:{hf}", steps=1, population=4, batch_size=2, log="none",
+                      out=str(lm), device="cpu"), log=quiet)
+    train(TrainConfig(task="digits", steps=1, population=4, log="none", out=str(digits), device="cpu"), log=quiet)
+
+    def never(*args, **kwargs):
+        raise AssertionError("play built the run's model before refusing the run")
+
+    monkeypatch.setattr(runs, "build", never)
+    with pytest.raises(ValueError, match=r"play is for RL runs; use nesgpu eval \(.* is a run of the task "
+                                         r"'arithmetic'; play needs a run of an RL task: cartpole, .*gym:<id>\)"):
+        play_run(lm)
+    with pytest.raises(ValueError, match="is a run of the supervised task 'digits'"):
+        play_run(digits)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["play", str(lm), "--device", "cpu"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nesgpu play: error: play is for RL runs") and "'arithmetic'" in err[0]
+
+
 def test_not_a_run_directory(tmp_path):
     with pytest.raises(ValueError, match="not a run directory"):
         play_run(tmp_path)

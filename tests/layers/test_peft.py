@@ -55,3 +55,22 @@ def test_only_the_adapters_evolve_and_export_saves_the_trained_adapter(tmp_path)
     back = peft.PeftModel.from_pretrained(lora_qwen2().get_base_model(), tmp_path / "adapter")
     with torch.no_grad():
         torch.testing.assert_close(back(**inputs()).logits, model(**inputs()).logits)
+
+
+def test_a_lora_run_counts_the_parameters_that_evolve(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from conftest import char_tokenizer
+
+    from nesgpu.tasks.generation import GenerationTask
+    from nesgpu.train import TrainConfig, train
+
+    model = lora_qwen2()
+    task = GenerationTask(["1+1="], char_tokenizer(), lambda p, c: torch.zeros(len(c)), max_new_tokens=2)
+    summary = train(TrainConfig(steps=1, population=2, sigma=0.01, lr=0.01, log="none", out=str(tmp_path / "run")),
+                    model=model, task=task, log=lambda *a, **k: None)
+    adapters = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    assert summary["parameters"] == adapters < summary["parameters_total"]
+    assert summary["parameters_total"] == sum(p.numel() for p in model.parameters())

@@ -384,3 +384,9 @@ def test_a_schedule_under_a_time_budget_is_named_as_running_over_the_steps(tmp_p
         warnings.simplefilter("error")  # no schedule, or no budget: no warning
         train(TrainConfig(**FAST["digits"], time_budget=60.0, out=str(tmp_path / "plain")), log=quiet)
         train(TrainConfig(**FAST["digits"], sigma_schedule="cosine", out=str(tmp_path / "steps")), log=quiet)
+
+
+@pytest.mark.parametrize("given", [None, {}, "digits"])
+def test_train_without_a_config_is_a_type_error_naming_it(given):
+    with pytest.raises(TypeError, match=f"train needs a TrainConfig.*; got {type(given).__name__}"):
+        train(given)

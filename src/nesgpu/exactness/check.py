@@ -10,6 +10,8 @@ so a difference is reported where it starts, not only at the logits. With ``max_
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 import warnings
 from contextlib import contextmanager
 
@@ -43,8 +45,8 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         directions: directions D; the check evaluates 2 D members (antithetic pairs).
         kind, **convert_options: as :func:`nesgpu.convert` (``fallback=[...]``, ``freeze=[...]``, ``rank=...``).
         sigma: the noise scale (large enough for every parameter's noise to show in the outputs).
-        tolerance: the largest relative difference that counts as exact (float64 rounding is ~1e-15); where
-            a module computes in float32 by design, at least ``FLOAT32_TOLERANCE``, and the report says which.
+        tolerance: the largest relative difference counted as exact, finite and >= 0 (float64 rounds at ~1e-15);
+            where a module computes in float32 by design, at least ``FLOAT32_TOLERANCE``; the report says which.
         max_new_tokens: also compare ``generate()`` over this many new tokens (models with ``generate``): greedy
             (the same tokens as every member's own) and sampled (each sampled row's logits equal its member's own
             along the same tokens, so it samples from its member's distribution).
@@ -53,17 +55,17 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         compile: with ``max_new_tokens``, the population's generate() runs the compiled decode (CompiledDecode).
 
     Returns:
-        a :class:`CheckReport`: ``exact``, the worst relative error of every module, which modules take the
-        exact fallback and why, or why the model is refused. ``print(report)`` shows it as a table.
+        a :class:`CheckReport`: ``exact``, the worst relative error of every module, which modules take the exact
+        fallback and why, or why the model is refused (NaN or infinite weights are). ``print(report)``: a table.
 
     Example:
         >>> report = nesgpu.check(model, {"input_ids": ids, "attention_mask": mask})
         >>> print(report); assert report.exact
     """
-    _check_arguments(directions, sigma, dtype)
+    _check_arguments(directions, sigma, tolerance, dtype)
     inputs = Inputs.of(example_inputs, dtype)
-    reference = _copy(model, dtype)
-    low_precision_ops = _low_precision_ops(reference, inputs, dtype)  # the plain model first
+    reference = _copy(model, dtype)  # the plain model first: its weights, then its run on the inputs
+    low_precision_ops = _non_finite(reference) or _low_precision_ops(reference, inputs, dtype)
     if isinstance(low_precision_ops, str):
         return CheckReport.refusal(low_precision_ops, tolerance)
     notes: list[str] = []
@@ -106,10 +108,14 @@ def _population_of(net: nn.Module, kind: str, directions: int, sigma: float, see
     return pm
 
 
-def _check_arguments(directions, sigma, dtype) -> None:
+def _check_arguments(directions, sigma, tolerance, dtype) -> None:
     if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
         raise ValueError(f"directions must be a positive int; got {directions!r}")
     check_sigma(sigma)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real):
+        raise TypeError(f"tolerance must be a finite number >= 0; got {type(tolerance).__name__} {tolerance!r}")
+    if not math.isfinite(tolerance) or tolerance < 0:  # NaN compares false: every model would be DIFFERENT
+        raise ValueError(f"tolerance must be a finite number >= 0; got {tolerance!r}")
     if dtype not in (torch.float64, torch.float32):
         raise ValueError(f"dtype must be torch.float64 or torch.float32; got {dtype}")
 
@@ -124,6 +130,20 @@ def _noted(notes: list[str]):
             yield
         finally:
             notes += [str(w.message) for w in caught]
+
+
+def _non_finite(model: nn.Module) -> str | None:
+    """Why a model whose parameters or buffers (in the check's precision) hold NaN or infinity is refused;
+    None when every value is finite. NaN rows compare as no difference, so such a model would pass."""
+    tensors = [(n, t) for n, t in [*model.named_parameters(), *model.named_buffers()]
+               if (t.is_floating_point() or t.is_complex()) and t.device.type != "meta"]  # meta: no values to read
+    bad = [n for n, t in tensors if not bool(torch.isfinite(t).all())]
+    if not bad:
+        return None
+    more = f" ... ({len(bad)} tensors)" if len(bad) > 4 else ""
+    return (f"the model holds NaN or infinity in {bad[:4]}{more}: "
+            f"nothing computed with them can be compared (training refuses such a model too); the model (or the "
+            f"checkpoint it was loaded from) is damaged")
 
 
 def _copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -4,13 +4,15 @@
     nesgpu check --model my_model.py:build          # build() returns (model, example_inputs)
 
 Exit status: 0 when every population row equals its member's own model, 1 when any differs or the model is
-refused (the report says where and why), 2 for a bad argument.
+refused (the report says where and why), 2 for a bad argument or a directory training refuses (a tokenizer
+larger than the model's embedding).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 from pathlib import Path
 
 from ..kinds import KINDS
@@ -32,7 +34,8 @@ def add_parser(commands) -> None:
     p.add_argument("--new-tokens", type=int, default=4, help="generate() tokens to compare, greedy and sampled (0: forward only)")
     p.add_argument("--fallback", action="append", default=[], metavar="MODULE",
                    help="a module to run through the exact fallback (repeatable), as convert(fallback=[...])")
-    p.add_argument("--tolerance", type=float, default=1e-9, help="largest relative difference counted as exact")
+    p.add_argument("--tolerance", type=float, default=1e-9, help="largest relative difference counted as exact (a "
+                   "finite number >= 0)")
     p.add_argument("--compile", action="store_true", help="the population's generate() runs the compiled "
                    "static-cache decode (torch.compile), checked against every member's own eager generate()")
     p.set_defaults(func=run_check)
@@ -45,6 +48,8 @@ def run_check(args: argparse.Namespace) -> int:
         raise ValueError(f"--new-tokens must be >= 0; got {args.new_tokens}")
     if args.directions < 1:
         raise ValueError(f"--directions must be >= 1; got {args.directions}")
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:  # NaN would call every model DIFFERENT
+        raise ValueError(f"--tolerance must be a finite number >= 0; got {args.tolerance}")
     if args.compile and not args.new_tokens:
         raise ValueError("--compile compiles generate()'s decode; it needs --new-tokens >= 1")
     model, inputs = load_model(args.model, args.prompt)
@@ -83,17 +88,33 @@ def load_model(spec: str, prompts: list[str] | None):
 def _hf_model(spec: str, prompts: list[str]):
     import torch
 
-    from ..tasks.reward_tasks import hf_directory, load_causal_lm, load_tokenizer
+    from ..tasks.reward_tasks import hf_directory, load_causal_lm
 
     directory = hf_directory(spec)
     model = load_causal_lm(directory)
-    try:
-        tokenizer = load_tokenizer(directory)
-        tokenizer.padding_side = "left"
-        encoded = tokenizer(prompts, padding=True, return_tensors="pt")
-        if encoded["input_ids"].shape[-1] > 0:
-            return model, {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
-    except (ValueError, TypeError):  # no usable tokenizer: random ids in the vocabulary, below
-        pass
+    encoded = _prompt_ids(directory, model, prompts)
+    if encoded is not None:
+        return model, encoded
     ids = torch.randint(3, model.config.vocab_size, (len(prompts), 8), generator=torch.Generator().manual_seed(0))
     return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _prompt_ids(directory: Path, model, prompts: list[str]) -> dict | None:
+    """The prompts in the directory's tokenizer, padded on the left (None: it has no usable tokenizer, and
+    random ids in the vocabulary stand in). A tokenizer with more tokens than the model's embedding has rows
+    is refused, in training's words: training refuses that directory too."""
+    from ..tasks.reward_tasks import check_vocabulary, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(directory)
+    except (ValueError, TypeError):
+        return None
+    check_vocabulary(tokenizer, model, directory)  # not swallowed: the directory is refused
+    try:
+        tokenizer.padding_side = "left"
+        encoded = tokenizer(prompts, padding=True, return_tensors="pt")
+    except (ValueError, TypeError):
+        return None
+    if encoded["input_ids"].shape[-1] == 0:
+        return None
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}

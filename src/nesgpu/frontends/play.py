@@ -55,8 +55,29 @@ def _run_task_name(directory: Path) -> str | None:
         return None
 
 
+def _rl_task_names() -> list[str]:
+    """The built-in RL tasks (those with RL options: the torch environments and gym:<id>), as play names them."""
+    from ..tasks import TASKS
+    from ..tasks.rl import RLOptions
+
+    return [f"{n}:<id>" if n == "gym" else n for n, spec in TASKS.items() if issubclass(spec.options, RLOptions)]
+
+
+def _is_other_task(task: str | None) -> bool:
+    """Whether ``task`` (a run's config.json) is a built-in task that is not RL: refused before any model is
+    built or loaded. An unknown or custom task is left to load_run and the check after it."""
+    from ..tasks import TASKS
+    from ..tasks.rl import RLOptions
+
+    return isinstance(task, str) and task in TASKS and not issubclass(TASKS[task].options, RLOptions)
+
+
 def _not_rl(directory: Path, task: str | None) -> ValueError:
-    return ValueError(f"play is for RL runs; use nesgpu eval ({directory} is a run of the supervised task {task!r})")
+    from ..tasks import SUPERVISED
+
+    kind = "supervised " if task in SUPERVISED else ""
+    return ValueError(f"play is for RL runs; use nesgpu eval ({directory} is a run of the {kind}task {task!r}; "
+                      f"play needs a run of an RL task: {', '.join(_rl_task_names())})")
 
 
 def _twin_id(task_name: str) -> str:
@@ -234,11 +255,11 @@ def play_run(directory: str | Path, episodes: int = 5, video: str | Path | None 
 
     Returns a dict with ``returns`` and ``lengths`` (one per episode), ``mean_return``, ``std_return``,
     ``min_return``, ``max_return``, ``mean_length`` and, with a video, its path and ``frames``.
-    Raises ValueError for a run that is not an RL run (use ``nesgpu eval``), a bad episode count or path.
+    Raises ValueError for a run that is not an RL run (use ``nesgpu eval``; a built-in task's is refused from
+    its config.json, before its model is built or loaded), a bad episode count or path.
     """
     import torch
 
-    from ..tasks import SUPERVISED
     from ..tasks.rl import RLTask
     from ..train.storage.runs import load_run
 
@@ -248,7 +269,7 @@ def play_run(directory: str | Path, episodes: int = 5, video: str | Path | None 
     path = _check_video(video)
     directory = Path(directory)
     name = _run_task_name(directory)
-    if name in SUPERVISED:  # refused before the dataset is loaded
+    if _is_other_task(name):  # refused before the dataset, the model or a language model's weights load
         raise _not_rl(directory, name)
     run = load_run(directory, device)
     task, model = run.task, run.model

@@ -120,6 +120,9 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
     (WORLD_SIZE > 1) every process runs this; ranks split the directions, exchange fitness, and compute the
     same update. Only rank 0 writes files.
     """
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"train needs a TrainConfig, e.g. TrainConfig(task='digits') or TrainConfig.from_dict(options); "
+                        f"got {type(cfg).__name__}")
     cfg = resolve_for(cfg, task)
     check_own(cfg, model, task)
     require_safetensors()
@@ -227,7 +230,8 @@ def _write_results(cfg: TrainConfig, out: Path, built: Built, summary: dict, met
     metric = built.task.metric  # the best evaluation of the run (its earlier evaluations and this one)
     summary["best"] = max([summary["value"], *(float(r[metric]) for r in metrics.rows if r.get(metric) not in
                                                (None, ""))])
-    summary["parameters"] = sum(p.numel() for p in built.model.parameters())
+    summary["parameters"] = sum(p.numel() for p in built.model.parameters() if p.requires_grad)  # that evolve
+    summary["parameters_total"] = sum(p.numel() for p in built.model.parameters())  # a LoRA run's base model too
     summary["versions"] = {"nesgpu": __version__, "torch": torch.__version__}
     check_finite(built.step, built.step.step, progress.last_checkpoint, out / "checkpoint")
     save_weights(built.model, out / "model.safetensors", metadata={"nesgpu_config": cfg.to_json(),
