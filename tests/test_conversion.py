@@ -1,5 +1,7 @@
 """convert(evolve=...): what evolves, and how a converted model tells it (summary, print)."""
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -180,3 +182,29 @@ def test_a_perturbed_layer_built_complex_is_refused_by_the_population():
 def test_a_layer_of_size_zero_is_refused():
     with pytest.raises(ValueError, match=r"parameter 'weight' has no elements \(shape \(0, 4\)\)"):
         nesgpu.convert(nn.Linear(4, 0), "lowrank")
+
+
+@pytest.mark.parametrize("rank", [10**9, 33])
+def test_a_rank_beyond_every_matrix_is_refused_at_convert_with_the_largest(rank):
+    net = nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 2))  # 4 x 8 and 2 x 4: 32 entries at most
+    with pytest.raises(ValueError, match=rf"rank={rank} is more than the entries of any matrix of the model \(the "
+                                         rf"largest, 0.weight, has 32\).*expected rank <= 32, or layer 'gaussian'"):
+        nesgpu.convert(net, "lowrank", rank=rank)
+    with pytest.raises(ValueError, match=r"expected rank <= 576"):  # a kernel's columns: 2 * 3 * 3, 32 rows
+        nesgpu.convert(nn.Conv2d(2, 32, 3), "lowrank", rank=577)
+    with pytest.raises(ValueError, match=r"rank=16 is more than .* expected rank <= 15"):  # a layer built by hand
+        nesgpu.PerturbedModel(nesgpu.LowRankLinear(3, 5, rank=16), 4)
+
+
+def test_a_rank_some_matrices_can_use_fits_the_others_as_it_is():
+    net = nesgpu.convert(nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 1)), "lowrank", rank=8)
+    pm = nesgpu.PerturbedModel(net, 4, sigma=0.1)
+    pm.set_noise()
+    assert pm.dense_noise()["2.weight"].shape == (4, 1, 4)  # a head of one output takes the model's rank
+    assert nesgpu.convert(nn.Conv2d(2, 32, 3), "lowrank", rank=576).kind.rank == 576
+
+
+@pytest.mark.parametrize("rank", [0, -1, 2.0, "2", True])
+def test_a_rank_that_is_not_a_positive_int_is_refused(rank):
+    with pytest.raises(ValueError, match=rf"rank must be a positive int; got {re.escape(repr(rank))}"):
+        nesgpu.convert(nn.Linear(4, 4), "lowrank", rank=rank)

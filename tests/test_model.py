@@ -1,5 +1,8 @@
 """PerturbedModel and convert: the wrapper's contract, the update formula, and bad input."""
 
+import copy
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -307,7 +310,7 @@ def test_antithetic_steps_and_weights_of_the_wrong_kind_are_refused():
         with pytest.raises(TypeError, match="step must be an int >= 0"):
             pm.set_noise(step=step)
     pm.set_noise(step=3)
-    with pytest.raises(TypeError, match="weights must be a real torch.Tensor .* got torch.complex64"):
+    with pytest.raises(TypeError, match=r"weights must be a floating-point torch.Tensor .* got torch.complex64"):
         pm.update(torch.ones(4, dtype=torch.complex64))
     with pytest.raises(ValueError, match="sigma must be a finite number >= 1e-12"):
         pm.update(torch.ones(4), sigma=1e-45)
@@ -317,3 +320,69 @@ def test_a_model_on_the_meta_device_is_refused_with_what_to_do():
     net = nesgpu.convert(nn.Linear(4, 2, device="meta"), "lowrank")
     with pytest.raises(ValueError, match="on the meta device .* model.to_empty"):
         nesgpu.PerturbedModel(net, 4, antithetic=True)
+
+
+@pytest.mark.parametrize("bad, where", [(float("nan"), "weights[2]"), (float("inf"), "weights[2]"),
+                                        (-float("inf"), "weights[2]")])
+def test_non_finite_weights_are_refused_naming_the_first(bad, where):
+    layer, pm = make(LINEAR_CASES[0], 4)
+    pm.set_noise()
+    w = torch.tensor([0.5, 1.0, bad, bad], dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"weights must be finite; got {bad} at {re.escape(where)}"):
+        pm.update(w)
+    with pytest.raises(ValueError, match=r"got nan at weights\[1, 3\]"):  # (R, D): its own index
+        pm.update(torch.tensor([[0.0] * 4, [0.0, 0.0, 0.0, float("nan")]], dtype=torch.float64))
+    assert all(p.grad is None for p in layer.parameters())  # refused before any .grad was written
+    pm.update(w, check_finite=False)  # the trainer's path: it refused non-finite fitness already
+    assert not layer.weight.grad.isfinite().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_integer_and_bool_weights_are_refused_with_their_dtype(dtype):
+    _, pm = make(LINEAR_CASES[0], 4)
+    pm.set_noise()
+    for shape in ((4,), (2, 4)):
+        with pytest.raises(TypeError, match=rf"weights must be a floating-point torch.Tensor of shape \(4,\) or "
+                                            rf"\(R, 4\); got {dtype}"):
+            pm.update(torch.ones(shape, dtype=dtype))
+
+
+def test_weights_on_the_meta_device_are_refused_naming_the_models_device():
+    _, pm = make(LINEAR_CASES[0], 4)
+    pm.set_noise()
+    with pytest.raises(ValueError, match=r"weights must hold values on the model's device \(cpu\); got a tensor on "
+                                         r"the meta device"):
+        pm.update(torch.ones(4, device="meta"))
+
+
+@pytest.mark.parametrize("kind", ["lowrank", "gaussian", "sparse"])
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_a_module_registered_twice_is_updated_with_the_estimate_of_its_one_perturbation(kind, antithetic):
+    torch.manual_seed(0)
+    shared = nn.Linear(4, 4)
+    plain = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), shared, nn.Tanh(), shared).double()
+    net = nesgpu.convert(copy.deepcopy(plain), kind, directions=5)
+    directions, sigma = 5, 0.1
+    pm = nesgpu.PerturbedModel(net, directions, sigma=sigma, antithetic=antithetic)
+    pm.set_noise()
+    eps = pm.dense_noise()  # the layers' own noise: the shared module's once, under its first name
+    assert sorted(eps) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    x = torch.randn(2, 3, dtype=torch.float64)
+    signs = [1.0, -1.0] if antithetic else [1.0]
+    references = []  # each member as its own copy, the shared weight perturbed once for both its uses
+    for s in signs:
+        for d in range(directions):
+            member = copy.deepcopy(plain)  # the copy keeps one module in both slots
+            with torch.no_grad():
+                for name, p in member.named_parameters():
+                    p.add_(s * sigma * eps[name][d])
+            references.append(member(x))
+    reference = torch.stack(references).view(len(signs), directions, *x.shape[:1], 4).transpose(1, 2)
+    torch.testing.assert_close(pm.by_member(pm(pm.member_rows(x))), reference, rtol=1e-12, atol=1e-12)
+    losses = reference.pow(2).sum(-1).mean(1)  # (signs, D)
+    w = (torch.tensor(signs, dtype=torch.float64).view(-1, 1) * losses).mean(0)
+    pm.update(losses)
+    for name, p in net.named_parameters():
+        expected = torch.einsum("d,d...->...", w, eps[name]) / (directions * sigma)
+        torch.testing.assert_close(p.grad, expected, rtol=1e-12, atol=1e-12)
+    assert net[2] is net[4] and net[2].weight.grad is not None

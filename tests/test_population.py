@@ -58,3 +58,16 @@ def test_the_parameters_are_the_models_in_its_order():
 def test_what_is_not_a_perturbed_model_is_refused():
     with pytest.raises(TypeError, match="pm must be a PerturbedModel; got Linear"):
         Population(nn.Linear(2, 2))
+
+
+def test_the_update_leaves_the_finiteness_check_to_the_trainer():
+    population, net = make(3)
+    population.evaluate(Rows(), 1, 0.1)
+    calls = []
+    update = population.pm.update
+    population.pm.update = lambda *args, **kwargs: calls.append(kwargs) or update(*args, **kwargs)
+    weights = torch.randn(2, 10, dtype=torch.float64)
+    weights[1, 4] = float("nan")  # checked by the trainer before shaping: no host read per block here
+    population.update(weights, 0.1)
+    assert calls and all(kwargs.get("check_finite") is False for kwargs in calls)
+    assert not net[0].weight.grad.isfinite().all()

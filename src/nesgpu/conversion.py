@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from .kinds import Gaussian, Kind, make_kind
+from .kinds import Gaussian, Kind, check_kind_options, make_kind
 from .layers import PerturbedModule, functional_fallback
 from .layers.forms import recognise
 from .layers.functional import FunctionalPerturbed
@@ -103,8 +103,7 @@ def convert(model: nn.Module, kind: str | Kind = "lowrank", directions: int | No
         _freeze_non_matrices(model)
     ties = tied_uses(model)
     model = _swap(model, "", opts)
-    _retie(model, ties)
-    _guard_aliases(model)
+    _settle(model, ties)
     for note in opts.notes:
         warnings.warn(note, stacklevel=2)
     missing = uncovered_parameters(model)
@@ -335,6 +334,14 @@ def _retie(model: nn.Module, ties: list[list[tuple[str, str]]]) -> None:
                 break
         if problems:
             raise ValueError(f"tied parameters {[full for *_, full in uses]} cannot share one noise: {problems[0]}")
+
+
+def _settle(model: nn.Module, ties: list[list[tuple[str, str]]]) -> None:
+    """The converted model's ties made again, its aliases guarded, each kind's options checked against it."""
+    _retie(model, ties)
+    _guard_aliases(model)
+    check_kind_options((f"{n}.{slot.name}" if n else slot.name, slot.kind, slot.geometry)
+                       for n, m in model.named_modules() if isinstance(m, PerturbedModule) for slot in m.slots)
 
 
 # ----- what evolves ----------------------------------------------------------------------------------

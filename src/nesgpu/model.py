@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from .autofallback import failing_module, fall_back, fallback_root
-from .layers import PerturbedModule, repeat_signs
+from .kinds import check_kind_options
+from .layers import PerturbedModule
 from .layers.guard import NeedsFallback
-from .layers.layout import RowLayout, one_sequence_per_row
+from .layers.layout import RowLayout, member_weights, one_sequence_per_row
 from .layers.sequential import shared_forward
 from .masters import MasterWeights
 from .masters import register as register_masters
@@ -122,6 +123,8 @@ class PerturbedModel:
             layer.directions = directions
             layer.layer_key = zlib.crc32(name.encode())  # stable across processes and runs
             layer.layer_name = name
+        check_kind_options((f"{name}.{slot.name}" if name else slot.name, slot.kind, slot.geometry)
+                           for name, layer in self.layers.items() for slot in layer.slots)
         perturbed = (p for layer in self.layers.values() for p in layer.perturbed_parameters().values())
         self._masters = MasterWeights(perturbed, getattr(self, "_masters", None))
         register_masters(model, self._masters)
@@ -347,27 +350,19 @@ class PerturbedModel:
         return rows.view(signs, rows.shape[0] // (signs * d), d, *rows.shape[1:])
 
     # ----- estimator ---------------------------------------------------------------------------------
-    def update(self, weights: torch.Tensor, sigma: float | None = None) -> None:
+    def update(self, weights: torch.Tensor, sigma: float | None = None, *, check_finite: bool = True) -> None:
         """Add the ES gradient estimate to ``.grad`` of every perturbed parameter.
 
-        ``weights`` of shape (D,) gives ``g = 1/(D sigma) sum_d w_d z_d``, ``sigma`` the scale the noise was
-        evaluated at (default: :attr:`sigma`); of shape (R, D) it is first
+        ``weights`` (floating point) of shape (D,) gives ``g = 1/(D sigma) sum_d w_d z_d``, ``sigma`` the scale
+        the noise was evaluated at (default: :attr:`sigma`); of shape (R, D) it is first
         reduced to ``w_d = 1/R sum_r s_r w[r, d]``. D here is the number of directions the current noise
         covers; the scale always uses the whole population, so chunks' updates add up to the full one.
-        With ``weights = losses``, ``optimizer.step()`` descends.
+        With ``weights = losses``, ``optimizer.step()`` descends. ``check_finite`` (default True): a NaN or
+        inf weight, which would make every ``.grad`` non-finite, is a ValueError naming the first; the check
+        reads from the device, and the trainer, which refuses non-finite fitness before shaping, passes False.
         """
-        local = self.local_directions
-        if not isinstance(weights, torch.Tensor) or weights.is_complex():  # complex: the imaginary part would go
-            raise TypeError(f"weights must be a real torch.Tensor of shape ({local},) or (R, {local}); "
-                            f"got {weights.dtype if isinstance(weights, torch.Tensor) else type(weights).__name__}")
-        if weights.dim() == 2 and weights.shape[1] == local:
-            repeats = weights.shape[0]
-            if self.antithetic and repeats % 2:
-                raise ValueError(f"antithetic weights need an even number of repeats; got shape {tuple(weights.shape)}")
-            signs = repeat_signs(repeats, self.antithetic, weights.device).to(weights.dtype)
-            weights = (signs.view(-1, 1) * weights).mean(0)
-        elif weights.shape != (local,):
-            raise ValueError(f"weights must have shape ({local},) or (R, {local}); got {tuple(weights.shape)}")
+        device = next(iter(self.parameters())).device
+        weights = member_weights(weights, self.local_directions, self.antithetic, device, check_finite)
         coef = weights / (self.directions * (self.sigma if sigma is None else check_sigma(sigma)))
         for layer in self.layers.values():
             if layer.perturbs:

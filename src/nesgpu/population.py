@@ -182,10 +182,11 @@ class Population:
     def update(self, weights: torch.Tensor, sigma: float) -> None:
         """Add the ES estimate of the last evaluated step, with ``weights`` (R, D) or (D,) over all
         directions (lower is better), to ``.grad``: block by block, each block's noise drawn again where
-        another one replaced it."""
+        another one replaced it. The weights' finiteness is not checked here (a host read per block): the
+        trainer refuses non-finite fitness before shaping (:func:`~nesgpu.strategies.base.fitness_statistics`)."""
         for block in self.blocks.update_blocks():
             self._draw(self.step, block, sigma)
-            self.pm.update(weights[..., block.start:block.stop], sigma)
+            self.pm.update(weights[..., block.start:block.stop], sigma, check_finite=False)
 
 def check_block_fitness(task, fitness, info, directions: int) -> None:
     """What ``task.fitness`` gave for a block of ``directions``: a real tensor (R, directions) and a dict; else

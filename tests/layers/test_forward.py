@@ -1,6 +1,8 @@
 """Each kind's batched population forward equals a plain per-direction F.linear / F.conv2d with
 theta + sigma * s_r * z_d, in float64."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,6 +72,11 @@ def test_conv_matches_per_direction_reference(case, geometry, antithetic, device
     c_in, c_out, kernel, conv_args = geometry
     directions, repeats = 3, 2
     layer = randomize_(cls(c_in, c_out, kernel, dtype=torch.float64, **conv_args, **options)).to(device)
+    groups, kernel = conv_args.get("groups", 1), (kernel,) * 2 if isinstance(kernel, int) else kernel
+    if options.get("rank", 1) > (c_out // groups) * (c_in // groups) * math.prod(kernel):  # a 1 x 1 depthwise filter
+        with pytest.raises(ValueError, match="is more than the entries of any matrix"):
+            nesgpu.PerturbedModel(layer, directions, sigma=SIGMA)
+        return
     pm = nesgpu.PerturbedModel(layer, directions, sigma=SIGMA, antithetic=antithetic_or_skip(case, antithetic),
                                seed=5)
     pm.set_noise()

@@ -197,3 +197,13 @@ def test_a_resume_on_a_prompts_file_changed_since_is_refused(tmp_path):
         run(2, True)
     prompts.write_text("\n".join(json.dumps(r) for r in rows))
     assert run(2, True)["steps"] == 2
+
+
+def test_prompts_too_long_for_the_models_context_are_named_before_its_weights_load(tmp_path, monkeypatch):
+    from nesgpu.tasks import reward_tasks
+
+    hf = model_dir(tmp_path / "m")
+    monkeypatch.setattr(reward_tasks, "load_causal_lm", lambda *a, **k: pytest.fail("the weights were loaded"))
+    with pytest.raises(ValueError, match="prompts of 5 tokens and max_new_tokens 60 exceed the model's context of 64"):
+        reward_tasks.PretrainedGenerationTask(hf, prompts=["1+1="], eval_prompts=["12+1="], max_new_tokens=60,
+                                              reward=lambda p, c: torch.zeros(len(c)))

@@ -28,6 +28,17 @@ def make_kind(kind: str | Kind, **options) -> Kind:
         raise TypeError(f"kind {kind!r} takes options {fields}; got {sorted(options)}") from e
 
 
+def check_kind_options(slots) -> None:
+    """Each kind's options against all the matrices that take it: ``slots`` are (name, kind, geometry or None)
+    for every perturbed parameter of a model (see :meth:`Kind.check_model`)."""
+    by_kind: dict[Kind, dict[str, Geometry]] = {}
+    for name, kind, geometry in slots:
+        if geometry is not None:
+            by_kind.setdefault(kind, {})[name] = geometry
+    for kind, geometries in by_kind.items():
+        kind.check_model(geometries)
+
+
 __all__ = [
     "KINDS",
     "LINEAR",
@@ -42,5 +53,6 @@ __all__ = [
     "Op",
     "Permuted",
     "Sparse",
+    "check_kind_options",
     "make_kind",
 ]

@@ -94,6 +94,10 @@ class Kind:
     def check(self, geometry: Geometry) -> None:
         """Raise ValueError if this kind's options do not fit a parameter of this geometry."""
 
+    def check_model(self, geometries: dict[str, Geometry]) -> None:
+        """Raise ValueError if this kind's options fit none of a model's matrices (name -> geometry) that
+        take it: an option no layer can use (a low rank above every matrix's)."""
+
     def draw_shared(self, gen: torch.Generator, geometry: Geometry, like: torch.Tensor) -> dict[str, torch.Tensor]:
         """Noise every direction of a step shares (none by default)."""
         return {}

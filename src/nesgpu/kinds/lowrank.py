@@ -95,7 +95,8 @@ class LowRank(Kind):
     """Low-rank noise: direction d's noise is A_d B_d^T / sqrt(r), never formed densely.
 
     Args:
-        rank: r, the rank of each direction's noise (default 1).
+        rank: r, the rank of each direction's noise (default 1). A rank above the entries of every matrix of
+            the model is refused (its factors would outgrow dense noise); a matrix smaller than r takes it as it is.
     """
 
     name = "lowrank"
@@ -105,6 +106,22 @@ class LowRank(Kind):
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise ValueError(f"rank must be a positive int; got {self.rank!r}")
+
+    @staticmethod
+    def largest_rank(geometry) -> int:
+        """The entries of one group's noise matrix of ``geometry`` (a convolution's columns are its filters,
+        C/g * prod(kernel)): a rank beyond them draws factors larger than the dense noise itself."""
+        g = geometry
+        return g.out // g.groups * (g.in_ // g.groups * math.prod(g.kernel))
+
+    def check_model(self, geometries):
+        if not geometries:
+            return
+        name, most = max(((n, self.largest_rank(g)) for n, g in geometries.items()), key=lambda item: item[1])
+        if self.rank > most:
+            raise ValueError(f"rank={self.rank} is more than the entries of any matrix of the model (the largest, "
+                             f"{name}, has {most}): its noise factors would outgrow dense noise; expected rank <= "
+                             f"{most}, or layer 'gaussian' for full-rank noise")
 
     def draw_directions(self, gen, n, geometry, like):
         g, r = geometry, self.rank

@@ -123,6 +123,33 @@ def repeat_signs(repeats: int, antithetic: bool, device: torch.device) -> torch.
     return repeat_scale(repeats, 1.0, antithetic, torch.empty(0, device=device))
 
 
+def member_weights(weights, directions: int, antithetic: bool, device: torch.device,
+                   check_finite: bool = True) -> torch.Tensor:
+    """The update's weights, (D,) or (R, D) laid out as the rows, checked and reduced to each direction's
+    ``w_d = 1/R sum_r s_r w[r, d]`` (D,). ``device``: the model's, named where the weights have no values
+    (the meta device). ``check_finite``: a NaN or inf weight is an error naming the first (a host read)."""
+    shapes = f"({directions},) or (R, {directions})"
+    if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():  # int, bool, complex
+        got = weights.dtype if isinstance(weights, torch.Tensor) else type(weights).__name__
+        raise TypeError(f"weights must be a floating-point torch.Tensor of shape {shapes}; got {got}")
+    if weights.is_meta:
+        raise ValueError(f"weights must hold values on the model's device ({device}); got a tensor on the meta "
+                         f"device (shapes without data)")
+    if weights.shape != (directions,) and (weights.dim() != 2 or weights.shape[1] != directions):
+        raise ValueError(f"weights must have shape {shapes}; got {tuple(weights.shape)}")
+    if weights.dim() == 2 and antithetic and weights.shape[0] % 2:
+        raise ValueError(f"antithetic weights need an even number of repeats; got shape {tuple(weights.shape)}")
+    if check_finite and not bool(weights.isfinite().all()):
+        index = tuple((~weights.isfinite()).nonzero()[0].tolist())
+        where = ", ".join(map(str, index))
+        raise ValueError(f"weights must be finite; got {weights[index].item()} at weights[{where}] (a NaN or inf "
+                         f"weight makes every perturbed parameter's .grad non-finite)")
+    if weights.dim() == 1:
+        return weights
+    signs = repeat_signs(weights.shape[0], antithetic, weights.device).to(weights.dtype)
+    return (signs.view(-1, 1) * weights).mean(0)
+
+
 class Population(NamedTuple):
     """One population call: R repeats of D directions, each repeat's signed sigma (R,), and each sign's
     (S,): S is 2 with antithetic sampling (repeat r has sign r // (R / 2)), else 1."""

@@ -255,6 +255,16 @@ class GenerationTask:
         positions = self.max_new_tokens + 1 if self.fitness_kind == "likelihood" else 1
         return rows * (cache + layer + 2 * positions * config.vocab_size * 4)
 
+    def check_context(self, context: int | None) -> None:
+        """Refuse prompts (training or held-out) that with ``max_new_tokens`` exceed a model's context of
+        ``context`` tokens, before the model is loaded (None: no context known)."""
+        if context is None:
+            return
+        longest = max(self._longest_prompt(), max(len(ids) for ids in self.tokenizer(self.eval_prompts).input_ids))
+        if longest + self.max_new_tokens > context:
+            raise ValueError(f"prompts of {longest} tokens and max_new_tokens {self.max_new_tokens} exceed the "
+                             f"model's context of {context} tokens; shorten them")
+
     def _longest_prompt(self) -> int:
         """Tokens of the longest training prompt (counted once)."""
         if self._longest is None:

@@ -116,6 +116,18 @@ def _causal_lm_class(directory: Path):
     return cls
 
 
+def _context(directory: Path) -> int | None:
+    """The model's context in tokens, from its config (no weights loaded); None where it has none."""
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError):  # named when the model itself loads
+        return None
+    context = getattr(config, "max_position_embeddings", None)
+    return context if isinstance(context, int) else None
+
+
 def load_tokenizer(directory: Path):
     """The directory's tokenizer, with a pad token (its eos token when it has none)."""
     from transformers import AutoTokenizer
@@ -146,6 +158,7 @@ class PretrainedGenerationTask(GenerationTask):
     def __init__(self, directory: Path, dtype: str | None = None, tokenizer=None, **options):
         self.directory, self.dtype = directory, dtype
         super().__init__(tokenizer=load_tokenizer(directory) if tokenizer is None else tokenizer, **options)
+        self.check_context(_context(directory))  # from config.json: before the weights load (a minute, for 1B)
 
     def make_model(self, hidden, model: str) -> nn.Module:
         lm = load_causal_lm(self.directory, dtype=self.dtype or "auto")
