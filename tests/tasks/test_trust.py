@@ -207,3 +207,19 @@ def test_prompts_too_long_for_the_models_context_are_named_before_its_weights_lo
     with pytest.raises(ValueError, match="prompts of 5 tokens and max_new_tokens 60 exceed the model's context of 64"):
         reward_tasks.PretrainedGenerationTask(hf, prompts=["1+1="], eval_prompts=["12+1="], max_new_tokens=60,
                                               reward=lambda p, c: torch.zeros(len(c)))
+
+
+def test_the_prompts_file_and_reward_functions_are_checked_before_the_tokenizer_loads(tmp_path, monkeypatch):
+    from nesgpu.tasks import dataset_tasks
+    from nesgpu.train import TrainConfig
+
+    hf = model_dir(tmp_path / "m")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "1+1="}) + "\n")
+    monkeypatch.setattr(dataset_tasks, "load_tokenizer", lambda *a: pytest.fail("the tokenizer was loaded"))
+    for options, message in [({"prompts": str(tmp_path / "gone.jsonl")}, "cannot read the prompts file"),
+                             ({"reward": f"{__name__}:nope"}, "has no function 'nope'"),
+                             ({"reward_weights": "1,2"}, r"needs one weight per reward function \(1\); got 2")]:
+        cfg = TrainConfig.from_dict({"task": "generation", "model": f"hf:{hf}", "prompts": str(tmp_path / "p.jsonl"),
+                                     "reward": f"{__name__}:correct", **options}).resolved()
+        with pytest.raises(ValueError, match=message):
+            dataset_tasks.make_dataset_task("generation", cfg)

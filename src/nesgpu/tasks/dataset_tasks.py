@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass
 
 from ..options import check_options, option
-from .reward_data import dataset_task
+from .reward_data import dataset_task, prompt_rows
 from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, PromptOptions, hf_directory, load_tokenizer
 from .spec import TaskOptions, TaskSpec
 from .user_code import load_function
@@ -51,11 +51,17 @@ def make_dataset_task(name: str, options: TaskOptions) -> PretrainedGenerationTa
         raise ValueError("task 'generation' needs --prompts FILE.jsonl (rows with a 'prompt') and --reward "
                          "module:function (TRL's reward signature)")
     directory = hf_directory(options.model)
-    tokenizer = load_tokenizer(directory)
+    # the files and functions first: a mistake in them is named before transformers and the tokenizer load
+    rows = prompt_rows(options.prompts, "prompts")
+    held = None if options.eval_prompts is None else prompt_rows(options.eval_prompts, "eval prompts")
     functions = [load_function(spec.strip()) for spec in options.reward.split(",")]
+    weights = _weights(options.reward_weights)
+    if weights is not None and len(weights) != len(functions):
+        raise ValueError(f"--reward-weights needs one weight per reward function ({len(functions)}); got "
+                         f"{len(weights)}")
     make = functools.partial(PretrainedGenerationTask, directory, options.dtype)
-    return dataset_task(options.prompts, tokenizer, functions, _weights(options.reward_weights),
-                        eval_data=options.eval_prompts, task_class=make, prompts_per_step=options.batch_size,
+    return dataset_task(rows, load_tokenizer(directory), functions, weights,
+                        eval_data=held, task_class=make, prompts_per_step=options.batch_size,
                         max_new_tokens=options.max_new_tokens, temperature=options.temperature,
                         correct_at=options.correct_at, generations=options.generations, fitness=options.fitness,
                         seed=options.seed, name=name, compile=options.compile)
