@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import nesgpu
+from nesgpu.layers.functional import FunctionalPerturbed
 
 
 class TinyLM(nn.Module):
@@ -208,3 +209,15 @@ def test_a_rank_some_matrices_can_use_fits_the_others_as_it_is():
 def test_a_rank_that_is_not_a_positive_int_is_refused(rank):
     with pytest.raises(ValueError, match=rf"rank must be a positive int; got {re.escape(repr(rank))}"):
         nesgpu.convert(nn.Linear(4, 4), "lowrank", rank=rank)
+
+
+def test_a_module_registered_twice_takes_fallback_and_freeze_by_either_name():
+    for name in ("0", "2"):
+        layer = nn.Linear(4, 4)
+        with pytest.warns(UserWarning, match="exact torch.func fallback"):
+            net = nesgpu.convert(nn.Sequential(layer, nn.Tanh(), layer), "lowrank", fallback=[name])
+        assert net[0] is net[2] and isinstance(net[0], FunctionalPerturbed)
+        layer = nn.Linear(4, 4)
+        net = nesgpu.convert(nn.Sequential(layer, nn.Tanh(), layer, nn.Linear(4, 2)), "lowrank",
+                             freeze=[f"{name}.bias"])
+        assert not net[0].bias.requires_grad and net[0] is net[2]

@@ -237,15 +237,16 @@ def _fallback(module: nn.Module, name: str, label: str, opts: _Options, why: str
 
 
 def _fallback_names(model: nn.Module, names: Iterable[str]) -> frozenset[str]:
-    """convert's ``fallback``: module names of ``model``."""
+    """convert's ``fallback``: module names of ``model``, with the other names of a module registered under
+    several (``nn.Sequential(l, act, l)``: "2" is "0" too, which convert meets first)."""
     if isinstance(names, str):
         raise TypeError(f"fallback must be a list of module names; got the string {names!r}")
-    modules = dict(model.named_modules())
+    modules = dict(model.named_modules(remove_duplicate=False))
     unknown = [n for n in names if n not in modules]
     if unknown:
         raise ValueError(f"fallback: {unknown[0]!r} names no module of the model; expected a name as "
                          f"model.named_modules() gives it, e.g. {sorted(modules)[1:4]}")
-    return frozenset(names)
+    return frozenset(n for n, m in modules.items() if any(m is modules[given] for given in names))
 
 
 def rebuilt_as(cls: type[nn.Module], module: nn.Module, **args) -> nn.Module:
@@ -376,7 +377,7 @@ def _freeze(model: nn.Module, names: Iterable[str]) -> None:
     if isinstance(names, str):
         raise TypeError(f"freeze must be a list of parameter or module names; got the string {names!r}")
     names = list(names)
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters(remove_duplicate=False))  # a module registered twice: either name
     for name in names:
         matched = [p for n, p in params.items() if n == name or n.startswith(name + ".")]
         if not matched:
