@@ -56,15 +56,17 @@ def test_a_model_directory_with_an_auto_map_is_refused_and_its_code_never_runs(t
     assert not (hf / "ran").exists()
 
 
-def test_a_reward_module_leaves_the_import_path_as_it_was(tmp_path, monkeypatch):
-    (tmp_path / "rw.py").write_text("def ok(completions, **kw):\n    return [1.0] * len(completions)\n")
-    (tmp_path / "shadowed_by_cwd.py").write_text("raise RuntimeError('the working directory stood in')\n")
+def test_a_reward_module_leaves_the_working_directory_last_on_the_import_path(tmp_path, monkeypatch):
+    (tmp_path / "rw.py").write_text("def ok(completions, **kw):\n    import helpers_of_rw\n"
+                                    "    return [helpers_of_rw.ONE] * len(completions)\n")
+    (tmp_path / "helpers_of_rw.py").write_text("ONE = 1.0\n")  # imported when the function runs
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     before = list(sys.path)
-    assert load_function("rw:ok")(["a"]) == [1.0]
-    assert sys.path == before and "" not in sys.path[:1] and str(tmp_path) not in sys.path
     assert code_file("rw:ok") == (tmp_path / "rw.py").resolve()
-    assert code_file("json:loads").name == "__init__.py" and code_file("sys:path") is None
+    assert load_function("rw:ok")(["a"]) == [1.0]
+    assert sys.path == [*before, str(tmp_path)]  # last: an installed module of a file's name still wins
+    assert code_file("json:loads") is None and code_file("sys:path") is None  # imported already: no new code
 
 
 def test_a_chat_template_that_fails_is_one_error(tmp_path):
@@ -112,8 +114,19 @@ def test_held_out_rows_keep_their_own_columns_and_repeated_rows_are_kept():
     assert task.reward(["1+1="], ["2"]).tolist() == [1.0]
     assert task.reward(["1+1="], ["2"], evaluating=True).tolist() == [0.0]
     assert task.reward(["1+1="], ["11"], evaluating=True).tolist() == [1.0]
-    assert task.reward.fingerprint() != dataset_task(train[:2], char_tokenizer(), correct,
-                                                     eval_data=held).reward.fingerprint()
+    assert task.data_fingerprint() != dataset_task(train[:2], char_tokenizer(), correct,
+                                                   eval_data=held).data_fingerprint()
+
+
+def test_the_data_fingerprint_is_of_the_rows_as_given_and_the_same_in_every_process():
+    code = ("import sys; sys.path.insert(0, 'tests'); from conftest import char_tokenizer\n"
+            "from nesgpu.tasks.reward_data import dataset_task\n"
+            "tok = char_tokenizer(); tok.chat_template = '{{ strftime_now(\"%H:%M:%S.%f\") }}{{ messages[0].content }}'\n"
+            "rows = [{'prompt': [{'role': 'user', 'content': '1+1='}], 'tags': {'b', 'a', 'c'}, 'meta': object()}]\n"
+            "print(dataset_task(rows, tok, lambda completions, **kw: [0.0] * len(completions)).data_fingerprint())\n")
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env=dict(os.environ, PYTHONHASHSEED=str(seed))).stdout.strip() for seed in (1, 2, 3)}
+    assert len(seen) == 1 and len(seen.pop()) == 16  # a template that prints the time, sets, object reprs
 
 
 @pytest.mark.parametrize("value", [3e38, -3e38, float("inf"), float("nan")])
@@ -148,6 +161,15 @@ def test_eval_names_the_reward_file_it_imports_and_asks_before_one_from_elsewher
     assert trusted.returncode == 0, trusted.stderr[-2000:]
     assert f"importing the reward function {code / 'rw.py'}:ok from {code / 'rw.py'}" in trusted.stderr
     assert json.loads(trusted.stdout)["metric"] == "mean_reward" and (code / "imported").exists()
+    # a file the run directory itself ships is the sender's code, even under the working directory
+    (tmp_path / "run" / "evil.py").write_text(EVIL + "def ok(completions, **kw):\n    return [0.0] * len(completions)\n")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    (tmp_path / "run" / "config.json").write_text(json.dumps({**config, "reward": "run/evil.py:ok"}))
+    for command in (["eval", "run"], ["train", "--resume", "run", "--steps", "2"]):
+        refused = subprocess.run([sys.executable, "-m", "nesgpu", *command], cwd=tmp_path, capture_output=True,
+                                 text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert refused.returncode == 2 and "in the run directory" in refused.stderr, refused.stderr[-2000:]
+        assert not (tmp_path / "run" / "ran").exists()
 
 
 def test_one_sigterm_stops_a_run_whose_chat_template_renders_forever(tmp_path):

@@ -147,6 +147,8 @@ def add_train_parser(commands) -> None:
                                                            "writes them")
     run.add_argument("--resume", metavar="DIR", help="continue the run in DIR up to --steps")
     run.add_argument("--overwrite", action="store_true", help="replace the run already in --out (else refused)")
+    run.add_argument("--trust-reward-code", action="store_true", help="with --resume: import the reward functions "
+                     "the run's config.json names even from its own directory or from outside the working directory")
     run.add_argument("--print-config", action="store_true", dest="print_config",
                      help="print the resolved options as YAML and exit")
     p.set_defaults(func=run_train)
@@ -209,6 +211,8 @@ def run_train(args: argparse.Namespace) -> int:
     from ..train.trainer import train
 
     cfg, resume = config_from_args(args)
+    if resume:  # a run directory someone sent you to continue names code too
+        consent_to_rewards(Path(args.resume), args.trust_reward_code, "train")
     if args.print_config:
         print(cfg.resolved().to_yaml(), end="")
         return 0
@@ -229,7 +233,7 @@ def add_eval_parser(commands) -> None:
     p.add_argument("--model", metavar="MODULE:NAME", help="a run of a model of your own (unless the task makes "
                    "it): the model, or what makes one when called, as module:name or file.py:name")
     p.add_argument("--trust-reward-code", action="store_true", help="import the reward functions the run's "
-                   "config.json names even from a file outside the run directory and the working directory")
+                   "config.json names even from the run directory itself or from outside the working directory")
     p.set_defaults(func=run_eval)
 
 
@@ -245,26 +249,28 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def consent_to_rewards(run: Path, trusted: bool) -> None:
+def consent_to_rewards(run: Path, trusted: bool, command: str = "eval") -> None:
     """Say which files the run's reward functions (config.json's ``reward``) will be imported from: a run
-    directory someone sent you is code. One outside the run directory and the working directory needs
+    directory someone sent you is code. A file of the run directory itself, or one outside the working
+    directory that is not installed Python (the standard library, site-packages), needs
     ``--trust-reward-code``."""
-    from ..tasks.user_code import code_file, outside
+    from ..tasks.user_code import code_file, installed, outside
 
     try:  # a config.json that cannot be read is named when the run loads
         reward = json.loads((run / "config.json").read_text()).get("reward")
     except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
         return
-    specs = [s.strip() for s in reward.split(",") if s.strip()] if isinstance(reward, str) else []
-    for spec in specs:
+    for spec in [s.strip() for s in reward.split(",") if s.strip()] if isinstance(reward, str) else []:
         file = code_file(spec)
         if file is None:
             continue
-        if outside(file, run, Path.cwd()) and not trusted:
+        where = "in the run directory" if not outside(file, run) else \
+            "outside the working directory" if outside(file, Path.cwd()) and not installed(file) else None
+        if where is not None and not trusted:
             raise ValueError(f"{run}/config.json names the reward function {spec}, which would import {file}, "
-                             f"outside the run directory and the working directory; read it, then pass "
+                             f"{where}: a run directory can name any code; read the file, then pass "
                              f"--trust-reward-code to import it")
-        print(f"nesgpu eval: importing the reward function {spec} from {file}", file=sys.stderr)
+        print(f"nesgpu {command}: importing the reward function {spec} from {file}", file=sys.stderr)
 
 
 def own_object(spec: str, flag: str, made):

@@ -67,6 +67,7 @@ class GenerationTask:
             (tens of seconds on a CPU); a later recompile is a warning. A :class:`~nesgpu.decode.CompiledDecode`
             of your own sets the mode, and shares its graphs with your other calls of the same model.
         name: the run's label (``custom:<name>``).
+        data_fingerprint: a hash of the data the prompts were made from (see :meth:`data_fingerprint`).
     """
 
     default_target = None
@@ -82,7 +83,7 @@ class GenerationTask:
                  max_new_tokens: int = 16, temperature: float = 0.0, stop: Sequence[str] = ("\n",),
                  prompts_per_step: int = 8, shaping: str = "per_prompt", correct_at: float | None = 1.0,
                  seed: int = 0, eval_batch: int = 64, name: str = "generation", generations: int = 1,
-                 fitness: str = "reward", compile: bool | CompiledDecode = False):
+                 fitness: str = "reward", compile: bool | CompiledDecode = False, data_fingerprint: str | None = None):
         self.prompts = _check_prompts(prompts, "prompts")
         self.eval_prompts = _check_prompts(self.prompts if eval_prompts is None else eval_prompts, "eval_prompts")
         if getattr(tokenizer, "pad_token_id", None) is None:
@@ -123,17 +124,17 @@ class GenerationTask:
         self.metric = "accuracy" if correct_at is not None else "mean_reward"
         self.samples: list[dict] = []  # the last evaluation's prompts, completions and rewards
         self._longest = None  # tokens of the longest training prompt, once counted
-        self._fingerprint: str | None = None  # data_fingerprint, once worked out
+        self._fingerprint = data_fingerprint  # of the rows the prompts came from; else of the prompts themselves
         # the compiled decode: given, or made at the first population call
         self.compile, self._compiled = bool(compile), compile if isinstance(compile, CompiledDecode) else None
         self._graphs_seen: tuple[int, int] | None = None  # (step, graphs compiled by its end) of the last step
 
     def data_fingerprint(self) -> str:
-        """A short hash of the training and held-out prompts (and the rows the reward reads, where it can say):
-        a checkpoint records it, and a resume on other prompts is refused."""
+        """A short hash of what the task trains and evaluates on: the ``data_fingerprint`` it was given (a
+        dataset task's: its rows as given, before a chat template renders them), else of its training and
+        held-out prompts. A checkpoint records it, and a resume on other data is refused."""
         if self._fingerprint is None:
-            reward = getattr(self.reward, "fingerprint", None)
-            text = json.dumps([self.prompts, self.eval_prompts, reward() if callable(reward) else None])
+            text = json.dumps([self.prompts, self.eval_prompts])
             self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
         return self._fingerprint
 

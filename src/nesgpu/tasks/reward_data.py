@@ -214,13 +214,6 @@ class Rewards:
                           f"completion); this warning is given once", stacklevel=3)
         self.unscored += len(unscored)
 
-    def fingerprint(self) -> str:
-        """A hash of the rows the functions are given (training and held-out), to tell a resumed run whether
-        its data changed."""
-        tables = [self.rows] if self.eval_rows is None else [self.rows, self.eval_rows]
-        text = json.dumps([sorted(t.items()) for t in tables], default=repr, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
     def _log_metric(self, name: str, value: float) -> None:
         self._tell("log_metric")
         if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -248,6 +241,7 @@ class Rewards:
                           f"trackers as log_metric/NAME (a training step's mean; eval_log_metric/NAME at an "
                           f"evaluation; under torchrun the first process's), and log_extra's columns beside the "
                           f"evaluated completions in samples.jsonl", stacklevel=3)
+
 
 
 def _is_number(value) -> bool:
@@ -292,12 +286,37 @@ def dataset_task(data, tokenizer, reward_funcs, reward_weights=None, eval_data=N
     it."""
     from .generation import GenerationTask
 
-    train, train_prompts = rows_by_prompt(prompt_rows(data, "prompts"), tokenizer, "prompts")
-    held, held_prompts = (train, train_prompts) if eval_data is None else \
-        rows_by_prompt(prompt_rows(eval_data, "eval prompts"), tokenizer, "eval prompts")
+    rows = prompt_rows(data, "prompts")
+    held_rows = None if eval_data is None else prompt_rows(eval_data, "eval prompts")
+    train, train_prompts = rows_by_prompt(rows, tokenizer, "prompts")
+    held, held_prompts = (train, train_prompts) if held_rows is None else \
+        rows_by_prompt(held_rows, tokenizer, "eval prompts")
     reward = Rewards(reward_funcs, train, reward_weights, eval_rows=held)
     return (task_class or GenerationTask)(prompts=train_prompts, eval_prompts=held_prompts, reward=reward,
-                                          tokenizer=tokenizer, **options)
+                                          tokenizer=tokenizer, data_fingerprint=fingerprint(rows, held_rows),
+                                          **options)
+
+
+def fingerprint(*values) -> str:
+    """A short hash of rows as given (before any chat template renders them: a template may print today's
+    date), the same in every process and run: dict keys as text, sets sorted, numpy values as Python's, and
+    any other object by its type's name alone (its repr can hold a memory address)."""
+    text = json.dumps(_canonical(values), sort_keys=True, ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _canonical(value):
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+    if hasattr(value, "tolist"):  # numpy's and torch's scalars and arrays
+        return _canonical(value.tolist())
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
 __all__ = ["Rewards", "dataset_task", "rows_by_prompt", "load_function", "load_object",

@@ -11,6 +11,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,8 +60,9 @@ def load_object(spec: str, what: str, kind: str = "object"):
 
 @contextlib.contextmanager
 def _working_directory_first():
-    """The working directory first on ``sys.path`` for one import, then taken off again: a file there named
-    like a module imported later (``tabulate.py``) must not stand in for it."""
+    """The working directory first on ``sys.path`` for one import, then last: a file there named like an
+    installed module imported later (``tabulate.py``) must not stand in for it, while a module next to the
+    user's (``import helpers`` inside a reward function) is still found when the function runs."""
     cwd = os.getcwd()
     sys.path.insert(0, cwd)
     try:
@@ -68,22 +70,30 @@ def _working_directory_first():
     finally:
         with contextlib.suppress(ValueError):  # the module itself may have taken it off
             sys.path.remove(cwd)
+        if cwd not in sys.path:
+            sys.path.append(cwd)
 
 
 def code_file(spec: str) -> Path | None:
     """The file ``module:name`` or ``file.py:name`` would import first (a package's ``__init__.py``), found
-    without running anything; None for a module that is not a file (built into Python) or is not found."""
-    module_name, _ = split_spec(spec, "name")
+    without running anything; None for a module that is not a file (built into Python), is not found, or
+    whose package this process has imported already (nesgpu's own, torch: code that runs anyway)."""
+    module_name, _ = split_spec(spec, "reward function", "function")
     if module_name.endswith(".py"):
         return Path(module_name).expanduser().resolve()
     top = module_name.split(".")[0]
-    if top in sys.modules:  # already imported: its file ran before, whatever it is
-        found = getattr(sys.modules[top], "__file__", None)
-        return Path(found).resolve() if found else None
+    if top in sys.modules:
+        return None
     spec_found = importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path])
     if spec_found is None or not spec_found.has_location or not spec_found.origin:
         return None
     return Path(spec_found.origin).resolve()
+
+
+def installed(file: Path) -> bool:
+    """Whether ``file`` is installed Python: the standard library's or site-packages' (code the user installed)."""
+    paths = sysconfig.get_paths()
+    return not outside(file, *{paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths})
 
 
 def outside(file: Path, *directories: Path) -> bool:
@@ -91,4 +101,4 @@ def outside(file: Path, *directories: Path) -> bool:
     return not any(file.is_relative_to(Path(d).resolve()) for d in directories)
 
 
-__all__ = ["code_file", "load_function", "load_object", "outside", "split_spec"]
+__all__ = ["code_file", "installed", "load_function", "load_object", "outside", "split_spec"]

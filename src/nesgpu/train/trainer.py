@@ -121,8 +121,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
     same update. Only rank 0 writes files.
     """
     if not isinstance(cfg, TrainConfig):
-        raise TypeError(f"train needs a TrainConfig, e.g. TrainConfig(task='digits') or TrainConfig.from_dict(options); "
-                        f"got {type(cfg).__name__}")
+        raise TypeError(f"train needs a TrainConfig, e.g. TrainConfig(task='digits') or "
+                        f"TrainConfig.from_dict(options); got {type(cfg).__name__}")
     cfg = resolve_for(cfg, task)
     check_own(cfg, model, task)
     require_safetensors()
@@ -156,19 +156,21 @@ def _train(job: _Job) -> dict:
     built = build(cfg, job.device, job.ranks, model=job.model, task=job.task, log=job.log)
     loggers = make_loggers(None if cfg.log is None else cfg.log.split(","), out) if main else []
     replaced = rundir.Replacement(out)
-    if main:  # only now that the new run is built: a mistyped option must not cost the old run
-        rundir.clear(out)
-        if job.overwrite and not job.resume:
-            replaced.stash()  # deleted after the new run's first step; back if the run fails before it
-    progress = resume_run(cfg, out, built.step, is_supervised(cfg.task, built.task), job.log, built.task) \
-        if job.resume else Progress()
-    if main:
-        write_json(out / "config.json", json.loads(cfg.to_json()))
-    metrics = MetricsLog(out, resume_step=built.step.step if job.resume else 0, loggers=loggers,
-                         config=dataclasses.asdict(cfg),
-                         extra_columns=[*shown_statistics(built.task, built.step.progress_key), built.task.metric]) \
-        if main else None
+    with job.stop_requested.deferred():  # a signal here must not leave an --overwrite's old run set aside
+        if main:  # only now that the new run is built: a mistyped option must not cost the old run
+            rundir.clear(out)
+            if job.overwrite and not job.resume:
+                replaced.stash()  # deleted after the new run's first step; back if the run fails before it
+    metrics = None
     try:
+        progress = resume_run(cfg, out, built.step, is_supervised(cfg.task, built.task), job.log, built.task) \
+            if job.resume else Progress()
+        if main:
+            write_json(out / "config.json", json.loads(cfg.to_json()))
+        metrics = MetricsLog(out, resume_step=built.step.step if job.resume else 0, loggers=loggers,
+                             config=dataclasses.asdict(cfg), extra_columns=[
+                                 *shown_statistics(built.task, built.step.progress_key), built.task.metric]) \
+            if main else None
         loop = Loop(cfg, out, built.task, built.step, main, job.ranks.distributed, metrics, job.log,
                     _first_step_then(replaced.discard, job.callback, job.stop_requested), job.stop_requested,
                     progress)

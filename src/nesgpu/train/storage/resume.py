@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -62,7 +63,14 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
 def check_data(state: dict, task, out: Path) -> None:
     """Refuse to resume on data other than the run's (a prompts file edited since): a ValueError."""
     recorded = state.get("data") if isinstance(state, dict) else None
-    if recorded is None or not isinstance(task, Fingerprinted):  # an older checkpoint did not record it
+    if recorded is None:  # an older checkpoint did not record it; nesgpu before 0.2 dropped repeated prompts
+        prompts = getattr(task, "prompts", None)
+        if isinstance(prompts, list) and len(set(prompts)) < len(prompts):
+            warnings.warn(f"resuming {out}: its checkpoint records no fingerprint of its data, and the prompts "
+                          f"repeat rows ({len(prompts)} rows, {len(set(prompts))} distinct), which the nesgpu that "
+                          f"wrote it dropped: the steps from here draw from all {len(prompts)}", stacklevel=2)
+        return
+    if not isinstance(task, Fingerprinted):
         return
     now = task.data_fingerprint()
     if now != recorded:
