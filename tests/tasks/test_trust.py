@@ -121,7 +121,8 @@ def test_held_out_rows_keep_their_own_columns_and_repeated_rows_are_kept():
 def test_the_data_fingerprint_is_of_the_rows_as_given_and_the_same_in_every_process():
     code = ("import sys; sys.path.insert(0, 'tests'); from conftest import char_tokenizer\n"
             "from nesgpu.tasks.reward_data import dataset_task\n"
-            "tok = char_tokenizer(); tok.chat_template = '{{ strftime_now(\"%H:%M:%S.%f\") }}{{ messages[0].content }}'\n"
+            "tok = char_tokenizer()\n"
+            "tok.chat_template = '{{ strftime_now(\"%H:%M:%S.%f\") }}{{ messages[0].content }}'\n"
             "rows = [{'prompt': [{'role': 'user', 'content': '1+1='}], 'tags': {'b', 'a', 'c'}, 'meta': object()}]\n"
             "print(dataset_task(rows, tok, lambda completions, **kw: [0.0] * len(completions)).data_fingerprint())\n")
     seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -162,7 +163,7 @@ def test_eval_names_the_reward_file_it_imports_and_asks_before_one_from_elsewher
     assert f"importing the reward function {code / 'rw.py'}:ok from {code / 'rw.py'}" in trusted.stderr
     assert json.loads(trusted.stdout)["metric"] == "mean_reward" and (code / "imported").exists()
     # a file the run directory itself ships is the sender's code, even under the working directory
-    (tmp_path / "run" / "evil.py").write_text(EVIL + "def ok(completions, **kw):\n    return [0.0] * len(completions)\n")
+    (tmp_path / "run" / "evil.py").write_text(EVIL + "def ok(completions, **kw):\n    return [0.0]\n")
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     (tmp_path / "run" / "config.json").write_text(json.dumps({**config, "reward": "run/evil.py:ok"}))
     for command in (["eval", "run"], ["train", "--resume", "run", "--steps", "2"]):
