@@ -18,6 +18,7 @@ from .kinds import check_kind_options
 from .layers import PerturbedModule
 from .layers.guard import NeedsFallback
 from .layers.layout import RowLayout, member_weights, one_sequence_per_row
+from .layers.scales import ModelScales
 from .layers.sequential import shared_forward
 from .masters import MasterWeights
 from .masters import register as register_masters
@@ -41,13 +42,14 @@ def direction_blocks(directions: range, size: int | None) -> list[range]:
     return [range(a, min(a + size, directions.stop)) for a in range(directions.start, directions.stop, size)]
 
 
-class PerturbedModel:
+class PerturbedModel(ModelScales):
     """Wraps a model whose parameterised modules are perturbed modules (see :func:`convert`).
 
     ``model(x)`` stays the plain, unperturbed model. ``pm(x)``, or any method of the model inside
     ``with pm.perturbing():``, runs the model in population mode (without autograd): its input is laid out
     as (repeats, directions, ...) on the first dimension, row ``n`` evaluating ``theta + sigma * s_r * z_d``
     with ``d = n % D`` and ``r = n // D``; ``s_r = -1`` for ``r >= R/2`` with ``antithetic=True``, else +1.
+    With a sigma per parameter (:meth:`set_scales`), ``z_d`` here and below is ``S o z_d``, the noise as evaluated.
 
     Args:
         model: the model; every trainable parameter must be perturbed by one of its perturbed modules.
@@ -215,12 +217,13 @@ class PerturbedModel:
             layer.free_memory()
 
     def dense_noise(self) -> dict[str, torch.Tensor]:
-        """Unit-scale noise z_d of every perturbed parameter, densely: ``{"0.weight": (D, out, in), ...}``."""
+        """The noise z_d of every perturbed parameter as evaluated (S o z_d where :meth:`set_scales` gave a scale),
+        densely: ``{"0.weight": (D, out, in), ...}``."""
         return {f"{name}.{key}" if name else key: z
                 for name, layer in self.layers.items() for key, z in layer.dense_noise().items()}
 
     def noise_sq_norms(self) -> torch.Tensor:
-        """||z_d||^2 over all perturbed parameters, per local direction: shape (D,)."""
+        """||z_d||^2 over all perturbed parameters, per local direction: shape (D,) (of S o z_d with scales)."""
         return sum(layer.noise_sq_norms() for layer in self.layers.values() if layer.perturbs)
 
     def noise_bytes(self) -> int:
@@ -297,13 +300,14 @@ class PerturbedModel:
         """Put the module ``error`` names into the exact fallback (with a warning) and redraw the current noise,
         so that the population call can run again, exactly; ``error`` itself where that cannot be done. The
         trainer's population and ``pm(...)`` call this for you at the first population call."""
-        name, current = fallback_root(self.model, error.module), self.noise_range
+        name, current, scales = fallback_root(self.model, error.module), self.noise_range, self.scales()
         label = f"{name or 'model'} ({type(self.model.get_submodule(name)).__name__})"
         try:
             fall_back(self.model, name, self.directions)
         except ValueError as why:
             raise error from why
         self._wire()
+        self._place_scales(scales, known_only=True)  # the fallback's module perturbs the same parameters
         if current is not None:
             for layer in self.layers.values():
                 layer.set_noise(self.seed, self.step, current.start, current.stop)
@@ -353,15 +357,16 @@ class PerturbedModel:
     def update(self, weights: torch.Tensor, sigma: float | None = None, *, check_finite: bool = True) -> None:
         """Add the ES gradient estimate to ``.grad`` of every perturbed parameter.
 
-        ``weights`` (floating point) of shape (D,) gives ``g = 1/(D sigma) sum_d w_d z_d``, ``sigma`` the scale
-        the noise was evaluated at (default: :attr:`sigma`); of shape (R, D) it is first
-        reduced to ``w_d = 1/R sum_r s_r w[r, d]``. D here is the number of directions the current noise
-        covers; the scale always uses the whole population, so chunks' updates add up to the full one.
-        With ``weights = losses``, ``optimizer.step()`` descends. ``check_finite`` (default True): a NaN or
-        inf weight, which would make every ``.grad`` non-finite, is a ValueError naming the first; the check
-        reads from the device, and the trainer, which refuses non-finite fitness before shaping, passes False.
+        ``weights`` (floating point) of shape (D,) gives ``g = 1/(D sigma) sum_d w_d z_d`` (S o z_d with
+        :meth:`set_scales`: the noise as evaluated), ``sigma`` the scale the noise was evaluated at (default:
+        :attr:`sigma`); of shape (R, D) it is first reduced to ``w_d = 1/R sum_r s_r w[r, d]``. D here is the
+        number of directions the current noise covers; the scale always uses the whole population, so chunks'
+        updates add up to the full one. With ``weights = losses``, ``optimizer.step()`` descends. ``check_finite``
+        (default True): a NaN or inf weight, which would make every ``.grad`` non-finite, is a ValueError naming
+        the first; the check reads from the device, and the trainer, which refuses non-finite fitness before
+        shaping, passes False.
         """
-        device = next(iter(self.parameters())).device
+        device = next(iter(self.parameters())).device if getattr(weights, "is_meta", False) else None  # for the error
         weights = member_weights(weights, self.local_directions, self.antithetic, device, check_finite)
         coef = weights / (self.directions * (self.sigma if sigma is None else check_sigma(sigma)))
         for layer in self.layers.values():

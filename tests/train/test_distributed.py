@@ -18,6 +18,8 @@ from nesgpu.train.storage.checkpoint import find_checkpoint
 ARGS = {
     "cartpole": ["--task", "cartpole", "--population", "16", "--steps", "4", "--hidden", "4"],
     "digits": ["--task", "digits", "--population", "16", "--steps", "4", "--hidden", "8", "--batch-size", "8"],
+    "digits-snes": ["--task", "digits", "--strategy", "snes", "--layer", "gaussian", "--population", "16", "--steps",
+                    "4", "--hidden", "8", "--batch-size", "8"],  # a sigma per parameter, adapted on every rank
 }
 
 

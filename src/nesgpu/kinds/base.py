@@ -86,6 +86,7 @@ class Kind:
     name: ClassVar[str]
     products: ClassVar[frozenset[str]] = frozenset({"linear", "conv"})
     needs_antithetic: ClassVar[bool] = False  # a kind whose z_d has a non-zero mean within one step
+    per_element_scale: ClassVar[bool] = False  # whether its z_d can carry a scale per entry (a sigma per parameter)
 
     def supports(self, product: str) -> bool:
         """Whether this kind implements ``product`` ("linear", "conv" or "embedding")."""
@@ -182,6 +183,18 @@ class Kind:
     def sq_norms(self, noise: Noise) -> torch.Tensor:
         """||z_d||^2 per direction, (D,), without densifying."""
         raise NotImplementedError
+
+    def scale_(self, noise: Noise, scale: torch.Tensor) -> None:
+        """Multiply every direction's noise by ``scale`` (of the noise's shape, > 0) in place, entry by entry: the
+        record then holds S o z_d, which every product, ``grad``, ``dense`` and ``sq_norms`` read as they are.
+        Only for kinds with :attr:`per_element_scale`."""
+        raise NotImplementedError(f"kind {self.name!r} cannot carry a scale per entry")
+
+    def scale_statistic(self, noise: Noise, scale: torch.Tensor | None, weights: torch.Tensor) -> torch.Tensor:
+        """sum_d w_d (u_d o u_d - 1) in the noise's shape, u_d = z_d / S the unit noise of a record that
+        :meth:`scale_` scaled by ``scale`` (None: S = 1); ``weights`` (D,) in the noise's dtype and device. Only
+        for kinds with :attr:`per_element_scale`."""
+        raise NotImplementedError(f"kind {self.name!r} cannot carry a scale per entry")
 
     def __str__(self) -> str:
         return self.name

@@ -25,6 +25,7 @@ from .drawing import HALF, draw_noise
 from .layout import Cached, Population, RowLayout, check_rows, repeat_scale, tokens_per_row
 from .plan import MAX_PLANS, CallPlan, call_key
 from .products import LinearProducts
+from .scales import ScaledNoise
 from .sharing import Borrowed, SharedParameters
 
 PLANNED_BY = ("population_forward", "_shared_base", "_perturbed_linear", "call_plan")  # what a plan stands in for
@@ -48,7 +49,7 @@ class Active(NamedTuple):
     antithetic: bool
 
 
-class PerturbedModule(LinearProducts, SharedParameters):
+class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
     """Noise state and the population contract shared by all perturbed modules.
 
     Outside a :class:`nesgpu.PerturbedModel` call the module is exactly its torch parent.
@@ -143,7 +144,7 @@ class PerturbedModule(LinearProducts, SharedParameters):
         return any(slot.kind.needs_antithetic for slot in self._slots)
 
     def set_noise(self, seed: int, step: int, start: int = 0, stop: int | None = None) -> None:
-        """Draw the noise of directions ``[start, stop)`` for ``step`` (default: all ``directions``)."""
+        """Draw the noise of directions ``[start, stop)`` of ``step`` (default: all), times its scales (scales.py)."""
         if self.directions is None:
             raise ValueError(f"{type(self).__name__}.directions is not set; wrap the model in PerturbedModel")
         stop = self.directions if stop is None else stop
@@ -152,8 +153,7 @@ class PerturbedModule(LinearProducts, SharedParameters):
         previous, self._noise = self._noise, None  # free the old noise before drawing the new (or reuse it)
         self._plans = {}
         if not self._slots:
-            self._range = range(start, stop)
-            self._noise = {}
+            self._range, self._noise = range(start, stop), {}
             return
         params = self.perturbed_parameters()
         device = next(iter(params.values())).device
@@ -161,7 +161,7 @@ class PerturbedModule(LinearProducts, SharedParameters):
         if src is None or src.seed != seed or src.layer != self.layer_key or src.generator.device != device:
             src = self._source = NoiseSource(seed, self.layer_key, device)
         shapes = {slot.name: self._noise_shape(slot) for slot in self._slots}
-        self._noise = draw_noise(self._slots, params, shapes, src, previous, step, start, stop)
+        self._noise = self._scaled(draw_noise(self._slots, params, shapes, src, previous, step, start, stop))
         self._range = range(start, stop)
 
     def _noise_shape(self, slot: Slot) -> tuple[int, ...]:
@@ -198,8 +198,8 @@ class PerturbedModule(LinearProducts, SharedParameters):
 
     # ----- estimator ---------------------------------------------------------------------------------
     def accumulate_grad(self, coef: torch.Tensor, into: dict[str, torch.Tensor] | None = None) -> None:
-        """Add ``sum_d coef_d z_d`` to ``.grad`` of every perturbed parameter (created if None), or of the
-        tensor ``into`` gives for it (a float32 master copy of a half-precision parameter)."""
+        """Add ``sum_d coef_d z_d`` (the noise as evaluated: S o z_d with a scale) to ``.grad`` of every perturbed
+        parameter (created if None), or of the tensor ``into`` gives for it (a float32 master of a half one)."""
         noise = self._require_noise()
         if coef.shape != (self.local_directions,):
             raise ValueError(f"coef must have shape ({self.local_directions},); got {tuple(coef.shape)}")
@@ -215,13 +215,13 @@ class PerturbedModule(LinearProducts, SharedParameters):
                 p.grad.add_(g)
 
     def noise_sq_norms(self) -> torch.Tensor:
-        """||z_d||^2 over every perturbed parameter of each local direction, shape (D,)."""
+        """||z_d||^2 (of S o z_d with a scale) over every perturbed parameter of each local direction, shape (D,)."""
         noise = self._require_noise()
         return sum(slot.kind.sq_norms(noise[slot.name]) for slot in self._slots)
 
     def dense_noise(self) -> dict[str, torch.Tensor]:
-        """The unit-scale noise z_d of every local direction as dense tensors, for tests and inspection:
-        ``{"weight": (D, *weight.shape), "bias": (D, out), ...}``."""
+        """The noise z_d of every local direction as evaluated (S o z_d with a scale) as dense tensors, for tests
+        and inspection: ``{"weight": (D, *weight.shape), "bias": (D, out), ...}``."""
         noise = self._require_noise()
         return {slot.name: self._as_stored(slot.name, slot.kind.dense(noise[slot.name]).reshape(
             self.local_directions, *noise[slot.name].shape)) for slot in self._slots}

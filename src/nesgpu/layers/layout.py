@@ -123,7 +123,7 @@ def repeat_signs(repeats: int, antithetic: bool, device: torch.device) -> torch.
     return repeat_scale(repeats, 1.0, antithetic, torch.empty(0, device=device))
 
 
-def member_weights(weights, directions: int, antithetic: bool, device: torch.device,
+def member_weights(weights, directions: int, antithetic: bool, device: torch.device | None,
                    check_finite: bool = True) -> torch.Tensor:
     """The update's weights, (D,) or (R, D) laid out as the rows, checked and reduced to each direction's
     ``w_d = 1/R sum_r s_r w[r, d]`` (D,). ``device``: the model's, named where the weights have no values

@@ -1,17 +1,19 @@
-"""ES strategies with one ask/tell shape over an explicit state: OpenAI-ES, ARS, PGPE; plus fitness shaping,
+"""ES strategies with one ask/tell shape over an explicit state: OpenAI-ES, ARS, PGPE, SNES, CEM; plus fitness shaping,
 schedules, ClipUp. Adding a strategy is one file here plus one line in ``STRATEGIES``: its ``Options`` (a frozen
 dataclass, see :mod:`nesgpu.options`) become options of the training configuration and flags of the CLI."""
 
 from .ars import ARS, ARSOptions
 from .base import Strategy, StrategyState, check_fitness, fitness_statistics
+from .cem import CEM, CEMOptions
 from .clipup import ClipUp
 from .openai_es import OpenAIES, OpenAIESOptions
 from .pgpe import PGPE, PGPEOptions
 from .schedules import Schedule, StepSizes
 from .shaping import SHAPINGS, centered_ranks, raw, top_directions, z_score
+from .snes import SNES, SNESOptions
 
-STRATEGIES: dict[str, type[Strategy]] = {"openai_es": OpenAIES, "ars": ARS, "pgpe": PGPE}
+STRATEGIES: dict[str, type[Strategy]] = {"openai_es": OpenAIES, "ars": ARS, "pgpe": PGPE, "snes": SNES, "cem": CEM}
 
-__all__ = ["ARS", "ARSOptions", "ClipUp", "OpenAIES", "OpenAIESOptions", "PGPE", "PGPEOptions", "SHAPINGS",
-           "STRATEGIES", "Schedule", "StepSizes", "Strategy", "StrategyState", "centered_ranks", "check_fitness",
-           "fitness_statistics", "raw", "top_directions", "z_score"]
+__all__ = ["ARS", "ARSOptions", "CEM", "CEMOptions", "ClipUp", "OpenAIES", "OpenAIESOptions", "PGPE", "PGPEOptions",
+           "SHAPINGS", "SNES", "SNESOptions", "STRATEGIES", "Schedule", "StepSizes", "Strategy", "StrategyState",
+           "centered_ranks", "check_fitness", "fitness_statistics", "raw", "top_directions", "z_score"]

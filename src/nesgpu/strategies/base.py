@@ -110,6 +110,8 @@ class Strategy:
     # what the trainer passes from the perturbed model, by its attribute names (PGPE: num_perturbed)
     population_options: ClassVar[tuple[str, ...]] = ()
     adapts_sigma: ClassVar[bool] = False  # sigma follows the strategy's own rule, so no sigma schedule applies
+    # a sigma per parameter (SNES, CEM): the population's scales S, adapted by scale_weights and rescale
+    adapts_scales: ClassVar[bool] = False
     # RL runs of this strategy: the observation clip it starts from (0: none), and whether a policy without
     # hidden layers acts linearly (the raw output, unbounded) rather than through tanh
     observation_clip: ClassVar[float] = 5.0

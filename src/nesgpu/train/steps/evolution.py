@@ -84,6 +84,8 @@ class EvolutionStep:
         self.lrs = StepSizes(self.optimizer, lr_schedule)
         self.state = strategy.init(start)
         self.lrs.apply(self.state.step)
+        if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM): S = 1, then adapted every step
+            population.pm.set_scales(population.pm.unit_scales())
 
     @property
     def step(self) -> int:
@@ -110,13 +112,25 @@ class EvolutionStep:
         self.state = told
         self.optimizer.zero_grad(set_to_none=True)
         if not stats["no_signal"]:  # else no .grad at all: the optimizer skips the step (weight decay, momentum)
-            self.population.update(weights, sigma)
+            self._update(weights, sigma, state, result.fitness)
             strategy.regularize(self.population.parameters())
         self.optimizer.step()
         self.population.pm.sync_weights()  # a half-precision model: its weights from the stepped masters
         self.lrs.apply(self.state.step)
         fitness = {k: stats.pop(k) for k in ("fitness_mean", "fitness_max", "fitness_min")}
         return {**fitness, "sigma": self.state.sigma, "lr": self.optimizer.param_groups[0]["lr"], **stats}
+
+    def _update(self, weights: torch.Tensor, sigma: float, state, fitness: torch.Tensor) -> None:
+        """The population's update into ``.grad``; a strategy with a sigma per parameter also takes the new
+        scales from the statistic the same pass sums (in place: no host read)."""
+        if not self.strategy.adapts_scales:
+            self.population.update(weights, sigma)
+            return
+        statistics = self.population.update_scaled(weights, sigma, self.strategy.scale_weights(state, fitness))
+        pm, scales = self.population.pm, self.population.pm.scales()
+        pm.assign_scales_({name: self.strategy.rescale(scales[name], statistic).clamp_(
+            min=torch.finfo(scales[name].dtype).tiny, max=torch.finfo(scales[name].dtype).max)
+            for name, statistic in statistics.items()})
 
     def probed(self, probe: Probe) -> None:
         """Take the probe's sigma (and, with ``lr="auto"``, its step size) from this step on."""
@@ -134,8 +148,9 @@ class EvolutionStep:
         """The strategy's state, each group's base step size and the optimizer's state (the lr schedule is
         not stored: the one this step was built with applies from the loaded step on)."""
         masters = self.population.pm.master_state()  # a half-precision model's float32 weights
+        scales = self.population.pm.scales()  # a sigma per parameter (SNES, CEM)
         return {**self.state.as_dict(), "lr": list(self.lrs.bases), "optimizer": self.optimizer.state_dict(),
-                **({"masters": masters} if masters else {}),
+                **({"masters": masters} if masters else {}), **({"scales": scales} if scales else {}),
                 **({"probe": self.probe.as_dict()} if self.probe is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
@@ -146,6 +161,11 @@ class EvolutionStep:
         self.probing = False  # a resumed run keeps its sigma (and what the probe measured, if it ran)
         self.probe = Probe.from_dict(state["probe"]) if isinstance(state.get("probe"), dict) else None
         self.population.pm.load_master_state(state.get("masters"))
+        if self.strategy.adapts_scales:
+            if not isinstance(state.get("scales"), dict):
+                raise ValueError(f"the checkpoint holds no per-parameter sigma (scales) for strategy "
+                                 f"{self.strategy.name!r}")
+            self.population.pm.set_scales(state["scales"])
         self.optimizer.load_state_dict(state["optimizer"])
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
         self.lrs.load(state["lr"] if "lr" in state else legacy, self.state.step)

@@ -1,0 +1,67 @@
+"""What the strategies with a sigma per parameter share (SNES, CEM): the members' fitness, ranked utilities,
+and the rule that turns a sum over members into the population's update.
+
+A strategy of this family searches theta + sigma * s_r * (S o z_d): ``sigma`` is the scalar it starts from and
+``S`` the per-parameter scale it adapts (the perturbed model's scales, one tensor per parameter, 1 at the
+start). It knows nothing of the model: :meth:`ScaleAdapting.scale_weights` gives the weights of the statistic
+``sum_d w_d (z_d o z_d - 1)`` the population sums, and :meth:`ScaleAdapting.rescale` the new ``S`` from it,
+elementwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .shaping import all_tied
+
+
+def member_fitness(fitness: torch.Tensor, antithetic: bool) -> torch.Tensor:
+    """The members' fitness (S, D): each sign's mean over its repeats (S = 2 with antithetic pairs, else 1)."""
+    signs = 2 if antithetic else 1
+    return fitness.view(signs, fitness.shape[0] // signs, fitness.shape[1]).mean(1)
+
+
+def ranked_utilities(fitness: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[k]`` (best first) for the member of rank k among all entries of ``fitness``; tied members share
+    the mean of their ranks' utilities, and all-tied fitness gives exactly zero (ties carry no signal)."""
+    flat = fitness.flatten()
+    order = flat.argsort(descending=True)
+    ordered = flat[order]
+    starts = torch.ones_like(ordered, dtype=torch.bool)  # runs of equal values, best first
+    starts[1:] = ordered[1:] != ordered[:-1]
+    run = starts.cumsum(0) - 1
+    table = table.to(torch.float64)
+    mean = torch.zeros(int(flat.numel()), dtype=table.dtype, device=table.device).index_add_(0, run, table)
+    mean = mean / torch.bincount(run, minlength=flat.numel()).clamp(min=1).to(table.dtype)
+    utilities = torch.empty_like(table)
+    utilities[order] = mean[run]
+    utilities = torch.where(all_tied(flat), torch.zeros_like(utilities), utilities)
+    return utilities.view_as(fitness).to(fitness.dtype)
+
+
+def snes_utilities(n: int, dtype=torch.float64, device=None) -> torch.Tensor:
+    """The NES utilities of ``n`` members, best first: max(0, ln(n/2 + 1) - ln k) normalised to sum 1, less
+    1/n (Wierstra et al. 2014), so that they sum to zero."""
+    k = torch.arange(1, n + 1, dtype=torch.float64, device=device)
+    raw = (math.log(n / 2 + 1) - torch.log(k)).clamp(min=0)
+    return (raw / raw.sum() - 1 / n).to(dtype)
+
+
+def elite_utilities(n: int, elites: int, dtype=torch.float64, device=None) -> torch.Tensor:
+    """1 / elites for the ``elites`` best of ``n`` members, 0 for the others (the cross-entropy method)."""
+    table = torch.zeros(n, dtype=dtype, device=device)
+    table[:elites] = 1 / elites
+    return table
+
+
+def mean_step_weights(utilities: torch.Tensor, directions: int, sigma: float) -> torch.Tensor:
+    """The weights (S, D) for ``PerturbedModel.update`` whose ``.grad``, stepped by SGD at lr 1, moves theta by
+    ``sigma * S o sum_members u z`` (the natural-gradient step of the mean): update's estimate is
+    ``-1/(S D sigma) sum_d (sum_s s u_s,d) S o z_d`` for these weights, so they are ``-S D sigma^2 u``."""
+    signs = utilities.shape[0]
+    return -utilities * (signs * directions * sigma * sigma)
+
+
+__all__ = ["elite_utilities", "mean_step_weights", "member_fitness", "ranked_utilities", "snes_utilities"]

@@ -1,0 +1,93 @@
+"""SNES, separable natural evolution strategies (Schaul, Glasmachers and Schmidhuber 2011): a Gaussian search
+distribution with a sigma per parameter, its mean and its log-sigma moved along their natural gradients.
+
+Members are theta + sigma * s_r * (S o z_d) (the perturbed model's scales, ``S``, start at 1; ``sigma`` stays
+the run's). From NES's rank utilities ``u`` (best first: max(0, ln(n/2 + 1) - ln k), normalised, less 1/n):
+
+    theta <- theta + lr * sigma * S o sum_members u z        (lr: eta_mu, 1 by default; SGD)
+    S     <- S o exp(scale_lr / 2 * sum_members u (z o z - 1))
+
+with scale_lr = (3 + ln n) / (5 sqrt n) for n evolving parameters unless given. Antithetic pairs are two
+members each (their z o z is the same). Needs a kind that takes a sigma per element (``--layer gaussian``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..options import check_options, option
+from .base import Strategy, StrategyState
+from .scaled import mean_step_weights, member_fitness, ranked_utilities, snes_utilities
+from .schedules import Schedule
+
+
+@dataclass(frozen=True)
+class SNESOptions:
+    scale_lr: float | None = option(None, "step size of log sigma per parameter (default (3 + ln n) / (5 sqrt n), n "
+                                          "the evolving parameters)", above=0)
+
+    def __post_init__(self):
+        check_options(self, "snes")
+
+
+def default_scale_lr(n: int) -> float:
+    """SNES's step size of log-sigma for ``n`` parameters, (3 + ln n) / (5 sqrt n)."""
+    return (3 + math.log(n)) / (5 * math.sqrt(n))
+
+
+class SNES(Strategy):
+    """Separable NES over the perturbed model's per-parameter scales (see the module docstring).
+
+    Args:
+        directions: the population's directions (2 members each with antithetic pairs).
+        num_perturbed: n, the evolving parameters (the default scale_lr needs it).
+        scale_lr: the step size of log-sigma (default from n).
+    """
+
+    name = "snes"
+    default_lr = 1.0  # eta_mu: the natural-gradient step of the mean is already in units of sigma
+    Options: ClassVar[type] = SNESOptions
+    population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
+    adapts_sigma = True
+    adapts_scales = True
+    linear_policy = True
+
+    def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
+                 scale_lr: float | None = None, sigma_schedule: Schedule | None = None):
+        super().__init__(directions, antithetic, sigma_schedule)
+        self.options = SNESOptions(scale_lr)
+        if sigma_schedule is not None:
+            raise ValueError("snes adapts a sigma per parameter itself: no sigma schedule applies (drop "
+                             "--sigma-schedule)")
+        if scale_lr is None and not (isinstance(num_perturbed, int) and num_perturbed > 0):
+            raise ValueError(f"snes's default scale_lr needs num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
+        self.scale_lr = default_scale_lr(num_perturbed) if scale_lr is None else scale_lr
+
+    def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
+        return torch.optim.SGD(parameters, lr=self.default_lr if lr is None else lr)
+
+    @classmethod
+    def lr_for_sigma(cls, sigma: float) -> float:
+        """eta_mu = 1, whatever sigma: the mean's step is sigma * S o (...) already."""
+        return cls.default_lr
+
+    def scale_weights(self, state: StrategyState, fitness: torch.Tensor) -> torch.Tensor:
+        """The members' utilities (S, D): the weights of sum_d w_d (z_d o z_d - 1), summed over signs."""
+        members = member_fitness(self.check(fitness, state), self.antithetic)
+        return ranked_utilities(members, snes_utilities(members.numel(), device=members.device))
+
+    def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, StrategyState]:
+        utilities = self.scale_weights(state, fitness)
+        return mean_step_weights(utilities, self.directions, state.sigma), self.advance(state, state.sigma)
+
+    def rescale(self, scale: torch.Tensor, statistic: torch.Tensor) -> torch.Tensor:
+        """S o exp(scale_lr / 2 * sum u (z o z - 1))."""
+        return scale * torch.exp(statistic.to(scale.dtype) * (self.scale_lr / 2))
+
+
+__all__ = ["SNES", "SNESOptions", "default_scale_lr"]

@@ -1,0 +1,141 @@
+"""SNES and CEM: a sigma per parameter adapted through the population's scales. Two steps of each, through the
+trainer's own step object (chunked and not), equal a plain reference written from the papers' formulas with
+explicit members in float64; a run resumes bit for bit (the scales are in the checkpoint); all-tied fitness
+moves nothing; a kind that cannot carry a per-parameter sigma is refused in one line."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import nesgpu
+from nesgpu.population import Population
+from nesgpu.strategies import CEM, SNES
+from nesgpu.train.steps.evolution import EvolutionStep
+
+N, D, SIGMA = 5, 6, 0.3
+TARGET = torch.linspace(-1, 2, N, dtype=torch.float64)
+
+
+class Sphere:
+    """Fitness: minus the squared distance of the member's parameter vector to TARGET."""
+
+    metric, default_target, summed_info = "minus_distance", None, frozenset()
+
+    def fitness(self, pm, step):
+        rows = pm(torch.ones((2 if pm.antithetic else 1) * pm.local_directions, 1, dtype=torch.float64))
+        return -(rows - TARGET).pow(2).sum(-1).view(-1, pm.local_directions), {}
+
+    def finish_step(self, pm, info):
+        pass
+
+    def evaluate(self, model):
+        return float(-(model.weight[:, 0] - TARGET).pow(2).sum())
+
+
+def vector_model():
+    torch.manual_seed(0)
+    return nn.Linear(1, N, bias=False).double()
+
+
+def steps(strategy, count, chunk=None):
+    """``count`` steps of the trainer's step object; the parameter vector and scales after each."""
+    pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
+    step = EvolutionStep(Sphere(), Population(pm, chunk=chunk, log=lambda *a: None), strategy, SIGMA)
+    out = []
+    for _ in range(count):
+        step.run()
+        out.append((pm.model.weight[:, 0].detach().clone(), pm.scales()["weight"][:, 0].clone()))
+    return out
+
+
+def unit_noise(step):
+    """z_d (D, N) of ``step``: the population's stream, which scales do not change."""
+    pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
+    pm.set_noise(step=step)
+    return pm.dense_noise()["weight"][:, :, 0]
+
+
+def reference(table, rescale, count):
+    """The papers' update with explicit members: x = theta + sigma * S o (+-z_d), utilities by rank."""
+    theta, scale, out = vector_model().weight[:, 0].detach().clone(), torch.ones(N, dtype=torch.float64), []
+    for step in range(1, count + 1):
+        z = unit_noise(step)
+        signed = torch.cat([z, -z])  # members (+d for every d, then -d)
+        f = -(theta + SIGMA * scale * signed - TARGET).pow(2).sum(-1)
+        u = torch.empty(2 * D, dtype=torch.float64)
+        u[f.argsort(descending=True)] = table(2 * D)
+        theta = theta + SIGMA * scale * (u[:, None] * signed).sum(0)
+        scale = rescale(scale, (u[:, None] * (signed ** 2 - 1)).sum(0))
+        out.append((theta, scale))
+    return out
+
+
+def snes_table(n):
+    raw = (math.log(n / 2 + 1) - torch.log(torch.arange(1, n + 1, dtype=torch.float64))).clamp(min=0)
+    return raw / raw.sum() - 1 / n
+
+
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_snes_is_the_papers_update(chunk):
+    lr = (3 + math.log(N)) / (5 * math.sqrt(N))
+    expected = reference(snes_table, lambda s, g: s * torch.exp(lr / 2 * g), 3)
+    for (theta, scale), (want_theta, want_scale) in zip(steps(SNES(D, num_perturbed=N), 3, chunk), expected):
+        torch.testing.assert_close(theta, want_theta, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(scale, want_scale, rtol=1e-12, atol=1e-12)
+    assert not torch.equal(expected[-1][1], torch.ones(N, dtype=torch.float64))  # the scales did move
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_cem_moves_to_the_elites_mean_and_spread(chunk):
+    elites, smoothing = 4, 0.5
+
+    def table(n):
+        return torch.cat([torch.full((elites,), 1 / elites), torch.zeros(n - elites)]).double()
+
+    expected = reference(table, lambda s, g: s * ((1 - smoothing) + smoothing * (g + 1)).sqrt(), 3)
+    cem = CEM(D, elite_ratio=elites / (2 * D), smoothing=smoothing)
+    for (theta, scale), (want_theta, want_scale) in zip(steps(cem, 3, chunk), expected):
+        torch.testing.assert_close(theta, want_theta, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(scale, want_scale, rtol=1e-12, atol=1e-12)
+
+
+class Tied(Sphere):
+    def fitness(self, pm, step):
+        return torch.zeros(2, pm.local_directions, dtype=torch.float64), {}
+
+
+@pytest.mark.parametrize("strategy", [SNES(D, num_perturbed=N), CEM(D)])
+def test_all_tied_fitness_moves_neither_the_mean_nor_the_scales(strategy):
+    pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
+    before = pm.model.weight.detach().clone()
+    step = EvolutionStep(Tied(), Population(pm, log=lambda *a: None), strategy, SIGMA)
+    assert step.run()["no_signal"]
+    assert torch.equal(pm.model.weight, before) and torch.equal(pm.scales()["weight"], torch.ones_like(before))
+
+
+@pytest.mark.parametrize("strategy", ["snes", "cem"])
+def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
+    from nesgpu.train import TrainConfig, train
+
+    def run(out, steps, resume=False):
+        cfg = TrainConfig(strategy=strategy, layer="gaussian", steps=steps, population=2 * D, sigma=SIGMA,
+                          checkpoint_every=1, log="none", out=str(out))
+        model = vector_model()
+        train(cfg, model=model, task=Sphere(), resume=resume, log=lambda *a, **k: None)
+        return model.weight.detach().clone()
+
+    whole = run(tmp_path / "whole", 4)
+    run(tmp_path / "split", 2)
+    assert torch.equal(run(tmp_path / "split", 4, resume=True), whole)
+    state = torch.load(tmp_path / "split" / "checkpoint" / "state.pt", weights_only=True)
+    assert state["strategy"]["scales"]["weight"].shape == (N, 1)
+
+
+def test_a_kind_without_a_per_parameter_sigma_is_refused_in_one_line():
+    from nesgpu.train import TrainConfig
+
+    with pytest.raises(ValueError, match="strategy 'snes' adapts a sigma per parameter, which layer 'lowrank' "
+                                         "cannot carry .* use --layer gaussian"):
+        TrainConfig(strategy="snes", layer="lowrank").resolved()
