@@ -66,6 +66,7 @@ class SNES(Strategy):
         if scale_lr is None and not (isinstance(num_perturbed, int) and num_perturbed > 0):
             raise ValueError(f"snes's default scale_lr needs num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
         self.scale_lr = default_scale_lr(num_perturbed) if scale_lr is None else scale_lr
+        self._told: tuple | None = None  # (fitness, its utilities) of the latest step
 
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
         return torch.optim.SGD(parameters, lr=self.default_lr if lr is None else lr)
@@ -77,8 +78,12 @@ class SNES(Strategy):
 
     def scale_weights(self, state: StrategyState, fitness: torch.Tensor) -> torch.Tensor:
         """The members' utilities (S, D): the weights of sum_d w_d (z_d o z_d - 1), summed over signs."""
+        if self._told is not None and self._told[0] is fitness:  # the step's update asks again: computed once
+            return self._told[1]
         members = member_fitness(self.check(fitness, state), self.antithetic)
-        return ranked_utilities(members, snes_utilities(members.numel(), device=members.device))
+        utilities = ranked_utilities(members, snes_utilities(members.numel(), device=members.device))
+        self._told = (fitness, utilities)
+        return utilities
 
     def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, StrategyState]:
