@@ -66,7 +66,7 @@ def test_the_population_evaluates_theta_plus_sigma_s_r_times_scaled_noise(case, 
 
 @pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("shape", ["D", "RD"])
-def test_update_and_statistics_equal_their_formulas(antithetic, shape):
+def test_update_statistics_and_means_equal_their_formulas(antithetic, shape):
     torch.manual_seed(1)
     net, directions, repeats = linear(), 6, 4
     pm = nesgpu.PerturbedModel(net, directions, sigma=SIGMA, antithetic=antithetic, seed=5)
@@ -82,10 +82,12 @@ def test_update_and_statistics_equal_their_formulas(antithetic, shape):
                              dtype=torch.float64)
         w_update = (signs.view(-1, 1) * weights).mean(0)  # update: 1/R sum_r s_r w[r, d]
         w_stat = weights.sum(0)  # the statistic: sum_r w[r, d], no sign (a pair shares z_d o z_d), no 1/R
+    w_mean = w_update * (1 if shape == "D" else repeats)  # the means: sum_r s_r w[r, d], with the signs, no 1/R
     pm.update(weights)
-    stats = pm.scale_statistics(weights)
-    assert set(stats) == set(unit)
+    stats, means = pm.scale_statistics(weights), pm.scale_means(weights)
+    assert set(stats) == set(unit) == set(means)
     for name, z in unit.items():
+        torch.testing.assert_close(means[name], torch.einsum("d,d...->...", w_mean, z), rtol=1e-12, atol=1e-12)
         expected = torch.einsum("d,d...->...", w_update, scales[name] * z) / (directions * SIGMA)
         torch.testing.assert_close(net.get_parameter(name).grad, expected, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(stats[name], torch.einsum("d,d...->...", w_stat, z * z - 1), rtol=1e-12,

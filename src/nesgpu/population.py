@@ -188,17 +188,23 @@ class Population:
             self._draw(self.step, block, sigma)
             self.pm.update(weights[..., block.start:block.stop], sigma, check_finite=False)
 
-    def update_scaled(self, weights: torch.Tensor, sigma: float, scale_weights: torch.Tensor) -> dict:
-        """:meth:`update`, and the statistic a per-parameter sigma adapts by: ``sum_d w_d (z_d o z_d - 1)`` of
-        every scaled parameter with ``scale_weights`` (S, D), summed over the blocks (the noise drawn once per
-        block for both)."""
-        totals: dict = {}
+    def update_scaled(self, weights: torch.Tensor, sigma: float, scale_weights: torch.Tensor,
+                      means: bool = False) -> tuple[dict, dict]:
+        """:meth:`update`, and the statistics a per-parameter sigma adapts by, summed over the blocks (the noise
+        drawn once per block for all): ``sum_d w_d (z_d o z_d - 1)`` of every scaled parameter with
+        ``scale_weights`` (S, D), and with ``means`` also ``sum_d w_d z_d`` (the members' signs applied)."""
+        seconds: dict = {}
+        firsts: dict = {}
         for block in self.blocks.update_blocks():
             self._draw(self.step, block, sigma)
             self.pm.update(weights[..., block.start:block.stop], sigma, check_finite=False)
-            for name, value in self.pm.scale_statistics(scale_weights[..., block.start:block.stop]).items():
-                totals[name] = value if name not in totals else totals[name] + value
-        return totals
+            part = scale_weights[..., block.start:block.stop]
+            for totals, values in ((seconds, self.pm.scale_statistics(part)),
+                                   (firsts, self.pm.scale_means(part) if means else {})):
+                for name, value in values.items():
+                    totals[name] = value if name not in totals else totals[name] + value
+        return seconds, firsts
+
 
 def check_block_fitness(task, fitness, info, directions: int) -> None:
     """What ``task.fitness`` gave for a block of ``directions``: a real tensor (R, directions) and a dict; else

@@ -1,7 +1,7 @@
-"""SNES and CEM: a sigma per parameter adapted through the population's scales. Two steps of each, through the
-trainer's own step object (chunked and not), equal a plain reference written from the papers' formulas with
-explicit members in float64; a run resumes bit for bit (the scales are in the checkpoint); all-tied fitness
-moves nothing; a kind that cannot carry a per-parameter sigma is refused in one line."""
+"""SNES, CEM and separable CMA-ES: a sigma per parameter adapted through the population's scales. Three steps of
+each, through the trainer's own step object (chunked and not), equal a plain reference written from the papers'
+formulas with explicit members in float64; a run resumes bit for bit (the scales and paths are in the
+checkpoint); all-tied fitness moves nothing; a kind that cannot carry a per-parameter sigma is refused."""
 
 import math
 
@@ -11,7 +11,7 @@ from torch import nn
 
 import nesgpu
 from nesgpu.population import Population
-from nesgpu.strategies import CEM, SNES
+from nesgpu.strategies import CEM, SNES, SepCMAES
 from nesgpu.train.steps.evolution import EvolutionStep
 
 N, D, SIGMA = 5, 6, 0.3
@@ -106,7 +106,7 @@ class Tied(Sphere):
         return torch.zeros(2, pm.local_directions, dtype=torch.float64), {}
 
 
-@pytest.mark.parametrize("strategy", [SNES(D, num_perturbed=N), CEM(D)])
+@pytest.mark.parametrize("strategy", [SNES(D, num_perturbed=N), CEM(D), SepCMAES(D, num_perturbed=N)])
 def test_all_tied_fitness_moves_neither_the_mean_nor_the_scales(strategy):
     pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
     before = pm.model.weight.detach().clone()
@@ -115,7 +115,7 @@ def test_all_tied_fitness_moves_neither_the_mean_nor_the_scales(strategy):
     assert torch.equal(pm.model.weight, before) and torch.equal(pm.scales()["weight"], torch.ones_like(before))
 
 
-@pytest.mark.parametrize("strategy", ["snes", "cem"])
+@pytest.mark.parametrize("strategy", ["snes", "cem", "sep_cma_es"])
 def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
     from nesgpu.train import TrainConfig, train
 
@@ -139,3 +139,34 @@ def test_a_kind_without_a_per_parameter_sigma_is_refused_in_one_line():
     with pytest.raises(ValueError, match="strategy 'snes' adapts a sigma per parameter, which layer 'lowrank' "
                                          "cannot carry .* use --layer gaussian"):
         TrainConfig(strategy="snes", layer="lowrank").resolved()
+
+
+def test_sep_cma_es_is_ros_and_hansens_update():
+    from nesgpu.strategies.sep_cma_es import CMARates, recombination_weights
+
+    lam = 2 * D
+    w = recombination_weights(lam)
+    mu_eff = float(1 / w.square().sum())
+    r = CMARates.of(N, mu_eff)
+    theta, c, sigma = vector_model().weight[:, 0].detach().clone(), torch.ones(N, dtype=torch.float64), SIGMA
+    p_s, p_c = torch.zeros(N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64)
+    pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
+    step = EvolutionStep(Sphere(), Population(pm, chunk=4, log=lambda *a: None), SepCMAES(D, num_perturbed=N), SIGMA)
+    for g in range(1, 4):
+        z = torch.cat([unit_noise(g), -unit_noise(g)])  # the members' unit noise, +d then -d
+        y = c.sqrt() * z
+        f = -(theta + sigma * y - TARGET).pow(2).sum(-1)
+        weights = torch.empty(lam, dtype=torch.float64)
+        weights[f.argsort(descending=True)] = w
+        y_w, z_w = (weights[:, None] * y).sum(0), (weights[:, None] * z).sum(0)
+        theta = theta + sigma * y_w
+        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mu_eff) * z_w
+        h_s = float(p_s.norm() / math.sqrt(1 - (1 - r.c_s) ** (2 * g)) < (1.4 + 2 / (N + 1)) * r.chi_n)
+        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mu_eff) * y_w
+        c = (1 - r.c_1 - r.c_mu + (1 - h_s) * r.c_1 * r.c_c * (2 - r.c_c)) * c + r.c_1 * p_c ** 2 + \
+            r.c_mu * (weights[:, None] * y ** 2).sum(0)
+        sigma = sigma * math.exp(r.c_s / r.d_s * (float(p_s.norm()) / r.chi_n - 1))
+        assert step.run()["sigma"] == step.state.sigma  # the step logs the sigma the next one uses
+        torch.testing.assert_close(pm.model.weight[:, 0].detach(), theta, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(pm.scales()["weight"][:, 0], c.sqrt(), rtol=1e-12, atol=1e-12)
+        assert math.isclose(step.state.sigma, sigma, rel_tol=1e-12)

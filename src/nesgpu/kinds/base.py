@@ -190,10 +190,11 @@ class Kind:
         Only for kinds with :attr:`per_element_scale`."""
         raise NotImplementedError(f"kind {self.name!r} cannot carry a scale per entry")
 
-    def scale_statistic(self, noise: Noise, scale: torch.Tensor | None, weights: torch.Tensor) -> torch.Tensor:
-        """sum_d w_d (u_d o u_d - 1) in the noise's shape, u_d = z_d / S the unit noise of a record that
-        :meth:`scale_` scaled by ``scale`` (None: S = 1); ``weights`` (D,) in the noise's dtype and device. Only
-        for kinds with :attr:`per_element_scale`."""
+    def scale_statistic(self, noise: Noise, scale: torch.Tensor | None, weights: torch.Tensor,
+                        first: bool = False) -> torch.Tensor:
+        """sum_d w_d (u_d o u_d - 1) in the noise's shape (``first``: sum_d w_d u_d), u_d = z_d / S the unit noise
+        of a record that :meth:`scale_` scaled by ``scale`` (None: S = 1); ``weights`` (D,) in the noise's dtype
+        and device. Only for kinds with :attr:`per_element_scale`."""
         raise NotImplementedError(f"kind {self.name!r} cannot carry a scale per entry")
 
     def __str__(self) -> str:

@@ -81,5 +81,8 @@ class Gaussian(Kind):
     def scale_(self, noise, scale):
         noise["z"].mul_(scale)  # once per draw; apply_, embed_, experts_, grad, dense then see S o z_d as drawn
 
-    def scale_statistic(self, noise, scale, weights):
+    def scale_statistic(self, noise, scale, weights, first=False):
+        if first:  # sum_d w_d u_d: what the update sums, S taken out again
+            total = torch.tensordot(weights, noise["z"], dims=1)
+            return total if scale is None else total.div_(scale)
         return weighted_squares(noise["z"], weights, scale)

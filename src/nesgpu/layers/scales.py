@@ -23,7 +23,7 @@ import torch
 
 from ..kinds import Noise
 from .drawing import HALF
-from .layout import member_weights
+from .layout import member_weights, repeat_signs
 
 
 def full_name(layer: str, attr: str) -> str:
@@ -94,9 +94,10 @@ class ScaledNoise:
             scale = scale.reshape(z.shape[1:])
         return scale.to(device=z.device, dtype=z.dtype)
 
-    def noise_scale_statistics(self, weights: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``sum_d w_d (z_d o z_d - 1)`` of the unit noise z_d, over the current noise's directions, for every
-        perturbed parameter whose kind takes a scale, in the parameter's layout; ``weights`` (D,)."""
+    def noise_scale_statistics(self, weights: torch.Tensor, first: bool = False) -> dict[str, torch.Tensor]:
+        """``sum_d w_d (z_d o z_d - 1)`` (``first``: ``sum_d w_d z_d``) of the unit noise z_d, over the current
+        noise's directions, for every perturbed parameter whose kind takes a scale, in the parameter's layout;
+        ``weights`` (D,)."""
         noise = self._require_noise()
         if weights.shape != (self.local_directions,):
             raise ValueError(f"weights must have shape ({self.local_directions},); got {tuple(weights.shape)}")
@@ -108,7 +109,7 @@ class ScaledNoise:
             scale = held.get(slot.name)
             scale = None if scale is None else self._scale_as_noise(slot.name, scale, record)
             w = weights.to(device=record["z"].device, dtype=record["z"].dtype)
-            stat = slot.kind.scale_statistic(record, scale, w)
+            stat = slot.kind.scale_statistic(record, scale, w, first)
             out[slot.name] = self._as_stored(slot.name, stat.unsqueeze(0))[0].contiguous()
         return out
 
@@ -194,3 +195,16 @@ class ModelScales:
         w = statistic_weights(weights, self.local_directions, self.antithetic, device)
         return {full_name(name, attr): stat for name, layer in self.layers.items() if layer.perturbs
                 for attr, stat in layer.noise_scale_statistics(w).items()}
+
+    def scale_means(self, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``sum_d w_d z_d`` of the unit noise z_d (before S), for every perturbed parameter of kind "gaussian":
+        the weighted step of the members in the units of their own distribution (CMA-ES's evolution path).
+        ``weights`` (D,), or (R, D) reduced to ``w_d = sum_r s_r w[r, d]`` (each member's weight with its
+        sign, no 1/R). Chunks add up; no host read."""
+        device = next(iter(self.parameters())).device if getattr(weights, "is_meta", False) else None  # for the error
+        member_weights(weights, self.local_directions, self.antithetic, device, check_finite=False)  # checked
+        signs = repeat_signs(weights.shape[0], self.antithetic, weights.device).to(weights.dtype) \
+            if weights.dim() == 2 else None
+        w = (signs.view(-1, 1) * weights).sum(0) if signs is not None else weights
+        return {full_name(name, attr): stat for name, layer in self.layers.items() if layer.perturbs
+                for attr, stat in layer.noise_scale_statistics(w, first=True).items()}

@@ -1,6 +1,7 @@
-"""ES strategies with one ask/tell shape over an explicit state: OpenAI-ES, ARS, PGPE, SNES, CEM; plus fitness shaping,
-schedules, ClipUp. Adding a strategy is one file here plus one line in ``STRATEGIES``: its ``Options`` (a frozen
-dataclass, see :mod:`nesgpu.options`) become options of the training configuration and flags of the CLI."""
+"""ES strategies with one ask/tell shape over an explicit state: OpenAI-ES, ARS, PGPE, SNES, CEM, separable
+CMA-ES; plus fitness shaping, schedules, ClipUp. Adding a strategy is one file here plus one line in
+``STRATEGIES``: its ``Options`` (a frozen dataclass, see :mod:`nesgpu.options`) become options of the training
+configuration and flags of the CLI."""
 
 from .ars import ARS, ARSOptions
 from .base import Strategy, StrategyState, check_fitness, fitness_statistics
@@ -9,11 +10,13 @@ from .clipup import ClipUp
 from .openai_es import OpenAIES, OpenAIESOptions
 from .pgpe import PGPE, PGPEOptions
 from .schedules import Schedule, StepSizes
+from .sep_cma_es import SepCMAES
 from .shaping import SHAPINGS, centered_ranks, raw, top_directions, z_score
 from .snes import SNES, SNESOptions
 
-STRATEGIES: dict[str, type[Strategy]] = {"openai_es": OpenAIES, "ars": ARS, "pgpe": PGPE, "snes": SNES, "cem": CEM}
+STRATEGIES: dict[str, type[Strategy]] = {"openai_es": OpenAIES, "ars": ARS, "pgpe": PGPE, "snes": SNES, "cem": CEM,
+                                       "sep_cma_es": SepCMAES}
 
 __all__ = ["ARS", "ARSOptions", "CEM", "CEMOptions", "ClipUp", "OpenAIES", "OpenAIESOptions", "PGPE", "PGPEOptions",
-           "SHAPINGS", "SNES", "SNESOptions", "STRATEGIES", "Schedule", "StepSizes", "Strategy", "StrategyState",
-           "centered_ranks", "check_fitness", "fitness_statistics", "raw", "top_directions", "z_score"]
+           "SHAPINGS", "SNES", "SNESOptions", "STRATEGIES", "Schedule", "SepCMAES", "StepSizes", "Strategy",
+           "StrategyState", "centered_ranks", "check_fitness", "fitness_statistics", "raw", "top_directions", "z_score"]

@@ -110,8 +110,10 @@ class Strategy:
     # what the trainer passes from the perturbed model, by its attribute names (PGPE: num_perturbed)
     population_options: ClassVar[tuple[str, ...]] = ()
     adapts_sigma: ClassVar[bool] = False  # sigma follows the strategy's own rule, so no sigma schedule applies
-    # a sigma per parameter (SNES, CEM): the population's scales S, adapted by scale_weights and rescale
+    # a sigma per parameter (SNES, CEM, sep-CMA-ES): the population's scales S, adapted by scale_weights and adapt;
+    # needs_means: adapt reads sum_d w_d z_d too (CMA-ES's evolution paths)
     adapts_scales: ClassVar[bool] = False
+    needs_means: ClassVar[bool] = False
     # RL runs of this strategy: the observation clip it starts from (0: none), and whether a policy without
     # hidden layers acts linearly (the raw output, unbounded) rather than through tanh
     observation_clip: ClassVar[float] = 5.0
@@ -173,6 +175,17 @@ class Strategy:
         ||z_d||^2, which only strategies with :attr:`needs_sq_norms` read."""
         fitness = self.check(fitness, state)
         return self.weights(fitness, self.ask(state)), self.advance(state)
+
+    def adapt(self, state: StrategyState, scales: dict, seconds: dict, means: dict, paths: dict
+              ) -> tuple[dict, dict, StrategyState]:
+        """A strategy with a sigma per parameter: the new scales, its per-parameter state (``paths``) and its
+        state, from the step's statistics by parameter name: ``seconds`` sum_d w_d (z_d o z_d - 1), ``means``
+        sum_d w_d z_d (with :attr:`needs_means`). By default each scale by :meth:`rescale`."""
+        return {name: self.rescale(scales[name], value) for name, value in seconds.items()}, paths, state
+
+    def rescale(self, scale: torch.Tensor, statistic: torch.Tensor) -> torch.Tensor:
+        """The new scale of one parameter from its statistic sum_d w_d (z_d o z_d - 1) (see :meth:`adapt`)."""
+        raise NotImplementedError
 
     def regularize(self, parameters) -> None:
         """Called with the parameters after the update wrote ``.grad`` (e.g. OpenAI-ES's L2 decay): none."""

@@ -84,7 +84,8 @@ class EvolutionStep:
         self.lrs = StepSizes(self.optimizer, lr_schedule)
         self.state = strategy.init(start)
         self.lrs.apply(self.state.step)
-        if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM): S = 1, then adapted every step
+        self.paths: dict = {}  # a strategy's own per-parameter tensors (CMA-ES's evolution paths)
+        if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM, sep-CMA-ES): S = 1, then adapted every step
             population.pm.set_scales(population.pm.unit_scales())
 
     @property
@@ -126,11 +127,12 @@ class EvolutionStep:
         if not self.strategy.adapts_scales:
             self.population.update(weights, sigma)
             return
-        statistics = self.population.update_scaled(weights, sigma, self.strategy.scale_weights(state, fitness))
-        pm, scales = self.population.pm, self.population.pm.scales()
-        pm.assign_scales_({name: self.strategy.rescale(scales[name], statistic).clamp_(
-            min=torch.finfo(scales[name].dtype).tiny, max=torch.finfo(scales[name].dtype).max)
-            for name, statistic in statistics.items()})
+        strategy, pm = self.strategy, self.population.pm
+        seconds, means = self.population.update_scaled(weights, sigma, strategy.scale_weights(state, fitness),
+                                                       means=strategy.needs_means)
+        scales, self.paths, self.state = strategy.adapt(self.state, pm.scales(), seconds, means, self.paths)
+        pm.assign_scales_({name: value.clamp_(min=torch.finfo(value.dtype).tiny, max=torch.finfo(value.dtype).max)
+                           for name, value in scales.items()})
 
     def probed(self, probe: Probe) -> None:
         """Take the probe's sigma (and, with ``lr="auto"``, its step size) from this step on."""
@@ -151,6 +153,7 @@ class EvolutionStep:
         scales = self.population.pm.scales()  # a sigma per parameter (SNES, CEM)
         return {**self.state.as_dict(), "lr": list(self.lrs.bases), "optimizer": self.optimizer.state_dict(),
                 **({"masters": masters} if masters else {}), **({"scales": scales} if scales else {}),
+                **({"paths": self.paths} if self.paths else {}),
                 **({"probe": self.probe.as_dict()} if self.probe is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
@@ -166,6 +169,7 @@ class EvolutionStep:
                 raise ValueError(f"the checkpoint holds no per-parameter sigma (scales) for strategy "
                                  f"{self.strategy.name!r}")
             self.population.pm.set_scales(state["scales"])
+            self.paths = dict(state.get("paths") or {})
         self.optimizer.load_state_dict(state["optimizer"])
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
         self.lrs.load(state["lr"] if "lr" in state else legacy, self.state.step)

@@ -1,0 +1,134 @@
+"""Separable CMA-ES (Ros and Hansen 2008): CMA-ES with a diagonal covariance, whose learning rates grow by
+(n + 2) / 3 over full CMA-ES's; cumulative step-size adaptation of the global sigma.
+
+Members are m + sigma * (S o z_d) with S = sqrt(c), c the diagonal of the covariance (the perturbed model's
+scales; S = 1 at the start). With the mu = members / 2 best weighted w_i = ln(mu + 1/2) - ln i (normalised),
+mu_eff = 1 / sum w_i^2, and y = S o z:
+
+    m     <- m + sigma * sum w_i y_i                                  (SGD at lr 1)
+    p_s   <- (1 - c_s) p_s + sqrt(c_s (2 - c_s) mu_eff) sum w_i z_i
+    p_c   <- (1 - c_c) p_c + h_s sqrt(c_c (2 - c_c) mu_eff) sum w_i y_i
+    c     <- (1 - c_1 - c_mu + (1 - h_s) c_1 c_c (2 - c_c)) c + c_1 p_c^2 + c_mu sum w_i y_i^2
+    sigma <- sigma exp(c_s / d_s (|p_s| / E|N(0, I)| - 1))
+
+with Hansen's default rates for n evolving parameters (``cma_rates``). The paths are per-parameter tensors the
+trainer keeps (and checkpoints) beside the scales; |p_s| is one host read per step. Antithetic pairs are two
+members each. Needs ``--layer gaussian``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import torch
+
+from .base import Strategy, StrategyState
+from .scaled import mean_step_weights, member_fitness, ranked_utilities
+from .schedules import Schedule
+
+
+def recombination_weights(members: int) -> torch.Tensor:
+    """CMA-ES's positive weights of the mu = members // 2 best, best first (sum 1), zero for the others."""
+    mu = members // 2
+    raw = math.log(mu + 0.5) - torch.log(torch.arange(1, mu + 1, dtype=torch.float64))
+    return torch.cat([raw / raw.sum(), torch.zeros(members - mu, dtype=torch.float64)])
+
+
+@dataclasses.dataclass(frozen=True)
+class CMARates:
+    """CMA-ES's learning rates for n parameters and mu_eff (Hansen 2016, "The CMA Evolution Strategy: A
+    Tutorial"), with the separable variant's covariance rates (times (n + 2) / 3)."""
+
+    c_s: float
+    d_s: float
+    c_c: float
+    c_1: float
+    c_mu: float
+    chi_n: float  # E|N(0, I)|
+
+    @classmethod
+    def of(cls, n: int, mu_eff: float) -> CMARates:
+        c_s = (mu_eff + 2) / (n + mu_eff + 5)
+        d_s = 1 + 2 * max(0.0, math.sqrt((mu_eff - 1) / (n + 1)) - 1) + c_s
+        c_c = (4 + mu_eff / n) / (n + 4 + 2 * mu_eff / n)
+        c_1 = 2 / ((n + 1.3) ** 2 + mu_eff) * (n + 2) / 3
+        c_mu = min(1 - c_1, 2 * (mu_eff - 2 + 1 / mu_eff) / ((n + 2) ** 2 + mu_eff) * (n + 2) / 3)
+        chi_n = math.sqrt(n) * (1 - 1 / (4 * n) + 1 / (21 * n * n))
+        return cls(c_s, d_s, c_c, c_1, c_mu, chi_n)
+
+
+class SepCMAES(Strategy):
+    """Separable CMA-ES over the perturbed model's per-parameter scales (see the module docstring).
+
+    Args:
+        directions: the population's directions (2 members each with antithetic pairs).
+        num_perturbed: n, the evolving parameters (the learning rates depend on it).
+    """
+
+    name = "sep_cma_es"
+    default_lr = 1.0  # the mean moves by sigma * sum w_i y_i
+    population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
+    adapts_sigma = True
+    adapts_scales = True
+    needs_means = True
+    linear_policy = True
+
+    def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
+                 sigma_schedule: Schedule | None = None):
+        super().__init__(directions, antithetic, sigma_schedule)
+        if sigma_schedule is not None:
+            raise ValueError("sep_cma_es adapts sigma itself: no sigma schedule applies (drop --sigma-schedule)")
+        if not (isinstance(num_perturbed, int) and num_perturbed > 0):
+            raise ValueError(f"sep_cma_es's rates need num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
+        self.members, self.n = directions * (2 if antithetic else 1), num_perturbed
+        self.table = recombination_weights(self.members)
+        self.mu_eff = float(1 / self.table.square().sum())
+        self.rates = CMARates.of(num_perturbed, self.mu_eff)
+        self._told: tuple | None = None  # (fitness, its weights) of the latest step
+
+    def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
+        return torch.optim.SGD(parameters, lr=self.default_lr if lr is None else lr)
+
+    @classmethod
+    def lr_for_sigma(cls, sigma: float) -> float:
+        return cls.default_lr
+
+    def scale_weights(self, state: StrategyState, fitness: torch.Tensor) -> torch.Tensor:
+        """The recombination weights of the members (S, D); ties share."""
+        if self._told is not None and self._told[0] is fitness:  # the step's update asks again: computed once
+            return self._told[1]
+        members = member_fitness(self.check(fitness, state), self.antithetic)
+        weights = ranked_utilities(members, self.table.to(members.device))
+        self._told = (fitness, weights)
+        return weights
+
+    def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, StrategyState]:
+        weights = self.scale_weights(state, fitness)
+        return mean_step_weights(weights, self.directions, state.sigma), self.advance(state, state.sigma)
+
+    def adapt(self, state: StrategyState, scales: dict, seconds: dict, means: dict, paths: dict
+              ) -> tuple[dict, dict, StrategyState]:
+        """The paths, the diagonal covariance (as S = sqrt(c)) and sigma after the step (``state`` is the one
+        :meth:`tell` advanced: its step counts this one)."""
+        r, mu_eff = self.rates, self.mu_eff
+        kick = math.sqrt(r.c_s * (2 - r.c_s) * mu_eff)
+        p_s = {k: (1 - r.c_s) * paths.get(f"p_s:{k}", torch.zeros_like(v)) + kick * v for k, v in means.items()}
+        norm = math.sqrt(float(sum(v.square().sum() for v in p_s.values())))  # the step's second host read
+        h_s = norm / math.sqrt(1 - (1 - r.c_s) ** (2 * state.step)) < (1.4 + 2 / (self.n + 1)) * r.chi_n
+        new_scales, new_paths = {}, {}
+        for k, mean in means.items():
+            scale = scales[k]
+            p_c = (1 - r.c_c) * paths.get(f"p_c:{k}", torch.zeros_like(mean)) + \
+                float(h_s) * math.sqrt(r.c_c * (2 - r.c_c) * mu_eff) * (scale * mean)
+            c = scale.square()
+            keep = 1 - r.c_1 - r.c_mu + (0.0 if h_s else r.c_1 * r.c_c * (2 - r.c_c))
+            c = keep * c + r.c_1 * p_c.square() + r.c_mu * c * (seconds[k] + 1)  # sum w y^2 = c o sum w z^2
+            new_scales[k], new_paths[f"p_s:{k}"], new_paths[f"p_c:{k}"] = c.sqrt(), p_s[k], p_c
+        sigma = state.sigma * math.exp(r.c_s / r.d_s * (norm / r.chi_n - 1))
+        return new_scales, new_paths, dataclasses.replace(state, sigma=sigma)
+
+
+__all__ = ["CMARates", "SepCMAES", "recombination_weights"]
