@@ -21,8 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..options import check_options, option
-from .base import Strategy, StrategyState
-from .scaled import elite_utilities, mean_step_weights, member_fitness, ranked_utilities
+from .scaled import ScaleAdapting, elite_utilities
 from .schedules import Schedule
 
 
@@ -36,7 +35,7 @@ class CEMOptions:
         check_options(self, "cem")
 
 
-class CEM(Strategy):
+class CEM(ScaleAdapting):
     """The cross-entropy method over the perturbed model's per-parameter scales (see the module docstring).
 
     Args:
@@ -46,44 +45,18 @@ class CEM(Strategy):
     """
 
     name = "cem"
-    default_lr = 1.0  # the mean moves to the elites' mean
     Options: ClassVar[type] = CEMOptions
-    adapts_sigma = True
-    adapts_scales = True
-    linear_policy = True
 
     def __init__(self, directions: int, antithetic: bool = True, elite_ratio: float = 0.5, smoothing: float = 0.1,
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
         self.options = CEMOptions(elite_ratio, smoothing)
-        if sigma_schedule is not None:
-            raise ValueError("cem adapts a sigma per parameter itself: no sigma schedule applies (drop "
-                             "--sigma-schedule)")
-        self.members = directions * (2 if antithetic else 1)
         self.elites = max(1, round(elite_ratio * self.members))
         self.smoothing = smoothing
-        self._told: tuple | None = None  # (fitness, its weights) of the latest step
 
-    def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
-        return torch.optim.SGD(parameters, lr=self.default_lr if lr is None else lr)
-
-    @classmethod
-    def lr_for_sigma(cls, sigma: float) -> float:
-        return cls.default_lr
-
-    def scale_weights(self, state: StrategyState, fitness: torch.Tensor) -> torch.Tensor:
-        """1 / e for each elite member, 0 for the others (S, D); ties share."""
-        if self._told is not None and self._told[0] is fitness:  # the step's update asks again: computed once
-            return self._told[1]
-        members = member_fitness(self.check(fitness, state), self.antithetic)
-        weights = ranked_utilities(members, elite_utilities(self.members, self.elites, device=members.device))
-        self._told = (fitness, weights)
-        return weights
-
-    def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, StrategyState]:
-        weights = self.scale_weights(state, fitness)
-        return mean_step_weights(weights, self.directions, state.sigma), self.advance(state, state.sigma)
+    def table(self, device) -> torch.Tensor:
+        """1 / e for each of the e elites, 0 for the others."""
+        return elite_utilities(self.members, self.elites, device=device)
 
     def rescale(self, scale: torch.Tensor, statistic: torch.Tensor) -> torch.Tensor:
         """S o sqrt((1 - smoothing) + smoothing * sum_elites z o z / e): the statistic is sum w (z o z - 1) with

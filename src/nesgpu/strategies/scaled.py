@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from .base import Strategy, StrategyState
+from .schedules import Schedule
 from .shaping import all_tied
 
 
@@ -64,4 +66,50 @@ def mean_step_weights(utilities: torch.Tensor, directions: int, sigma: float) ->
     return -utilities * (signs * directions * sigma * sigma)
 
 
-__all__ = ["elite_utilities", "mean_step_weights", "member_fitness", "ranked_utilities", "snes_utilities"]
+class ScaleAdapting(Strategy):
+    """What SNES, CEM and separable CMA-ES share: members' fitness ranked into weights by :meth:`table` (best
+    first), the mean moved by ``sigma * S o sum_members w z`` (SGD at lr 1: :func:`mean_step_weights`), the same
+    weights for the statistics the scales adapt by, and no sigma schedule (the strategy adapts sigma)."""
+
+    default_lr = 1.0  # the mean's step is sigma * S o (...) already, whatever sigma
+    adapts_sigma = True
+    adapts_scales = True
+    linear_policy = True
+
+    def __init__(self, directions: int, antithetic: bool = True, sigma_schedule: Schedule | None = None):
+        super().__init__(directions, antithetic, sigma_schedule)
+        if sigma_schedule is not None:
+            raise ValueError(f"{self.name} adapts a sigma per parameter itself: no sigma schedule applies (drop "
+                             f"--sigma-schedule)")
+        self.members = directions * (2 if antithetic else 1)
+        self._told: tuple | None = None  # (fitness, its weights) of the latest step
+
+    def table(self, device) -> torch.Tensor:
+        """The weight of the member of each rank, best first (:attr:`members` of them)."""
+        raise NotImplementedError
+
+    def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
+        return torch.optim.SGD(parameters, lr=self.default_lr if lr is None else lr)
+
+    @classmethod
+    def lr_for_sigma(cls, sigma: float) -> float:
+        """1, whatever sigma: the mean's step is in units of sigma already."""
+        return cls.default_lr
+
+    def scale_weights(self, state: StrategyState, fitness: torch.Tensor) -> torch.Tensor:
+        """The members' weights (S, D) by rank (ties share): the mean's, and the statistics'."""
+        if self._told is not None and self._told[0] is fitness:  # the step's update asks again: computed once
+            return self._told[1]
+        members = member_fitness(self.check(fitness, state), self.antithetic)
+        weights = ranked_utilities(members, self.table(members.device))
+        self._told = (fitness, weights)
+        return weights
+
+    def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, StrategyState]:
+        weights = self.scale_weights(state, fitness)
+        return mean_step_weights(weights, self.directions, state.sigma), self.advance(state, state.sigma)
+
+
+__all__ = ["ScaleAdapting", "elite_utilities", "mean_step_weights", "member_fitness", "ranked_utilities",
+           "snes_utilities"]

@@ -24,8 +24,8 @@ from typing import ClassVar
 
 import torch
 
-from .base import Strategy, StrategyState
-from .scaled import mean_step_weights, member_fitness, ranked_utilities
+from .base import StrategyState
+from .scaled import ScaleAdapting
 from .schedules import Schedule
 
 
@@ -59,7 +59,7 @@ class CMARates:
         return cls(c_s, d_s, c_c, c_1, c_mu, chi_n)
 
 
-class SepCMAES(Strategy):
+class SepCMAES(ScaleAdapting):
     """Separable CMA-ES over the perturbed model's per-parameter scales (see the module docstring).
 
     Args:
@@ -68,46 +68,21 @@ class SepCMAES(Strategy):
     """
 
     name = "sep_cma_es"
-    default_lr = 1.0  # the mean moves by sigma * sum w_i y_i
     population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
-    adapts_sigma = True
-    adapts_scales = True
     needs_means = True
-    linear_policy = True
 
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
-        if sigma_schedule is not None:
-            raise ValueError("sep_cma_es adapts sigma itself: no sigma schedule applies (drop --sigma-schedule)")
         if not (isinstance(num_perturbed, int) and num_perturbed > 0):
             raise ValueError(f"sep_cma_es's rates need num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
-        self.members, self.n = directions * (2 if antithetic else 1), num_perturbed
-        self.table = recombination_weights(self.members)
-        self.mu_eff = float(1 / self.table.square().sum())
+        self.n, self.weights = num_perturbed, recombination_weights(self.members)
+        self.mu_eff = float(1 / self.weights.square().sum())
         self.rates = CMARates.of(num_perturbed, self.mu_eff)
-        self._told: tuple | None = None  # (fitness, its weights) of the latest step
 
-    def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
-        return torch.optim.SGD(parameters, lr=self.default_lr if lr is None else lr)
-
-    @classmethod
-    def lr_for_sigma(cls, sigma: float) -> float:
-        return cls.default_lr
-
-    def scale_weights(self, state: StrategyState, fitness: torch.Tensor) -> torch.Tensor:
-        """The recombination weights of the members (S, D); ties share."""
-        if self._told is not None and self._told[0] is fitness:  # the step's update asks again: computed once
-            return self._told[1]
-        members = member_fitness(self.check(fitness, state), self.antithetic)
-        weights = ranked_utilities(members, self.table.to(members.device))
-        self._told = (fitness, weights)
-        return weights
-
-    def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, StrategyState]:
-        weights = self.scale_weights(state, fitness)
-        return mean_step_weights(weights, self.directions, state.sigma), self.advance(state, state.sigma)
+    def table(self, device) -> torch.Tensor:
+        """The recombination weights of the mu best (sum 1), 0 for the others."""
+        return self.weights.to(device)
 
     def adapt(self, state: StrategyState, scales: dict, seconds: dict, means: dict, paths: dict
               ) -> tuple[dict, dict, StrategyState]:

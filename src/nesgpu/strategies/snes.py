@@ -20,8 +20,7 @@ from typing import ClassVar
 import torch
 
 from ..options import check_options, option
-from .base import Strategy, StrategyState
-from .scaled import mean_step_weights, member_fitness, ranked_utilities, snes_utilities
+from .scaled import ScaleAdapting, snes_utilities
 from .schedules import Schedule
 
 
@@ -39,7 +38,7 @@ def default_scale_lr(n: int) -> float:
     return (3 + math.log(n)) / (5 * math.sqrt(n))
 
 
-class SNES(Strategy):
+class SNES(ScaleAdapting):
     """Separable NES over the perturbed model's per-parameter scales (see the module docstring).
 
     Args:
@@ -49,46 +48,20 @@ class SNES(Strategy):
     """
 
     name = "snes"
-    default_lr = 1.0  # eta_mu: the natural-gradient step of the mean is already in units of sigma
     Options: ClassVar[type] = SNESOptions
     population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
-    adapts_sigma = True
-    adapts_scales = True
-    linear_policy = True
 
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  scale_lr: float | None = None, sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
         self.options = SNESOptions(scale_lr)
-        if sigma_schedule is not None:
-            raise ValueError("snes adapts a sigma per parameter itself: no sigma schedule applies (drop "
-                             "--sigma-schedule)")
         if scale_lr is None and not (isinstance(num_perturbed, int) and num_perturbed > 0):
             raise ValueError(f"snes's default scale_lr needs num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
         self.scale_lr = default_scale_lr(num_perturbed) if scale_lr is None else scale_lr
-        self._told: tuple | None = None  # (fitness, its utilities) of the latest step
 
-    def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
-        return torch.optim.SGD(parameters, lr=self.default_lr if lr is None else lr)
-
-    @classmethod
-    def lr_for_sigma(cls, sigma: float) -> float:
-        """eta_mu = 1, whatever sigma: the mean's step is sigma * S o (...) already."""
-        return cls.default_lr
-
-    def scale_weights(self, state: StrategyState, fitness: torch.Tensor) -> torch.Tensor:
-        """The members' utilities (S, D): the weights of sum_d w_d (z_d o z_d - 1), summed over signs."""
-        if self._told is not None and self._told[0] is fitness:  # the step's update asks again: computed once
-            return self._told[1]
-        members = member_fitness(self.check(fitness, state), self.antithetic)
-        utilities = ranked_utilities(members, snes_utilities(members.numel(), device=members.device))
-        self._told = (fitness, utilities)
-        return utilities
-
-    def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, StrategyState]:
-        utilities = self.scale_weights(state, fitness)
-        return mean_step_weights(utilities, self.directions, state.sigma), self.advance(state, state.sigma)
+    def table(self, device) -> torch.Tensor:
+        """NES's utilities (they sum to zero)."""
+        return snes_utilities(self.members, device=device)
 
     def rescale(self, scale: torch.Tensor, statistic: torch.Tensor) -> torch.Tensor:
         """S o exp(scale_lr / 2 * sum u (z o z - 1))."""
