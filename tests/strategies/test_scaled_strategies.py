@@ -131,6 +131,10 @@ def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
     assert torch.equal(run(tmp_path / "split", 4, resume=True), whole)
     state = torch.load(tmp_path / "split" / "checkpoint" / "state.pt", weights_only=True)
     assert state["strategy"]["scales"]["weight"].shape == (N, 1)
+    import csv  # every step logs the mean scale it evaluated: 1 at the first, adapted after
+    rows = list(csv.DictReader((tmp_path / "whole" / "metrics.csv").open()))
+    scale = [float(r["sigma_scale"]) for r in rows if r["sigma_scale"]]
+    assert len(scale) == 4 and scale[0] == 1.0 and scale[-1] != 1.0
 
 
 def test_a_kind_without_a_per_parameter_sigma_is_refused_in_one_line():

@@ -169,7 +169,8 @@ def _train(job: _Job) -> dict:
             write_json(out / "config.json", json.loads(cfg.to_json()))
         metrics = MetricsLog(out, resume_step=built.step.step if job.resume else 0, loggers=loggers,
                              config=dataclasses.asdict(cfg), extra_columns=[
-                                 *shown_statistics(built.task, built.step.progress_key), built.task.metric]) \
+                                 *shown_statistics(built.task, built.step.progress_key),
+                                 *getattr(built.step, "columns", ()), built.task.metric]) \
             if main else None
         loop = Loop(cfg, out, built.task, built.step, main, job.ranks.distributed, metrics, job.log,
                     _first_step_then(replaced.discard, job.callback, job.stop_requested), job.stop_requested,

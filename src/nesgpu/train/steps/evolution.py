@@ -109,6 +109,9 @@ class EvolutionStep:
         scalars = {k: v for k, v in result.info.items() if torch.as_tensor(v).dim() == 0}
         # a step whose weights are all zero (every member tied) changes no .grad: counted, in the step's one read
         scalars["no_signal"] = (weights == 0).all()
+        if strategy.adapts_scales:  # the mean scale S of the step's noise: sigma * it is the typical member's sigma
+            scales = self.population.pm.scales().values()
+            scalars["sigma_scale"] = sum(s.sum() for s in scales) / sum(s.numel() for s in scales)
         stats = fitness_statistics(result.fitness, state.step + 1, strategy.antithetic, scalars)
         self.state = told
         self.optimizer.zero_grad(set_to_none=True)
@@ -133,6 +136,12 @@ class EvolutionStep:
         scales, self.paths, self.state = strategy.adapt(self.state, pm.scales(), seconds, means, self.paths)
         pm.assign_scales_({name: value.clamp_(min=torch.finfo(value.dtype).tiny, max=torch.finfo(value.dtype).max)
                            for name, value in scales.items()})
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The statistics of its own a step logs beside the fitness: a strategy with a sigma per parameter logs
+        the mean scale (``sigma_scale``)."""
+        return ("sigma_scale",) if self.strategy.adapts_scales else ()
 
     def probed(self, probe: Probe) -> None:
         """Take the probe's sigma (and, with ``lr="auto"``, its step size) from this step on."""
