@@ -184,20 +184,20 @@ class Population:
         directions (lower is better), to ``.grad``: block by block, each block's noise drawn again where
         another one replaced it. The weights' finiteness is not checked here (a host read per block): the
         trainer refuses non-finite fitness before shaping (:func:`~nesgpu.strategies.base.fitness_statistics`)."""
-        for block in self.blocks.update_blocks():
-            self._draw(self.step, block, sigma)
-            self.pm.update(weights[..., block.start:block.stop], sigma, check_finite=False)
+        self.update_scaled(weights, sigma)
 
-    def update_scaled(self, weights: torch.Tensor, sigma: float, scale_weights: torch.Tensor,
+    def update_scaled(self, weights: torch.Tensor, sigma: float, scale_weights: torch.Tensor | None = None,
                       means: bool = False) -> tuple[dict, dict]:
         """:meth:`update`, and the statistics a per-parameter sigma adapts by, summed over the blocks (the noise
-        drawn once per block for all): ``sum_d w_d (z_d o z_d - 1)`` of every scaled parameter with
-        ``scale_weights`` (S, D), and with ``means`` also ``sum_d w_d z_d`` (the members' signs applied)."""
+        drawn once per block for all): with ``scale_weights`` (S, D), ``sum_d w_d (z_d o z_d - 1)`` of every
+        scaled parameter, and with ``means`` also ``sum_d w_d z_d`` (the members' signs applied)."""
         seconds: dict = {}
         firsts: dict = {}
         for block in self.blocks.update_blocks():
             self._draw(self.step, block, sigma)
             self.pm.update(weights[..., block.start:block.stop], sigma, check_finite=False)
+            if scale_weights is None:
+                continue
             part = scale_weights[..., block.start:block.stop]
             for totals, values in ((seconds, self.pm.scale_statistics(part)),
                                    (firsts, self.pm.scale_means(part) if means else {})):

@@ -256,12 +256,14 @@ class GenerationTask:
         positions = self.max_new_tokens + 1 if self.fitness_kind == "likelihood" else 1
         return rows * (cache + layer + 2 * positions * config.vocab_size * 4)
 
-    def check_context(self, context: int | None) -> None:
-        """Refuse prompts (training or held-out) that with ``max_new_tokens`` exceed a model's context of
-        ``context`` tokens, before the model is loaded (None: no context known)."""
+    def check_context(self, context: int | None, longest: int | None = None) -> None:
+        """Refuse prompts of ``longest`` tokens (default: the longest training or held-out prompt, counted before
+        the model is loaded) that with ``max_new_tokens`` exceed a model's context of ``context`` tokens (None: no
+        context known)."""
         if context is None:
             return
-        longest = max(self._longest_prompt(), max(len(ids) for ids in self.tokenizer(self.eval_prompts).input_ids))
+        if longest is None:
+            longest = max(self._longest_prompt(), max(len(ids) for ids in self.tokenizer(self.eval_prompts).input_ids))
         if longest + self.max_new_tokens > context:
             raise ValueError(f"prompts of {longest} tokens and max_new_tokens {self.max_new_tokens} exceed the "
                              f"model's context of {context} tokens; shorten them")
@@ -319,10 +321,8 @@ class GenerationTask:
                                  padding_side="left")
         else:
             enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
-        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if context is not None and enc.input_ids.shape[1] + self.max_new_tokens > context:
-            raise ValueError(f"prompts of {enc.input_ids.shape[1]} tokens and max_new_tokens {self.max_new_tokens} "
-                             f"exceed the model's context of {context} tokens; shorten them")
+        self.check_context(getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                           enc.input_ids.shape[1])
         device = next(model.parameters()).device
         return enc.input_ids.to(device), enc.attention_mask.to(device)
 
