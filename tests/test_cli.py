@@ -55,3 +55,26 @@ def test_a_value_that_starts_with_a_dash_gets_the_way_to_pass_it(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "layers", "--linear-sizes=-8x8"])
     assert "expected OUTxIN with positive integers" in capsys.readouterr().err
+
+
+def test_python_m_nesgpu_exits_130_after_an_interrupt_cut_a_string_exec(tmp_path):
+    """CPython ends a ``python -m`` process with SIGINT when a KeyboardInterrupt cut any string ``exec``
+    (a dataclass built during an import), even one main() caught: the interrupted run's one line and status
+    130 must stand."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "interrupted_main.py").write_text(
+        "import runpy, sys\nimport nesgpu.cli\n\n"
+        "def main():\n"
+        "    try:\n"
+        "        exec('raise KeyboardInterrupt', {})\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('nesgpu train: interrupted', file=sys.stderr)\n"
+        "        return 130\n\n"
+        "nesgpu.cli.main = main\n"
+        "runpy.run_module('nesgpu', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-m", "interrupted_main"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert done.returncode == 130 and done.stderr == "nesgpu train: interrupted\n", (done.returncode, done.stderr)
