@@ -40,7 +40,8 @@ def ellipsoid(x: torch.Tensor) -> torch.Tensor:
 
 FUNCTIONS = {"sphere": (sphere, 100), "ellipsoid": (ellipsoid, 30)}
 # each strategy at its defaults; cem also replacing sigma outright (EvoTorch's CEM) instead of 10% of the way
-VARIANTS = {"openai_es": {}, "snes": {}, "cem": {}, "cem smoothing=1": {"smoothing": 1.0}, "sep_cma_es": {}}
+VARIANTS = {"openai_es": {}, "snes": {}, "cem": {}, "cem smoothing=1": {"smoothing": 1.0}, "sep_cma_es": {},
+            "cma_es": {}}
 
 
 class Minimise:

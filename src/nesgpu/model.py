@@ -16,6 +16,7 @@ from torch import nn
 from .autofallback import failing_module, fall_back, fallback_root
 from .kinds import check_kind_options
 from .layers import PerturbedModule
+from .layers.covariance import ModelCovariance
 from .layers.guard import NeedsFallback
 from .layers.layout import RowLayout, member_weights, one_sequence_per_row
 from .layers.scales import ModelScales
@@ -42,7 +43,7 @@ def direction_blocks(directions: range, size: int | None) -> list[range]:
     return [range(a, min(a + size, directions.stop)) for a in range(directions.start, directions.stop, size)]
 
 
-class PerturbedModel(ModelScales):
+class PerturbedModel(ModelScales, ModelCovariance):
     """Wraps a model whose parameterised modules are perturbed modules (see :func:`convert`).
 
     ``model(x)`` stays the plain, unperturbed model. ``pm(x)``, or any method of the model inside
@@ -208,8 +209,7 @@ class PerturbedModel(ModelScales):
         if not 0 <= directions.start < directions.stop <= self.directions:
             raise ValueError(f"directions must be a non-empty range within [0, {self.directions}); got {directions!r}")
         self.step = step
-        for layer in self.layers.values():
-            layer.set_noise(self.seed, step, directions.start, directions.stop)
+        self.draw_noise(step, directions)
 
     def free_memory(self) -> None:
         """Drop every module's noise (e.g. before saving); the next population call needs ``set_noise``."""
@@ -309,8 +309,7 @@ class PerturbedModel(ModelScales):
         self._wire()
         self._place_scales(scales, known_only=True)  # the fallback's module perturbs the same parameters
         if current is not None:
-            for layer in self.layers.values():
-                layer.set_noise(self.seed, self.step, current.start, current.stop)
+            self.draw_noise(self.step, current)
         warnings.warn(f"{label} {error.reason}; it runs through the exact torch.func fallback from now on, member "
                       f"by member (slow); convert(..., fallback=[{name!r}]) does this up front", stacklevel=3)
 

@@ -1,7 +1,8 @@
-"""SNES, CEM and separable CMA-ES: a sigma per parameter adapted through the population's scales. Three steps of
-each, through the trainer's own step object (chunked and not), equal a plain reference written from the papers'
-formulas with explicit members in float64; a run resumes bit for bit (the scales and paths are in the
-checkpoint); all-tied fitness moves nothing; a kind that cannot carry a per-parameter sigma is refused."""
+"""SNES, CEM and separable CMA-ES: a sigma per parameter adapted through the population's scales; CMA-ES: a full
+covariance through the population's covariance factor. Three steps of each, through the trainer's own step
+object (chunked and not), equal a plain reference written from the papers' formulas with explicit members in
+float64; a run resumes bit for bit (the scales, paths and covariance are in the checkpoint); all-tied fitness
+moves nothing; a kind that cannot carry a per-parameter sigma is refused."""
 
 import math
 
@@ -11,7 +12,7 @@ from torch import nn
 
 import nesgpu
 from nesgpu.population import Population
-from nesgpu.strategies import CEM, SNES, SepCMAES
+from nesgpu.strategies import CEM, CMAES, SNES, SepCMAES
 from nesgpu.train.steps.evolution import EvolutionStep
 
 N, D, SIGMA = 5, 6, 0.3
@@ -106,16 +107,21 @@ class Tied(Sphere):
         return torch.zeros(2, pm.local_directions, dtype=torch.float64), {}
 
 
-@pytest.mark.parametrize("strategy", [SNES(D, num_perturbed=N), CEM(D), SepCMAES(D, num_perturbed=N)])
+@pytest.mark.parametrize("strategy", [SNES(D, num_perturbed=N), CEM(D), SepCMAES(D, num_perturbed=N),
+                                      CMAES(D, num_perturbed=N)])
 def test_all_tied_fitness_moves_neither_the_mean_nor_the_scales(strategy):
     pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
     before = pm.model.weight.detach().clone()
     step = EvolutionStep(Tied(), Population(pm, log=lambda *a: None), strategy, SIGMA)
-    assert step.run()["no_signal"]
-    assert torch.equal(pm.model.weight, before) and torch.equal(pm.scales()["weight"], torch.ones_like(before))
+    assert step.run()["no_signal"] and step.state.sigma == SIGMA
+    assert torch.equal(pm.model.weight, before)
+    if strategy.adapts_covariance:
+        assert torch.equal(pm.covariance_factor(), torch.eye(N, dtype=torch.float64))
+    else:
+        assert torch.equal(pm.scales()["weight"], torch.ones_like(before))
 
 
-@pytest.mark.parametrize("strategy", ["snes", "cem", "sep_cma_es"])
+@pytest.mark.parametrize("strategy", ["snes", "cem", "sep_cma_es", "cma_es"])
 def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
     from nesgpu.train import TrainConfig, train
 
@@ -129,8 +135,11 @@ def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
     whole = run(tmp_path / "whole", 4)
     run(tmp_path / "split", 2)
     assert torch.equal(run(tmp_path / "split", 4, resume=True), whole)
-    state = torch.load(tmp_path / "split" / "checkpoint" / "state.pt", weights_only=True)
-    assert state["strategy"]["scales"]["weight"].shape == (N, 1)
+    state = torch.load(tmp_path / "split" / "checkpoint" / "state.pt", weights_only=True)["strategy"]
+    if strategy == "cma_es":
+        assert state["covariance"].shape == (N, N) and state["paths"]["C"].shape == (N, N)
+    else:
+        assert state["scales"]["weight"].shape == (N, 1)
     import csv  # every step logs the mean scale it evaluated: 1 at the first, adapted after
     rows = list(csv.DictReader((tmp_path / "whole" / "metrics.csv").open()))
     scale = [float(r["sigma_scale"]) for r in rows if r["sigma_scale"]]
@@ -143,6 +152,59 @@ def test_a_kind_without_a_per_parameter_sigma_is_refused_in_one_line():
     with pytest.raises(ValueError, match="strategy 'snes' adapts a sigma per parameter, which layer 'lowrank' "
                                          "cannot carry .* use --layer gaussian"):
         TrainConfig(strategy="snes", layer="lowrank").resolved()
+    with pytest.raises(ValueError, match="strategy 'cma_es' adapts a covariance, which layer 'sparse'"):
+        TrainConfig(strategy="cma_es", layer="sparse").resolved()
+
+
+def test_cma_es_refuses_a_model_above_its_limit_naming_the_separable_strategies():
+    from nesgpu.strategies.cma_es import MAX_PARAMETERS
+
+    CMAES(D, num_perturbed=MAX_PARAMETERS)
+    with pytest.raises(ValueError, match="up to 10,000 evolving parameters; this one has 10,001: use sep_cma_es or "
+                                         "snes"):
+        CMAES(D, num_perturbed=MAX_PARAMETERS + 1)
+
+
+def test_cma_es_is_hansens_active_update():
+    """The tutorial's (n, lambda)-CMA-ES with negative weights, explicit members in float64: the mean, sigma and
+    the factor A = C^(1/2) the population samples with (decomposed every step at n = 5)."""
+    from nesgpu.strategies.cma_es import active_weights
+    from nesgpu.strategies.sep_cma_es import CMARates, recombination_weights
+
+    lam = 2 * D
+    mu_eff = float(1 / recombination_weights(lam).square().sum())
+    r = CMARates.of(N, mu_eff, separable=False)
+    w = active_weights(lam, N, r)
+    assert w[:D].sum() == pytest.approx(1) and (w[D:] < 0).all()
+    theta, cov, sigma = vector_model().weight[:, 0].detach().clone(), torch.eye(N, dtype=torch.float64), SIGMA
+    factor, p_s, p_c = torch.eye(N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64), torch.zeros(N)
+    pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
+    cma = CMAES(D, num_perturbed=N)
+    assert cma.eigen_every == 1
+    step = EvolutionStep(Sphere(), Population(pm, chunk=4, log=lambda *a: None), cma, SIGMA)
+    for g in range(1, 4):
+        z = torch.cat([unit_noise(g), -unit_noise(g)])  # the members' unit noise, +d then -d
+        y = z @ factor.t()
+        f = -(theta + sigma * y - TARGET).pow(2).sum(-1)
+        weights = torch.empty(lam, dtype=torch.float64)
+        weights[f.argsort(descending=True)] = w
+        positive = weights.clamp(min=0)
+        y_w, z_w = positive @ y, positive @ z
+        theta = theta + sigma * y_w
+        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mu_eff) * z_w
+        h_s = float(p_s.norm() / math.sqrt(1 - (1 - r.c_s) ** (2 * g)) < (1.4 + 2 / (N + 1)) * r.chi_n)
+        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mu_eff) * y_w
+        rescaled = torch.where(weights < 0, weights * N / z.square().sum(1), weights)
+        cov = (1 - r.c_1 - r.c_mu * float(w.sum()) + (1 - h_s) * r.c_1 * r.c_c * (2 - r.c_c)) * cov + \
+            r.c_1 * torch.outer(p_c, p_c) + r.c_mu * (y.t() * rescaled) @ y
+        sigma = sigma * math.exp(r.c_s / r.d_s * (float(p_s.norm()) / r.chi_n - 1))
+        values, vectors = torch.linalg.eigh(cov)
+        factor = vectors @ torch.diag(values.sqrt()) @ vectors.t()
+        step.run()
+        torch.testing.assert_close(pm.model.weight[:, 0].detach(), theta, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(pm.covariance_factor(), factor, rtol=1e-10, atol=1e-12)
+        assert math.isclose(step.state.sigma, sigma, rel_tol=1e-12)
+    assert not torch.allclose(factor, torch.eye(N, dtype=torch.float64), atol=1e-3)  # it did adapt
 
 
 def test_sep_cma_es_is_ros_and_hansens_update():

@@ -64,6 +64,15 @@ def statistic_weights(weights, directions: int, antithetic: bool, device: torch.
     return weights.sum(0) if weights.dim() == 2 else checked
 
 
+def signed_weights(weights: torch.Tensor, antithetic: bool) -> torch.Tensor:
+    """Weights laid out as the update's, (D,) or (R, D), reduced to (D,) as ``w_d = sum_r s_r w[r, d]``: each
+    member's weight with its sign, without the update's 1/R (already checked by :func:`member_weights`)."""
+    if weights.dim() != 2:
+        return weights
+    signs = repeat_signs(weights.shape[0], antithetic, weights.device).to(weights.dtype)
+    return (signs.view(-1, 1) * weights).sum(0)
+
+
 class ScaledNoise:
     """Mixin of :class:`nesgpu.layers.base.PerturbedModule`: the scales of its perturbed parameters, by attribute
     name, multiplied into their noise when it is drawn (``set_noise`` calls :meth:`_scaled`)."""
@@ -116,8 +125,8 @@ class ScaledNoise:
 
 class ModelScales:
     """Mixin of :class:`nesgpu.PerturbedModel`: a sigma per entry of its perturbed parameters (see the module
-    docstring). Uses the model's ``layers``, ``seed``, ``step``, ``antithetic``, ``local_directions`` and
-    ``parameters()``."""
+    docstring). Uses the model's ``layers``, ``seed``, ``step``, ``antithetic``, ``local_directions``,
+    ``parameters()``, ``covariance_factor()`` and ``redraw_noise()``."""
 
     def set_scales(self, scales: dict[str, torch.Tensor] | None) -> None:
         """Set the scale S of perturbed parameters: ``{"2.weight": S, ...}`` keyed as :meth:`dense_noise`, each
@@ -130,12 +139,13 @@ class ModelScales:
         again (same step and directions) so that it holds the new S (``free_memory()`` first skips that draw).
         Bad input (an unknown name, a kind that takes no scale, a wrong type or shape, a value that is not
         finite or not > 0) is a ValueError or TypeError naming the parameter; nothing is changed then."""
-        before = {name: bool(layer.noise_scales()) for name, layer in self.layers.items()}
+        if scales and self.covariance_factor() is not None:
+            raise ValueError("the model has a covariance (set_covariance); scales cannot be set beside it: "
+                             "set_covariance(None) first")
+        before = bool(self.scales())
         self._place_scales(scales)
-        for name, layer in self.layers.items():
-            current = layer.noise_range
-            if current is not None and (before[name] or layer.noise_scales()):
-                layer.set_noise(self.seed, self.step, current.start, current.stop)
+        if before or self.scales():
+            self.redraw_noise()
 
     def _place_scales(self, scales: dict[str, torch.Tensor] | None, known_only: bool = False) -> None:
         """Check every entry of ``scales`` and give each module its own (all or none); ``known_only``: entries of
@@ -203,8 +213,6 @@ class ModelScales:
         sign, no 1/R). Chunks add up; no host read."""
         device = next(iter(self.parameters())).device if getattr(weights, "is_meta", False) else None  # for the error
         member_weights(weights, self.local_directions, self.antithetic, device, check_finite=False)  # checked
-        signs = repeat_signs(weights.shape[0], self.antithetic, weights.device).to(weights.dtype) \
-            if weights.dim() == 2 else None
-        w = (signs.view(-1, 1) * weights).sum(0) if signs is not None else weights
+        w = signed_weights(weights, self.antithetic)
         return {full_name(name, attr): stat for name, layer in self.layers.items() if layer.perturbs
                 for attr, stat in layer.noise_scale_statistics(w, first=True).items()}

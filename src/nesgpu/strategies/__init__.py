@@ -1,5 +1,5 @@
 """ES strategies with one ask/tell shape over an explicit state: OpenAI-ES, ARS, PGPE, SNES, CEM, separable
-CMA-ES; plus fitness shaping, schedules, ClipUp. Adding a strategy is one file here plus one line in
+and full CMA-ES; plus fitness shaping, schedules, ClipUp. Adding a strategy is one file here plus one line in
 ``STRATEGIES``: its ``Options`` (a frozen dataclass, see :mod:`nesgpu.options`) become options of the training
 configuration and flags of the CLI."""
 
@@ -7,6 +7,7 @@ from .ars import ARS, ARSOptions
 from .base import Strategy, StrategyState, check_fitness, fitness_statistics
 from .cem import CEM, CEMOptions
 from .clipup import ClipUp
+from .cma_es import CMAES
 from .openai_es import OpenAIES, OpenAIESOptions
 from .pgpe import PGPE, PGPEOptions
 from .schedules import Schedule, StepSizes
@@ -15,8 +16,9 @@ from .shaping import SHAPINGS, centered_ranks, raw, top_directions, z_score
 from .snes import SNES, SNESOptions
 
 STRATEGIES: dict[str, type[Strategy]] = {"openai_es": OpenAIES, "ars": ARS, "pgpe": PGPE, "snes": SNES, "cem": CEM,
-                                       "sep_cma_es": SepCMAES}
+                                       "sep_cma_es": SepCMAES, "cma_es": CMAES}
 
-__all__ = ["ARS", "ARSOptions", "CEM", "CEMOptions", "ClipUp", "OpenAIES", "OpenAIESOptions", "PGPE", "PGPEOptions",
-           "SHAPINGS", "SNES", "SNESOptions", "STRATEGIES", "Schedule", "SepCMAES", "StepSizes", "Strategy",
-           "StrategyState", "centered_ranks", "check_fitness", "fitness_statistics", "raw", "top_directions", "z_score"]
+__all__ = ["ARS", "ARSOptions", "CEM", "CEMOptions", "CMAES", "ClipUp", "OpenAIES", "OpenAIESOptions", "PGPE",
+           "PGPEOptions", "SHAPINGS", "SNES", "SNESOptions", "STRATEGIES", "Schedule", "SepCMAES", "StepSizes",
+           "Strategy", "StrategyState", "centered_ranks", "check_fitness", "fitness_statistics", "raw",
+           "top_directions", "z_score"]

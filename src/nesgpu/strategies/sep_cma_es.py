@@ -39,7 +39,7 @@ def recombination_weights(members: int) -> torch.Tensor:
 @dataclasses.dataclass(frozen=True)
 class CMARates:
     """CMA-ES's learning rates for n parameters and mu_eff (Hansen 2016, "The CMA Evolution Strategy: A
-    Tutorial"), with the separable variant's covariance rates (times (n + 2) / 3)."""
+    Tutorial"); ``separable``: the diagonal variant's covariance rates (times (n + 2) / 3)."""
 
     c_s: float
     d_s: float
@@ -49,12 +49,14 @@ class CMARates:
     chi_n: float  # E|N(0, I)|
 
     @classmethod
-    def of(cls, n: int, mu_eff: float) -> CMARates:
+    def of(cls, n: int, mu_eff: float, separable: bool = True) -> CMARates:
         c_s = (mu_eff + 2) / (n + mu_eff + 5)
         d_s = 1 + 2 * max(0.0, math.sqrt((mu_eff - 1) / (n + 1)) - 1) + c_s
         c_c = (4 + mu_eff / n) / (n + 4 + 2 * mu_eff / n)
-        c_1 = 2 / ((n + 1.3) ** 2 + mu_eff) * (n + 2) / 3
-        c_mu = min(1 - c_1, 2 * (mu_eff - 2 + 1 / mu_eff) / ((n + 2) ** 2 + mu_eff) * (n + 2) / 3)
+        faster = (n + 2) / 3 if separable else 1.0
+        c_1 = min(1.0, 2 / ((n + 1.3) ** 2 + mu_eff) * faster)
+        quarter = 0.0 if separable else 0.25  # the tutorial's 2016 rate; Ros and Hansen's for the separable one
+        c_mu = min(1 - c_1, 2 * (mu_eff - 2 + quarter + 1 / mu_eff) / ((n + 2) ** 2 + mu_eff) * faster)
         chi_n = math.sqrt(n) * (1 - 1 / (4 * n) + 1 / (21 * n * n))
         return cls(c_s, d_s, c_c, c_1, c_mu, chi_n)
 

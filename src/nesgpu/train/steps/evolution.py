@@ -87,6 +87,8 @@ class EvolutionStep:
         self.paths: dict = {}  # a strategy's own per-parameter tensors (CMA-ES's evolution paths)
         if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM, sep-CMA-ES): S = 1, then adapted every step
             population.pm.set_scales(population.pm.unit_scales())
+        if strategy.adapts_covariance:  # CMA-ES: A = I, then adapted
+            population.pm.set_covariance(torch.eye(population.pm.num_perturbed))  # in the noise's dtype
 
     @property
     def step(self) -> int:
@@ -109,9 +111,8 @@ class EvolutionStep:
         scalars = {k: v for k, v in result.info.items() if torch.as_tensor(v).dim() == 0}
         # a step whose weights are all zero (every member tied) changes no .grad: counted, in the step's one read
         scalars["no_signal"] = (weights == 0).all()
-        if strategy.adapts_scales:  # the mean scale S of the step's noise: sigma * it is the typical member's sigma
-            scales = self.population.pm.scales().values()
-            scalars["sigma_scale"] = sum(s.sum() for s in scales) / sum(s.numel() for s in scales)
+        if strategy.adapts_scales or strategy.adapts_covariance:
+            scalars["sigma_scale"] = self._mean_scale()
         stats = fitness_statistics(result.fitness, state.step + 1, strategy.antithetic, scalars)
         self.state = told
         self.optimizer.zero_grad(set_to_none=True)
@@ -124,13 +125,29 @@ class EvolutionStep:
         fitness = {k: stats.pop(k) for k in ("fitness_mean", "fitness_max", "fitness_min")}
         return {**fitness, "sigma": self.state.sigma, "lr": self.optimizer.param_groups[0]["lr"], **stats}
 
+    def _mean_scale(self) -> torch.Tensor:
+        """The mean scale of the step's noise per entry (sigma times it is the typical member's sigma): the mean
+        of S, or with a covariance factor A the mean of its rows' norms, sqrt(C_ii)."""
+        factor = self.population.pm.covariance_factor()
+        if factor is not None:
+            return factor.norm(dim=1).mean()
+        scales = self.population.pm.scales().values()
+        return sum(s.sum() for s in scales) / sum(s.numel() for s in scales)
+
     def _update(self, weights: torch.Tensor, sigma: float, state, fitness: torch.Tensor) -> None:
-        """The population's update into ``.grad``; a strategy with a sigma per parameter also takes the new
-        scales from the statistic the same pass sums (in place: no host read)."""
-        if not self.strategy.adapts_scales:
+        """The population's update into ``.grad``; a strategy with a sigma per parameter or a covariance also
+        takes its new scales or factor from the statistics the same pass sums (in place: no host read)."""
+        strategy, pm = self.strategy, self.population.pm
+        if strategy.adapts_covariance:
+            first, second = self.population.update_covariance(weights, sigma, strategy.scale_weights(state, fitness))
+            factor, self.paths, self.state = strategy.adapt_covariance(self.state, pm.covariance_factor(), first,
+                                                                       second, self.paths)
+            if factor is not None:
+                pm.assign_covariance_(factor)
+            return
+        if not strategy.adapts_scales:
             self.population.update(weights, sigma)
             return
-        strategy, pm = self.strategy, self.population.pm
         seconds, means = self.population.update_scaled(weights, sigma, strategy.scale_weights(state, fitness),
                                                        means=strategy.needs_means)
         scales, self.paths, self.state = strategy.adapt(self.state, pm.scales(), seconds, means, self.paths)
@@ -141,7 +158,7 @@ class EvolutionStep:
     def columns(self) -> tuple[str, ...]:
         """The statistics of its own a step logs beside the fitness: a strategy with a sigma per parameter logs
         the mean scale (``sigma_scale``)."""
-        return ("sigma_scale",) if self.strategy.adapts_scales else ()
+        return ("sigma_scale",) if self.strategy.adapts_scales or self.strategy.adapts_covariance else ()
 
     def probed(self, probe: Probe) -> None:
         """Take the probe's sigma (and, with ``lr="auto"``, its step size) from this step on."""
@@ -160,9 +177,11 @@ class EvolutionStep:
         not stored: the one this step was built with applies from the loaded step on)."""
         masters = self.population.pm.master_state()  # a half-precision model's float32 weights
         scales = self.population.pm.scales()  # a sigma per parameter (SNES, CEM)
+        factor = self.population.pm.covariance_factor()  # a covariance (CMA-ES)
         return {**self.state.as_dict(), "lr": list(self.lrs.bases), "optimizer": self.optimizer.state_dict(),
                 **({"masters": masters} if masters else {}), **({"scales": scales} if scales else {}),
                 **({"paths": self.paths} if self.paths else {}),
+                **({"covariance": factor} if factor is not None else {}),
                 **({"probe": self.probe.as_dict()} if self.probe is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
@@ -178,6 +197,11 @@ class EvolutionStep:
                 raise ValueError(f"the checkpoint holds no per-parameter sigma (scales) for strategy "
                                  f"{self.strategy.name!r}")
             self.population.pm.set_scales(state["scales"])
+            self.paths = dict(state.get("paths") or {})
+        if self.strategy.adapts_covariance:
+            if not isinstance(state.get("covariance"), torch.Tensor):
+                raise ValueError(f"the checkpoint holds no covariance for strategy {self.strategy.name!r}")
+            self.population.pm.set_covariance(state["covariance"])
             self.paths = dict(state.get("paths") or {})
         self.optimizer.load_state_dict(state["optimizer"])
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
