@@ -121,13 +121,15 @@ def test_all_tied_fitness_moves_neither_the_mean_nor_the_scales(strategy):
         assert torch.equal(pm.scales()["weight"], torch.ones_like(before))
 
 
-@pytest.mark.parametrize("strategy", ["snes", "cem", "sep_cma_es", "cma_es"])
+@pytest.mark.parametrize("strategy", ["snes", "cem", "sep_cma_es", "cma_es", "pgpe"])
 def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
     from nesgpu.train import TrainConfig, train
 
+    options = {"per_parameter": True} if strategy == "pgpe" else {}
+
     def run(out, steps, resume=False):
         cfg = TrainConfig(strategy=strategy, layer="gaussian", steps=steps, population=2 * D, sigma=SIGMA,
-                          checkpoint_every=1, log="none", out=str(out))
+                          checkpoint_every=1, log="none", out=str(out), **options)
         model = vector_model()
         train(cfg, model=model, task=Sphere(), resume=resume, log=lambda *a, **k: None)
         return model.weight.detach().clone()
@@ -154,6 +156,34 @@ def test_a_kind_without_a_per_parameter_sigma_is_refused_in_one_line():
         TrainConfig(strategy="snes", layer="lowrank").resolved()
     with pytest.raises(ValueError, match="strategy 'cma_es' adapts a covariance, which layer 'sparse'"):
         TrainConfig(strategy="cma_es", layer="sparse").resolved()
+    with pytest.raises(ValueError, match="strategy 'pgpe' adapts a sigma per parameter, which layer 'lowrank'"):
+        TrainConfig(strategy="pgpe", per_parameter=True).resolved()
+    TrainConfig(strategy="pgpe").resolved()  # one sigma for all: any kind
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_pgpe_per_parameter_is_the_papers_sigma_rule_per_entry(chunk):
+    """S <- S (1 + clip(sigma_lr mean_d u_d (z_d^2 - 1) / sqrt 2, +-max_sigma_change)), u_d the direction's
+    centred utility from centered ranks, with the members evaluated at theta + sigma S o (+-z_d)."""
+    from nesgpu.strategies import PGPE, centered_ranks
+
+    sigma_lr, cap = 0.8, 0.02
+    pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
+    pgpe = PGPE(D, num_perturbed=N, sigma_lr=sigma_lr, max_sigma_change=cap, per_parameter=True)
+    step = EvolutionStep(Sphere(), Population(pm, chunk=chunk, log=lambda *a: None), pgpe, SIGMA)
+    scale, capped = torch.ones(N, dtype=torch.float64), False
+    for g in range(1, 4):
+        theta, z = pm.model.weight[:, 0].detach().clone(), unit_noise(g)
+        f = -(theta + SIGMA * scale * torch.stack([z, -z]) - TARGET).pow(2).sum(-1)  # (2, D)
+        shaped = centered_ranks(f)
+        u = (shaped[0] + shaped[1]) / 2
+        u = u - u.mean()
+        change = sigma_lr * (u[:, None] * (z ** 2 - 1)).sum(0) / (D * math.sqrt(2))
+        capped |= bool((change.abs() > cap).any())
+        scale = scale * (1 + change.clamp(-cap, cap))
+        assert step.run()["sigma"] == SIGMA  # the global sigma stays; the scales adapt
+        torch.testing.assert_close(pm.scales()["weight"][:, 0], scale, rtol=1e-12, atol=1e-12)
+    assert capped and not torch.equal(scale, torch.ones(N, dtype=torch.float64))
 
 
 def test_cma_es_refuses_a_model_above_its_limit_naming_the_separable_strategies():

@@ -74,7 +74,7 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys, argv, message):
 def test_presets_come_from_one_function_and_strategies_bring_their_own_lr():
     assert presets("digits")["lr"] == TrainConfig().resolved().lr == 0.005  # the task's tuned lr
     for name, cls in STRATEGIES.items():
-        layer = {"layer": "gaussian"} if cls.adapts_scales else {}  # a sigma per element: the IID kind carries it
+        layer = {"layer": "gaussian"} if cls.adapts_scales or cls.adapts_covariance else {}  # the IID kind carries them
         cfg = TrainConfig(task="digits", strategy=name, **layer).resolved()
         assert cfg.lr == (0.005 if name == "openai_es" else cls.default_lr)
     assert TrainConfig(task="cartpole").resolved().strategy == "pgpe"

@@ -132,6 +132,11 @@ class Strategy:
         return True
 
     @classmethod
+    def scales_with(cls, options) -> bool:
+        """Whether it adapts a sigma per parameter with ``options`` (its :attr:`Options`)."""
+        return cls.adapts_scales
+
+    @classmethod
     def check_options(cls, options, directions: int) -> None:
         """Raise ValueError if ``options`` (already valid on their own) do not fit ``directions``."""
 

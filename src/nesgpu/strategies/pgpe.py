@@ -1,11 +1,16 @@
 """PGPE (Sehnke et al. 2010, "Parameter-exploring policy gradients") with the ClipUp optimizer
 (Toklu et al. 2020) and an adaptive sigma.
 
-nesgpu's sigma is one scalar for all parameters (structured noise needs a shared scale), so sigma adapts
-by PGPE's rule summed over parameters: it grows when members whose noise is larger than typical
-(||z_d||^2 > n) do better, and shrinks otherwise. The signal is standardised, sqrt(n/2) (||z_d||^2/n - 1),
-and each change is capped at ``max_sigma_change`` of sigma. Shared-noise kinds (permuted, flip-out) give
-every direction the same ||z_d||, so with them sigma stays put.
+By default sigma is one scalar for all parameters (structured noise needs a shared scale), adapted by PGPE's
+rule summed over parameters: it grows when members whose noise is larger than typical (||z_d||^2 > n) do
+better, and shrinks otherwise. The signal is standardised, sqrt(n/2) (||z_d||^2/n - 1), and each change is
+capped at ``max_sigma_change`` of sigma. Shared-noise kinds (permuted, flip-out) give every direction the same
+||z_d||, so with them sigma stays put.
+
+With ``per_parameter`` (the paper's and EvoTorch's form; needs ``--layer gaussian``), each parameter has its own
+sigma, sigma * S_i (the perturbed model's scales), and the rule applies per entry:
+S_i <- S_i (1 + clip(sigma_lr * mean_d u_d (z_di^2 - 1) / sqrt(2), +-max_sigma_change)), u_d the direction's
+centred utility (u+_d + u-_d) / 2 and z_d the unit noise; the global sigma stays as given.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class PGPEOptions:
     sigma_lr: float = option(0.1, "step size of sigma's adaptation (0: sigma stays fixed)", at_least=0)
     max_sigma_change: float = option(0.2, "cap on the relative change of sigma per step, in (0, 1)", above=0)
     max_speed: float | None = option(None, "ClipUp's speed cap (default: 2 * lr)", above=0)
+    per_parameter: bool = option(False, "adapt a sigma per parameter, as the paper (needs --layer gaussian)")
 
     def __post_init__(self):
         check_options(self, "pgpe")
@@ -58,9 +64,11 @@ class PGPE(Strategy):
 
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  sigma_lr: float = 0.1, max_sigma_change: float = 0.2, shaping: str = "centered_ranks",
-                 max_speed: float | None = None, sigma_schedule: Schedule | None = None):
+                 max_speed: float | None = None, per_parameter: bool = False,
+                 sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
-        self.options = PGPEOptions(shaping, sigma_lr, max_sigma_change, max_speed)
+        self.options = PGPEOptions(shaping, sigma_lr, max_sigma_change, max_speed, per_parameter)
+        self.adapts_scales = bool(per_parameter and sigma_lr)
         if sigma_lr and sigma_schedule is not None:
             raise ValueError("PGPE adapts sigma itself: pass sigma_lr=0 to use a sigma_schedule")
         if sigma_lr and not (isinstance(num_perturbed, int) and num_perturbed > 0):
@@ -71,9 +79,13 @@ class PGPE(Strategy):
         self.shaping = get_shaping(shaping)
         self.max_speed = max_speed
 
+    @classmethod
+    def scales_with(cls, options: PGPEOptions) -> bool:
+        return bool(options.per_parameter and options.sigma_lr)
+
     @property
     def needs_sq_norms(self) -> bool:
-        return bool(self.sigma_lr)
+        return bool(self.sigma_lr) and not self.adapts_scales
 
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
         return ClipUp(parameters, lr=self.default_lr if lr is None else lr, max_speed=self.max_speed)
@@ -83,7 +95,7 @@ class PGPE(Strategy):
         fitness = self.check(fitness, state)
         plus, minus = antithetic_halves(self.shaping(fitness))
         weights = -(plus - minus) / 2
-        if not self.sigma_lr:
+        if not self.sigma_lr or self.adapts_scales:  # per parameter: the scales adapt in rescale
             return weights, self.advance(state)
         if sq_norms is None or sq_norms.shape != (self.directions,):
             raise ValueError(f"PGPE's sigma adaptation needs sq_norms of shape ({self.directions},); got "
@@ -95,3 +107,15 @@ class PGPE(Strategy):
         change = (self.sigma_lr * (utility * radius).mean()).clamp(-self.max_sigma_change, self.max_sigma_change)
         sigma = state.sigma * (1 + change.item())  # sigma lives on the host: one read per step
         return weights, self.advance(state, sigma)
+
+    def scale_weights(self, state: StrategyState, fitness: torch.Tensor) -> torch.Tensor:
+        """Per parameter: each direction's centred utility (u+_d + u-_d) / 2, the weights of the statistic
+        sum_d u_d (z_d o z_d - 1) that :meth:`rescale` reads."""
+        plus, minus = antithetic_halves(self.shaping(self.check(fitness, state)))
+        utility = (plus + minus) / 2
+        return utility - utility.mean()
+
+    def rescale(self, scale: torch.Tensor, statistic: torch.Tensor) -> torch.Tensor:
+        """S o (1 + clip(sigma_lr * statistic / (D sqrt 2), +-max_sigma_change))."""
+        change = statistic.to(scale.dtype) * (self.sigma_lr / (self.directions * math.sqrt(2)))
+        return scale * (1 + change.clamp_(-self.max_sigma_change, self.max_sigma_change))
