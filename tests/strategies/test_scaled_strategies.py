@@ -220,10 +220,11 @@ def test_cma_es_is_hansens_active_update():
         weights[f.argsort(descending=True)] = w
         positive = weights.clamp(min=0)
         y_w, z_w = positive @ y, positive @ z
+        mass = 1 / float((positive[:D] - positive[D:]).square().sum())  # mu_eff less what the pairs cancel
         theta = theta + sigma * y_w
-        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mu_eff) * z_w
+        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mass) * z_w
         h_s = float(p_s.norm() / math.sqrt(1 - (1 - r.c_s) ** (2 * g)) < (1.4 + 2 / (N + 1)) * r.chi_n)
-        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mu_eff) * y_w
+        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mass) * y_w
         rescaled = torch.where(weights < 0, weights * N / z.square().sum(1), weights)
         cov = (1 - r.c_1 - r.c_mu * float(w.sum()) + (1 - h_s) * r.c_1 * r.c_c * (2 - r.c_c)) * cov + \
             r.c_1 * torch.outer(p_c, p_c) + r.c_mu * (y.t() * rescaled) @ y
@@ -255,10 +256,11 @@ def test_sep_cma_es_is_ros_and_hansens_update():
         weights = torch.empty(lam, dtype=torch.float64)
         weights[f.argsort(descending=True)] = w
         y_w, z_w = (weights[:, None] * y).sum(0), (weights[:, None] * z).sum(0)
+        mass = 1 / float((weights[:D] - weights[D:]).square().sum())  # mu_eff less what the pairs cancel
         theta = theta + sigma * y_w
-        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mu_eff) * z_w
+        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mass) * z_w
         h_s = float(p_s.norm() / math.sqrt(1 - (1 - r.c_s) ** (2 * g)) < (1.4 + 2 / (N + 1)) * r.chi_n)
-        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mu_eff) * y_w
+        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mass) * y_w
         c = (1 - r.c_1 - r.c_mu + (1 - h_s) * r.c_1 * r.c_c * (2 - r.c_c)) * c + r.c_1 * p_c ** 2 + \
             r.c_mu * (weights[:, None] * y ** 2).sum(0)
         sigma = sigma * math.exp(r.c_s / r.d_s * (float(p_s.norm()) / r.chi_n - 1))
@@ -266,3 +268,22 @@ def test_sep_cma_es_is_ros_and_hansens_update():
         torch.testing.assert_close(pm.model.weight[:, 0].detach(), theta, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(pm.scales()["weight"][:, 0], c.sqrt(), rtol=1e-12, atol=1e-12)
         assert math.isclose(step.state.sigma, sigma, rel_tol=1e-12)
+
+
+class PureNoise(Sphere):
+    """Fitness that says nothing of the members: a fresh random number each."""
+
+    def fitness(self, pm, step):
+        gen = torch.Generator().manual_seed(1000 * step + pm.noise_range.start)
+        return torch.randn(2, pm.local_directions, generator=gen, dtype=torch.float64), {}
+
+
+@pytest.mark.parametrize("strategy", [SepCMAES(16, num_perturbed=20), CMAES(16, num_perturbed=20)])
+def test_a_fitness_of_pure_noise_does_not_collapse_the_step_size(strategy):
+    """Random selection picks both members of many antithetic pairs, whose z cancel in the recombination: with the
+    nominal mu_eff the path stays short and sigma fell 1e5-fold in 300 steps; with the realised mass it holds."""
+    model = nn.Linear(1, 20, bias=False).double()
+    pm = nesgpu.PerturbedModel(nesgpu.convert(model, "gaussian"), 16, sigma=1.0, seed=3, antithetic=True)
+    step = EvolutionStep(PureNoise(), Population(pm, log=lambda *a: None), strategy, 1.0)
+    sigmas = [step.run()["sigma"] for _ in range(300)]
+    assert 1e-2 < sigmas[-1] < 1e2, sigmas[::50]  # a random walk of log sigma about 0 (8 seeds: 10^-0.5..10^0.8)

@@ -105,6 +105,19 @@ class ScaleAdapting(Strategy):
         self._told = (fitness, weights)
         return weights
 
+    def selection_mass(self, positive_only: bool = False) -> torch.Tensor:
+        """mu_eff as the latest step's recombination realised it: 1 / sum_d c_d^2, c_d = sum_s s w_sd the weight
+        of z_d once an antithetic pair's members are added with their signs (0 where no weight is left). Without
+        pairs, or when no pair has both members selected, it is the weights' own 1 / sum w^2; when both are,
+        they cancel in sum_d c_d z_d, and scaling a path by sqrt of this mass (not of the nominal mu_eff) keeps
+        it N(0, I) under random selection: a noisy fitness does not shrink the step size by itself.
+        ``positive_only``: of the positive weights (a recombination that leaves the negative ones out)."""
+        weights = self._told[1].clamp(min=0) if positive_only else self._told[1]
+        if self.antithetic:
+            weights = weights[0] - weights[1]
+        total = weights.square().sum()
+        return torch.where(total > 0, 1 / total.clamp(min=torch.finfo(total.dtype).tiny), torch.zeros_like(total))
+
     def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, StrategyState]:
         weights = self.scale_weights(state, fitness)
