@@ -181,7 +181,8 @@ def test_set_scales_copies_onto_the_parameters_device_and_dtype():
 
 
 BAD = [
-    ({"0.weight": torch.ones(4, 5)}, ValueError, r"'0\.weight'.*kind 'lowrank'.*needs layer 'gaussian'"),
+    ({"0.weight": torch.eye(4, 5) + 1}, ValueError, r"'0\.weight'.*kind 'lowrank' takes a scale that is an outer "
+                                                     r"product"),
     ({"nope.weight": torch.ones(4)}, ValueError, r"'nope\.weight' is not a perturbed parameter.*'0\.bias'"),
     ({"0.bias": torch.ones(5)}, ValueError, r"'0\.bias'.*shape \(4,\); got \(5,\)"),
     ({"0.bias": torch.tensor([1.0, 0.0, 1.0, 1.0])}, ValueError, r"'0\.bias'.*finite and > 0.*got 0\.0 at \[1\]"),
@@ -206,7 +207,7 @@ def test_bad_scales_are_refused_by_name_and_change_nothing(scales, error, match)
         pm.set_scales(scales)
     assert torch.equal(pm.scales()["0.bias"], good) and list(pm.scales()) == ["0.bias"]
     assert all(torch.equal(z, before[name]) for name, z in pm.dense_noise().items())
-    assert set(pm.scale_statistics(torch.ones(3))) == {"0.bias"}  # only the kinds that take a scale
+    assert set(pm.scale_statistics(torch.ones(3))) == {"0.bias", "0.weight"}  # low-rank: as row x column
 
 
 def test_the_statistic_checks_its_weights_like_the_update():
@@ -283,3 +284,79 @@ def test_scales_stay_with_their_parameters_when_a_module_falls_back():
     pm.set_scales(None)
     for name, z in pm.dense_noise().items():
         assert torch.equal(noise[name], z * scales[name] if name in scales else z), name
+
+
+def lowrank_net():
+    return nesgpu.convert(nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double(), "lowrank", rank=2)
+
+
+def outer_scales(pm, seed=0):
+    """A row x column scale for each low-rank matrix, any positive scale for the biases."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, z in pm.dense_noise().items():
+        shape = z.shape[1:]
+        if len(shape) == 2:
+            out[name] = torch.outer(0.2 + 2 * torch.rand(shape[0], generator=gen, dtype=z.dtype),
+                                    0.2 + 2 * torch.rand(shape[1], generator=gen, dtype=z.dtype))
+        else:
+            out[name] = 0.2 + 2 * torch.rand(shape, generator=gen, dtype=z.dtype)
+    return out
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_low_rank_matrices_take_a_row_times_column_scale_on_their_factors(antithetic):
+    torch.manual_seed(0)
+    net, directions, repeats = lowrank_net(), 5, 4
+    pm = nesgpu.PerturbedModel(net, directions, sigma=SIGMA, antithetic=antithetic, seed=3)
+    pm.set_noise(step=1)
+    unit = pm.dense_noise()
+    scales = outer_scales(pm)
+    pm.set_scales(scales)
+    noise = pm.dense_noise()
+    for name, z in unit.items():  # (row o A_d)(col o B_d)^T / sqrt(r) = S o z_d: still rank r
+        torch.testing.assert_close(noise[name], z * scales[name], rtol=1e-12, atol=1e-12)
+    assert torch.linalg.matrix_rank(noise["0.weight"][0]) == 2
+    x = torch.randn(repeats * directions, 5, dtype=torch.float64)
+    torch.testing.assert_close(pm(x), member_rows(net, pm, x, noise, repeats), rtol=1e-12, atol=1e-12)
+
+
+def test_the_low_rank_statistic_is_per_factor_and_chunks_add_up():
+    """sum_d w_d mean_k(A~_dki^2 - 1) + sum_d w_d mean_k(B~_dkj^2 - 1) for entry (i, j), A~ and B~ the unit
+    factors (the search distribution is a diagonal Gaussian over them); no dense (D, out, in) tensor."""
+    torch.manual_seed(1)
+    net, directions = lowrank_net(), 6
+    pm = nesgpu.PerturbedModel(net, directions, sigma=SIGMA, antithetic=True, seed=5)
+    pm.set_noise(step=2)
+    record = pm.layers["0"].noise_record("weight")
+    a, b = record["a"] * 2 ** 0.5, record["b"].clone()  # unit factors: a is drawn over sqrt(r)
+    pm.set_scales(outer_scales(pm, seed=2))
+    weights = torch.randn(2, directions, dtype=torch.float64)
+    w = weights.sum(0)  # both members of a pair share their factors' squares
+    rows = torch.einsum("d,dko->o", w, a ** 2 - 1) / 2
+    cols = torch.einsum("d,dki->i", w, b ** 2 - 1) / 2
+    stats = pm.scale_statistics(weights)
+    torch.testing.assert_close(stats["0.weight"], rows[:, None] + cols[None, :], rtol=1e-12, atol=1e-12)
+    parts = []
+    for block in (range(0, 4), range(4, directions)):
+        pm.set_noise(step=2, directions=block)
+        parts.append(pm.scale_statistics(weights[:, block.start:block.stop])["0.weight"])
+    torch.testing.assert_close(parts[0] + parts[1], stats["0.weight"], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="low-rank noise has no sum_d w_d z_d statistic"):
+        pm.scale_means(weights[:, 4:])
+
+
+def test_a_low_rank_convolution_takes_no_scale_and_a_strategy_names_it():
+    from nesgpu.population import Population
+    from nesgpu.strategies import CEM, SNES
+    from nesgpu.train.steps.evolution import EvolutionStep
+
+    conv = nesgpu.PerturbedModel(nesgpu.convert(nn.Conv1d(2, 3, 3), "lowrank"), 2, sigma=SIGMA)
+    with pytest.raises(ValueError, match="'weight'.*kind 'lowrank'.*on a plain matrix only"):
+        conv.set_scales({"weight": torch.ones(3, 2, 3)})
+    with pytest.raises(ValueError, match="snes adapts a sigma per parameter; weight .kind 'lowrank' on a "
+                                         "PerturbedConv1d. cannot carry one: use --layer gaussian"):
+        EvolutionStep(None, Population(conv), SNES(2, num_perturbed=conv.num_perturbed), SIGMA)
+    linear = nesgpu.PerturbedModel(lowrank_net(), 2, sigma=SIGMA)
+    with pytest.raises(ValueError, match="cem adapts a sigma per parameter; 0.weight"):  # its update is not a product
+        EvolutionStep(None, Population(linear), CEM(2), SIGMA)

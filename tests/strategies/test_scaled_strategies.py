@@ -121,14 +121,15 @@ def test_all_tied_fitness_moves_neither_the_mean_nor_the_scales(strategy):
         assert torch.equal(pm.scales()["weight"], torch.ones_like(before))
 
 
-@pytest.mark.parametrize("strategy", ["snes", "cem", "sep_cma_es", "cma_es", "pgpe"])
+@pytest.mark.parametrize("strategy", ["snes", "cem", "sep_cma_es", "cma_es", "pgpe", "snes lowrank"])
 def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
     from nesgpu.train import TrainConfig, train
 
+    strategy, _, layer = strategy.partition(" ")
     options = {"per_parameter": True} if strategy == "pgpe" else {}
 
     def run(out, steps, resume=False):
-        cfg = TrainConfig(strategy=strategy, layer="gaussian", steps=steps, population=2 * D, sigma=SIGMA,
+        cfg = TrainConfig(strategy=strategy, layer=layer or "gaussian", steps=steps, population=2 * D, sigma=SIGMA,
                           checkpoint_every=1, log="none", out=str(out), **options)
         model = vector_model()
         train(cfg, model=model, task=Sphere(), resume=resume, log=lambda *a, **k: None)
@@ -151,9 +152,12 @@ def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
 def test_a_kind_without_a_per_parameter_sigma_is_refused_in_one_line():
     from nesgpu.train import TrainConfig
 
-    with pytest.raises(ValueError, match="strategy 'snes' adapts a sigma per parameter, which layer 'lowrank' "
+    with pytest.raises(ValueError, match="strategy 'snes' adapts a sigma per parameter, which layer 'permuted' "
                                          "cannot carry .* use --layer gaussian"):
-        TrainConfig(strategy="snes", layer="lowrank").resolved()
+        TrainConfig(strategy="snes", layer="permuted").resolved()
+    TrainConfig(strategy="snes", layer="lowrank").resolved()  # low-rank matrices take S = row x column
+    with pytest.raises(ValueError, match="strategy 'sep_cma_es' adapts a sigma per parameter, which layer 'lowrank'"):
+        TrainConfig(strategy="sep_cma_es", layer="lowrank").resolved()
     with pytest.raises(ValueError, match="strategy 'cma_es' adapts a covariance, which layer 'sparse'"):
         TrainConfig(strategy="cma_es", layer="sparse").resolved()
     with pytest.raises(ValueError, match="strategy 'pgpe' adapts a sigma per parameter, which layer 'lowrank'"):

@@ -87,6 +87,8 @@ class Kind:
     products: ClassVar[frozenset[str]] = frozenset({"linear", "conv"})
     needs_antithetic: ClassVar[bool] = False  # a kind whose z_d has a non-zero mean within one step
     per_element_scale: ClassVar[bool] = False  # whether its z_d can carry a scale per entry (a sigma per parameter)
+    # whether its z_d on a plain matrix can carry a scale S = row x column (an outer product; low-rank noise)
+    outer_scale: ClassVar[bool] = False
 
     def supports(self, product: str) -> bool:
         """Whether this kind implements ``product`` ("linear", "conv" or "embedding")."""
@@ -187,7 +189,8 @@ class Kind:
     def scale_(self, noise: Noise, scale: torch.Tensor) -> None:
         """Multiply every direction's noise by ``scale`` (of the noise's shape, > 0) in place, entry by entry: the
         record then holds S o z_d, which every product, ``grad``, ``dense`` and ``sq_norms`` read as they are.
-        Only for kinds with :attr:`per_element_scale`."""
+        Only for kinds with :attr:`per_element_scale`, or :attr:`outer_scale` on a plain matrix (S an outer
+        product)."""
         raise NotImplementedError(f"kind {self.name!r} cannot carry a scale per entry")
 
     def scale_statistic(self, noise: Noise, scale: torch.Tensor | None, weights: torch.Tensor,

@@ -11,6 +11,13 @@ a (D, r, out) and b (D, r, in). A convolution kernel (out, C/g, *kernel) is a ma
 An embedding lookup of rows ``i`` gathers ``A_d[i]`` and multiplies by B_d: no per-direction table.
 
 Noise memory: D * r * (out + in * prod(kernel)) values per parameter.
+
+A sigma per parameter (SNES) on a plain matrix takes the form S = row x column (:func:`outer_factors`): S o z_d
+= (row o A_d)(col o B_d)^T / sqrt(r) stays rank r, so ``scale_`` scales the factors and never a dense matrix.
+The factors are Gaussian, so the search distribution is a diagonal Gaussian over them and its natural-gradient
+statistic is per factor: ``scale_statistic`` gives sum_d w_d mean_k(A~_dki^2 - 1) + sum_d w_d mean_k(B~_dkj^2 - 1)
+for entry (i, j) (A~, B~ the unit factors), a row plus a column, which a multiplicative update keeps an outer
+product.
 """
 
 from __future__ import annotations
@@ -90,6 +97,12 @@ def _fused_product(x, weight_t, bias, a_s, c, b) -> torch.Tensor:
     return flat.view(r_, d, m, out)
 
 
+def outer_factors(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, col) of an outer-product scale S = row x col (out, in): its first column and its first row over
+    S[0, 0]."""
+    return scale[:, 0].contiguous(), scale[0] / scale[0, 0]
+
+
 @dataclass(frozen=True)
 class LowRank(Kind):
     """Low-rank noise: direction d's noise is A_d B_d^T / sqrt(r), never formed densely.
@@ -101,6 +114,7 @@ class LowRank(Kind):
 
     name = "lowrank"
     products = frozenset({"linear", "conv", "embedding", "experts"})
+    outer_scale = True
     rank: int = field(default=1, metadata={"help": "rank of each direction's noise matrix"})
 
     def __post_init__(self):
@@ -237,6 +251,23 @@ class LowRank(Kind):
                 y.addcmul_(t[..., k : k + 1], b[:, k].unsqueeze(0).unsqueeze(2))
             return
         y.add_(torch.einsum("rdmk,dkj->rdmj", t, b))
+
+    def scale_(self, noise, scale):
+        row, col = outer_factors(scale)
+        noise["a"].mul_(row)  # a (D, r, out): (row o A_d)
+        noise["b"].mul_(col)  # b (D, r, in): (col o B_d)
+
+    def scale_statistic(self, noise, scale, weights, first=False):
+        if first:
+            raise ValueError("low-rank noise has no sum_d w_d z_d statistic per entry (CMA-ES's paths): use layer "
+                             "'gaussian'")
+        a, b = noise["a"] * math.sqrt(self.rank), noise["b"]  # unit Gaussian factors once S is divided out
+        if scale is not None:
+            row, col = outer_factors(scale)
+            a, b = a / row, b / col
+        rows = torch.einsum("d,dko->o", weights, a.square() - 1) / self.rank  # (D, r, out) temporaries at most
+        cols = torch.einsum("d,dki->i", weights, b.square() - 1) / self.rank
+        return rows.unsqueeze(1) + cols.unsqueeze(0)
 
     def zero_rows_(self, noise, row):
         noise["a"][:, :, row] = 0  # a (D, r, num): z_d[row] = A_d[row] B_d^T

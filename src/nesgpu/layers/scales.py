@@ -31,12 +31,28 @@ def full_name(layer: str, attr: str) -> str:
     return f"{layer}.{attr}" if layer else attr
 
 
-def check_scale(name: str, value, p: torch.Tensor, kind) -> torch.Tensor:
-    """``value`` as the scale of parameter ``name`` (``p``, perturbed by ``kind``): a copy in the noise's dtype on
-    ``p``'s device, contiguous; else a TypeError or ValueError naming the parameter, what it expects and what it got."""
-    if not kind.per_element_scale:
+OUTER_RTOL = 1e-3
+"""How far (relative) a scale for an outer-product kind may be from row x column before it is refused; within
+it, the scale is replaced by the outer product of its first column and row (a strategy's multiplicative updates
+drift from it by rounding only)."""
+
+
+def takes_scale(slot) -> bool:
+    """Whether a perturbed parameter (a layer's slot) can carry a sigma per entry: kind "gaussian" always,
+    low-rank noise on a plain matrix as an outer product row x column."""
+    matrix = slot.geometry is not None and slot.geometry.is_matrix
+    return slot.kind.per_element_scale or (slot.kind.outer_scale and matrix)
+
+
+def check_scale(name: str, value, p: torch.Tensor, slot) -> torch.Tensor:
+    """``value`` as the scale of parameter ``name`` (``p``, perturbed as ``slot`` says): a copy in the noise's dtype
+    on ``p``'s device, contiguous; else a TypeError or ValueError naming the parameter, what it expects and what it
+    got."""
+    kind = slot.kind
+    if not takes_scale(slot):
+        where = " on a plain matrix only" if kind.outer_scale else ""
         raise ValueError(f"scales[{name!r}]: the parameter has kind {kind.name!r}, which cannot carry a sigma per "
-                         f"element; per-parameter sigma needs layer 'gaussian' for now (convert(model, 'gaussian'))")
+                         f"element{where}; use layer 'gaussian' for it (convert(model, 'gaussian'))")
     shape = tuple(p.shape)
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
         got = f"dtype {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
@@ -53,7 +69,17 @@ def check_scale(name: str, value, p: torch.Tensor, kind) -> torch.Tensor:
         index = tuple((~good).nonzero()[0].tolist())
         raise ValueError(f"scales[{name!r}] must be finite and > 0 everywhere (in {dtype}); got "
                          f"{scale[index].item()} at [{', '.join(map(str, index))}]")
-    return scale
+    return scale if kind.per_element_scale else outer_scale(name, scale, kind)
+
+
+def outer_scale(name: str, scale: torch.Tensor, kind) -> torch.Tensor:
+    """``scale`` as the outer product of its first column and row (what an outer-product kind evaluates), or a
+    ValueError if it is not one (within :data:`OUTER_RTOL`)."""
+    outer = torch.outer(scale[:, 0], scale[0] / scale[0, 0])
+    if not torch.allclose(outer, scale, rtol=OUTER_RTOL, atol=0):
+        raise ValueError(f"scales[{name!r}]: kind {kind.name!r} takes a scale that is an outer product, S[i, j] = "
+                         f"row[i] * col[j] (it keeps the noise low-rank); got one that is not")
+    return outer
 
 
 def statistic_weights(weights, directions: int, antithetic: bool, device: torch.device | None) -> torch.Tensor:
@@ -94,14 +120,15 @@ class ScaledNoise:
         return noise
 
     def _scale_as_noise(self, name: str, scale: torch.Tensor, noise: Noise) -> torch.Tensor:
-        """``scale`` (the parameter's layout) in the layout, dtype and device of its noise ``z``: a matrix stored
+        """``scale`` (the parameter's layout) in the layout, dtype and device of its noise: a matrix stored
         transposed (Conv1D) transposed back, a bank of matrices as the one (out, in) matrix its noise is drawn for."""
-        z = noise["z"]
+        like = next(iter(noise.tensors.values()))
+        shape = tuple(noise["z"].shape[1:]) if "z" in noise else tuple(noise.geometry.shape)
         if name in self._transposed:
             scale = scale.transpose(-2, -1)
-        if tuple(scale.shape) != tuple(z.shape[1:]):
-            scale = scale.reshape(z.shape[1:])
-        return scale.to(device=z.device, dtype=z.dtype)
+        if tuple(scale.shape) != shape:
+            scale = scale.reshape(shape)
+        return scale.to(device=like.device, dtype=like.dtype)
 
     def noise_scale_statistics(self, weights: torch.Tensor, first: bool = False) -> dict[str, torch.Tensor]:
         """``sum_d w_d (z_d o z_d - 1)`` (``first``: ``sum_d w_d z_d``) of the unit noise z_d, over the current
@@ -112,12 +139,13 @@ class ScaledNoise:
             raise ValueError(f"weights must have shape ({self.local_directions},); got {tuple(weights.shape)}")
         held, out = self.noise_scales(), {}
         for slot in self._slots:
-            if not slot.kind.per_element_scale:
+            if not takes_scale(slot):
                 continue
             record = noise[slot.name]
             scale = held.get(slot.name)
             scale = None if scale is None else self._scale_as_noise(slot.name, scale, record)
-            w = weights.to(device=record["z"].device, dtype=record["z"].dtype)
+            like = next(iter(record.tensors.values()))
+            w = weights.to(device=like.device, dtype=like.dtype)
             stat = slot.kind.scale_statistic(record, scale, w, first)
             out[slot.name] = self._as_stored(slot.name, stat.unsqueeze(0))[0].contiguous()
         return out
@@ -162,7 +190,7 @@ class ModelScales:
                 raise ValueError(f"scales: {key!r} is not a perturbed parameter of the model; expected one of "
                                  f"{sorted(slots)[:10]}{' ...' if len(slots) > 10 else ''}")
             name, slot = slots[key]
-            placed[name][slot.name] = check_scale(key, value, self.layers[name].get_parameter(slot.name), slot.kind)
+            placed[name][slot.name] = check_scale(key, value, self.layers[name].get_parameter(slot.name), slot)
         for name, layer in self.layers.items():
             layer.set_noise_scales(placed[name])
 
@@ -170,8 +198,18 @@ class ModelScales:
         """S = 1 for every perturbed parameter whose kind takes a scale, in the dtype :meth:`set_scales` keeps:
         where a strategy that adapts them starts."""
         return {full_name(name, slot.name): torch.ones_like(p, dtype=torch.float32 if p.dtype in HALF else p.dtype)
-                for name, layer in self.layers.items() for slot in layer.slots if slot.kind.per_element_scale
+                for name, layer in self.layers.items() for slot in layer.slots if takes_scale(slot)
                 for p in [layer.get_parameter(slot.name)]}
+
+    def check_scalable(self, strategy: str, outer: bool) -> None:
+        """Raise a ValueError naming the first perturbed parameter that cannot carry a sigma per entry, for
+        ``strategy`` (which adapts one for every parameter; ``outer``: its updates keep an outer product one)."""
+        for name, layer in self.layers.items():
+            for slot in layer.slots:
+                if not takes_scale(slot) or not (outer or slot.kind.per_element_scale):
+                    raise ValueError(f"{strategy} adapts a sigma per parameter; {full_name(name, slot.name)} (kind "
+                                     f"{slot.kind.name!r} on a {type(layer).__name__}) cannot carry one: use "
+                                     f"--layer gaussian")
 
     def assign_scales_(self, values: dict[str, torch.Tensor]) -> None:
         """Copy ``values`` into the current scales, in place and unchecked (no host read): a strategy's new

@@ -114,6 +114,8 @@ class Strategy:
     # needs_means: adapt reads sum_d w_d z_d too (CMA-ES's evolution paths)
     adapts_scales: ClassVar[bool] = False
     needs_means: ClassVar[bool] = False
+    # its scale updates are multiplicative in the statistic, so they keep an outer-product scale (low-rank noise's)
+    outer_scales: ClassVar[bool] = False
     # a full covariance (CMA-ES): the population's covariance factor A, adapted by adapt_covariance
     adapts_covariance: ClassVar[bool] = False
     # RL runs of this strategy: the observation clip it starts from (0: none), and whether a policy without

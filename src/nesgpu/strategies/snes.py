@@ -8,7 +8,9 @@ the run's). From NES's rank utilities ``u`` (best first: max(0, ln(n/2 + 1) - ln
     S     <- S o exp(scale_lr / 2 * sum_members u (z o z - 1))
 
 with scale_lr = (3 + ln n) / (5 sqrt n) for n evolving parameters unless given. Antithetic pairs are two
-members each (their z o z is the same). Needs a kind that takes a sigma per element (``--layer gaussian``).
+members each (their z o z is the same). Needs a kind that takes a sigma per element (``--layer gaussian``), or
+low-rank noise (``--layer lowrank``), whose matrices take S = row x column and a statistic per factor
+(:mod:`nesgpu.kinds.lowrank`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class SNES(ScaleAdapting):
     """
 
     name = "snes"
+    outer_scales = True  # S o exp(...) of a row-plus-column statistic stays row x column (low-rank noise)
     Options: ClassVar[type] = SNESOptions
     population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
 

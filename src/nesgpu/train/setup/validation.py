@@ -105,8 +105,9 @@ def _check_es(cfg) -> None:
         raise ValueError(f"strategy {cfg.strategy!r} needs antithetic sampling")
     if strategy is not None and strategy.adapts_sigma and cfg.sigma_schedule != "constant":
         raise ValueError(f"strategy {cfg.strategy!r} adapts sigma itself; a sigma_schedule does not apply to it")
+    outer = strategy is not None and strategy.outer_scales and KINDS[cfg.layer].outer_scale  # SNES on low-rank
     if strategy is not None and (strategy.scales_with(options) or strategy.adapts_covariance) and \
-            cfg.layer != "gaussian":
+            cfg.layer != "gaussian" and not outer:
         what = "a covariance" if strategy.adapts_covariance else "a sigma per parameter"
         raise ValueError(f"strategy {cfg.strategy!r} adapts {what}, which layer {cfg.layer!r} cannot carry (its "
                          f"noise is shared or structured); use --layer gaussian")

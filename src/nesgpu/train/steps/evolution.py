@@ -86,6 +86,7 @@ class EvolutionStep:
         self.lrs.apply(self.state.step)
         self.paths: dict = {}  # a strategy's own per-parameter tensors (CMA-ES's evolution paths)
         if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM, sep-CMA-ES): S = 1, then adapted every step
+            population.pm.check_scalable(strategy.name, strategy.outer_scales)
             population.pm.set_scales(population.pm.unit_scales())
         if strategy.adapts_covariance:  # CMA-ES: A = I, then adapted
             population.pm.set_covariance(torch.eye(population.pm.num_perturbed))  # in the noise's dtype
