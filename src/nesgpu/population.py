@@ -205,16 +205,17 @@ class Population:
                     totals[name] = value if name not in totals else totals[name] + value
         return seconds, firsts
 
-    def update_covariance(self, weights: torch.Tensor, sigma: float, statistic_weights: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`update`, and what a full covariance adapts by, summed over the blocks: ``sum_d w_d z_d`` of
-        the unit noise (signs applied) and ``sum_d w_d y_d y_d^T`` of the noise as evaluated, with
-        ``statistic_weights`` (S, D) (``PerturbedModel.covariance_statistics``)."""
+    def update_covariance(self, weights: torch.Tensor, sigma: float, statistic_weights: torch.Tensor,
+                          natural: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`update`, and what a full covariance adapts by, summed over the blocks, with ``statistic_weights``
+        (S, D): CMA-ES's ``PerturbedModel.covariance_statistics``, or with ``natural`` xNES's
+        ``natural_statistics``."""
         first = second = None
+        statistics = self.pm.natural_statistics if natural else self.pm.covariance_statistics
         for block in self.blocks.update_blocks():
             self._draw(self.step, block, sigma)
             self.pm.update(weights[..., block.start:block.stop], sigma, check_finite=False)
-            a, b = self.pm.covariance_statistics(statistic_weights[..., block.start:block.stop])
+            a, b = statistics(statistic_weights[..., block.start:block.stop])
             first, second = (a, b) if first is None else (first + a, second + b)
         return first, second
 

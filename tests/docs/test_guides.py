@@ -13,7 +13,7 @@ GUIDES = sorted(p for p in DOCS.glob("*.md") if "```python" in p.read_text())
 # what each guide says its snippets print
 PRINTS = {"architecture.md": ["BaselineState 1 0.0"], "own_model.md": ["custom:toy test_accuracy"], 
           "own_env.md": ["custom:reach eval_return", "custom:reach-pushes", "gym:Hold-v0"],
-          "strategies.md": ["openai_es: rotated ellipsoid", "cma_es: rotated ellipsoid"],
+          "strategies.md": ["openai_es: rotated ellipsoid", "xnes: rotated ellipsoid", "cma_es: rotated ellipsoid"],
           "hf_models.md": ["custom:sevens mean_reward", "LlamaForCausalLM {\"step\": ",
                            "True exact (3 greedy tokens, and 3 sampled within"]}
 

@@ -93,6 +93,11 @@ def test_statistics_are_cma_es_sums_and_chunks_add_up(antithetic):
     got_first, got_second = pm.covariance_statistics(weights)
     torch.testing.assert_close(got_first, first, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got_second, second, rtol=1e-12, atol=1e-12)
+    natural = pm.natural_statistics(weights)  # xNES's: all weights, in the unit noise
+    torch.testing.assert_close(natural[0], sum(signs[r] * weights[r, d] * z[d] for r in range(repeats)
+                                               for d in range(D)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(natural[1], sum(weights[r, d] * torch.outer(z[d], z[d]) for r in range(repeats)
+                                               for d in range(D)), rtol=1e-12, atol=1e-12)
     parts = []
     for block in (range(0, 2), range(2, D)):
         pm.set_noise(step=2, directions=block)
@@ -144,5 +149,5 @@ def test_a_structured_kind_and_scales_beside_a_covariance_are_refused_by_name():
     pm.set_covariance(torch.eye(pm.num_perturbed))
     with pytest.raises(ValueError, match="set_covariance\\(None\\) first"):
         pm.set_scales(pm.unit_scales())
-    with pytest.raises(ValueError, match="needs a covariance .* and noise drawn with it"):
+    with pytest.raises(ValueError, match="need a covariance .* and noise drawn with it"):
         pm.covariance_statistics(torch.ones(D))

@@ -12,7 +12,7 @@ from torch import nn
 
 import nesgpu
 from nesgpu.population import Population
-from nesgpu.strategies import CEM, CMAES, SNES, SepCMAES
+from nesgpu.strategies import CEM, CMAES, SNES, XNES, SepCMAES
 from nesgpu.train.steps.evolution import EvolutionStep
 
 N, D, SIGMA = 5, 6, 0.3
@@ -108,7 +108,7 @@ class Tied(Sphere):
 
 
 @pytest.mark.parametrize("strategy", [SNES(D, num_perturbed=N), CEM(D), SepCMAES(D, num_perturbed=N),
-                                      CMAES(D, num_perturbed=N)])
+                                      CMAES(D, num_perturbed=N), XNES(D, num_perturbed=N)])
 def test_all_tied_fitness_moves_neither_the_mean_nor_the_scales(strategy):
     pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
     before = pm.model.weight.detach().clone()
@@ -121,7 +121,7 @@ def test_all_tied_fitness_moves_neither_the_mean_nor_the_scales(strategy):
         assert torch.equal(pm.scales()["weight"], torch.ones_like(before))
 
 
-@pytest.mark.parametrize("strategy", ["snes", "cem", "sep_cma_es", "cma_es", "pgpe", "snes lowrank"])
+@pytest.mark.parametrize("strategy", ["snes", "cem", "sep_cma_es", "cma_es", "xnes", "pgpe", "snes lowrank"])
 def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
     from nesgpu.train import TrainConfig, train
 
@@ -141,6 +141,8 @@ def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
     state = torch.load(tmp_path / "split" / "checkpoint" / "state.pt", weights_only=True)["strategy"]
     if strategy == "cma_es":
         assert state["covariance"].shape == (N, N) and state["paths"]["C"].shape == (N, N)
+    elif strategy == "xnes":
+        assert state["covariance"].shape == (N, N)
     else:
         assert state["scales"]["weight"].shape == (N, 1)
     import csv  # every step logs the mean scale it evaluated: 1 at the first, adapted after
@@ -197,6 +199,33 @@ def test_cma_es_refuses_a_model_above_its_limit_naming_the_separable_strategies(
     with pytest.raises(ValueError, match="up to 10,000 evolving parameters; this one has 10,001: use sep_cma_es or "
                                          "snes"):
         CMAES(D, num_perturbed=MAX_PARAMETERS + 1)
+
+
+def test_xnes_is_the_papers_update_and_refuses_a_large_model():
+    """Glasmachers et al.'s xNES with explicit members in float64: m += sigma B sum u z, sigma and B moved by the
+    exponential of the natural gradient G = sum u (z z^T - I), split into its trace and the rest."""
+    from nesgpu.strategies.xnes import MAX_PARAMETERS
+
+    with pytest.raises(ValueError, match="up to 2,000 evolving parameters; this one has 2,001: use cma_es"):
+        XNES(D, num_perturbed=MAX_PARAMETERS + 1)
+    lam, eta = 2 * D, 3 * (3 + math.log(N)) / (5 * N * math.sqrt(N))
+    theta, factor, sigma = vector_model().weight[:, 0].detach().clone(), torch.eye(N, dtype=torch.float64), SIGMA
+    pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
+    step = EvolutionStep(Sphere(), Population(pm, chunk=4, log=lambda *a: None), XNES(D, num_perturbed=N), SIGMA)
+    for g in range(1, 4):
+        z = torch.cat([unit_noise(g), -unit_noise(g)])  # the members' unit noise, +d then -d
+        f = -(theta + sigma * z @ factor.t() - TARGET).pow(2).sum(-1)
+        u = torch.empty(lam, dtype=torch.float64)
+        u[f.argsort(descending=True)] = snes_table(lam)
+        theta = theta + sigma * factor @ (u @ z)
+        grad = sum(u[i] * (torch.outer(z[i], z[i]) - torch.eye(N, dtype=torch.float64)) for i in range(lam))
+        trace = float(torch.trace(grad)) / N
+        sigma = sigma * math.exp(eta / 2 * trace)
+        factor = factor @ torch.linalg.matrix_exp(eta / 2 * (grad - trace * torch.eye(N, dtype=torch.float64)))
+        step.run()
+        torch.testing.assert_close(pm.model.weight[:, 0].detach(), theta, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(pm.covariance_factor(), factor, rtol=1e-10, atol=1e-12)
+        assert math.isclose(step.state.sigma, sigma, rel_tol=1e-12)
 
 
 def test_cma_es_is_hansens_active_update():

@@ -135,16 +135,29 @@ class ModelCovariance:
         a negative weight rescaled there, ``w'_i = w_i n / ||z_i||^2`` (active CMA-ES). ``weights`` as
         :meth:`scale_statistics` takes them, one per member (both signs of an antithetic pair share z_d up to
         its sign, and y y^T); chunks add up; no host read."""
-        held = self.__dict__.get("_covariance")
-        if held is None or held["unit"] is None:
-            raise ValueError("covariance_statistics needs a covariance (set_covariance) and noise drawn with it")
-        device = held["factor"].device if getattr(weights, "is_meta", False) else None  # for the error
-        member_weights(weights, self.local_directions, self.antithetic, device, check_finite=False)  # checked
+        held, weights = self._statistics_input(weights)
         dtype, unit = held["factor"].dtype, held["unit"]
-        weights = weights.to(dtype)
         positive = signed_weights(weights.clamp(min=0), self.antithetic)
         shrink = unit.shape[1] / unit.square().sum(1)  # n / ||z_d||^2, for the negative weights
         rescaled = torch.where(weights < 0, weights * shrink, weights)
         unsigned = statistic_weights(rescaled, self.local_directions, self.antithetic, None)
         mixed = torch.cat([z.reshape(z.shape[0], -1).to(dtype) for z in self._records(held)], dim=1)
         return positive @ unit, (mixed.t() * unsigned) @ mixed
+
+    def natural_statistics(self, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What xNES adapts by, over the current noise's directions, in the unit noise z: ``sum_i w_i z_i`` (each
+        member's weight with its sign) and ``sum_i w_i z_i z_i^T`` (without: a pair shares z z^T), as an (n,) and
+        an (n, n) tensor in A's dtype; ``weights`` as :meth:`covariance_statistics` takes them."""
+        held, weights = self._statistics_input(weights)
+        unit = held["unit"]
+        unsigned = statistic_weights(weights, self.local_directions, self.antithetic, None)
+        return signed_weights(weights, self.antithetic) @ unit, (unit.t() * unsigned) @ unit
+
+    def _statistics_input(self, weights: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        """The covariance held and ``weights`` checked (as the update's) in its dtype."""
+        held = self.__dict__.get("_covariance")
+        if held is None or held["unit"] is None:
+            raise ValueError("covariance statistics need a covariance (set_covariance) and noise drawn with it")
+        device = held["factor"].device if getattr(weights, "is_meta", False) else None  # for the error
+        member_weights(weights, self.local_directions, self.antithetic, device, check_finite=False)  # checked
+        return held, weights.to(held["factor"].dtype)

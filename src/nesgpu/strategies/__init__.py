@@ -1,5 +1,5 @@
-"""ES strategies with one ask/tell shape over an explicit state: OpenAI-ES, ARS, PGPE, SNES, CEM, separable
-and full CMA-ES; plus fitness shaping, schedules, ClipUp. Adding a strategy is one file here plus one line in
+"""ES strategies with one ask/tell shape over an explicit state: OpenAI-ES, ARS, PGPE, SNES, xNES, CEM,
+separable and full CMA-ES; plus fitness shaping, schedules, ClipUp. Adding a strategy is one file here plus one line in
 ``STRATEGIES``: its ``Options`` (a frozen dataclass, see :mod:`nesgpu.options`) become options of the training
 configuration and flags of the CLI."""
 
@@ -14,11 +14,12 @@ from .schedules import Schedule, StepSizes
 from .sep_cma_es import SepCMAES
 from .shaping import SHAPINGS, centered_ranks, raw, top_directions, z_score
 from .snes import SNES, SNESOptions
+from .xnes import XNES
 
 STRATEGIES: dict[str, type[Strategy]] = {"openai_es": OpenAIES, "ars": ARS, "pgpe": PGPE, "snes": SNES, "cem": CEM,
-                                       "sep_cma_es": SepCMAES, "cma_es": CMAES}
+                                       "sep_cma_es": SepCMAES, "cma_es": CMAES, "xnes": XNES}
 
 __all__ = ["ARS", "ARSOptions", "CEM", "CEMOptions", "CMAES", "ClipUp", "OpenAIES", "OpenAIESOptions", "PGPE",
            "PGPEOptions", "SHAPINGS", "SNES", "SNESOptions", "STRATEGIES", "Schedule", "SepCMAES", "StepSizes",
-           "Strategy", "StrategyState", "centered_ranks", "check_fitness", "fitness_statistics", "raw",
+           "Strategy", "StrategyState", "XNES", "centered_ranks", "check_fitness", "fitness_statistics", "raw",
            "top_directions", "z_score"]

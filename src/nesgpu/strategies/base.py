@@ -116,8 +116,10 @@ class Strategy:
     needs_means: ClassVar[bool] = False
     # its scale updates are multiplicative in the statistic, so they keep an outer-product scale (low-rank noise's)
     outer_scales: ClassVar[bool] = False
-    # a full covariance (CMA-ES): the population's covariance factor A, adapted by adapt_covariance
+    # a full covariance (CMA-ES, xNES): the population's covariance factor A, adapted by adapt_covariance from
+    # CMA-ES's statistics, or with natural_statistics xNES's (PerturbedModel.natural_statistics)
     adapts_covariance: ClassVar[bool] = False
+    natural_statistics: ClassVar[bool] = False
     # RL runs of this strategy: the observation clip it starts from (0: none), and whether a policy without
     # hidden layers acts linearly (the raw output, unbounded) rather than through tanh
     observation_clip: ClassVar[float] = 5.0

@@ -140,7 +140,8 @@ class EvolutionStep:
         takes its new scales or factor from the statistics the same pass sums (in place: no host read)."""
         strategy, pm = self.strategy, self.population.pm
         if strategy.adapts_covariance:
-            first, second = self.population.update_covariance(weights, sigma, strategy.scale_weights(state, fitness))
+            first, second = self.population.update_covariance(weights, sigma, strategy.scale_weights(state, fitness),
+                                                              natural=strategy.natural_statistics)
             factor, self.paths, self.state = strategy.adapt_covariance(self.state, pm.covariance_factor(), first,
                                                                        second, self.paths)
             if factor is not None:
