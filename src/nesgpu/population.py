@@ -85,6 +85,7 @@ class Population:
         self.share = self.ranks.share(pm.directions)
         self.blocks = Blocks(pm, self.share, self.ranks.distributed, chunk, log)
         self.step = 0  # the step last evaluated, whose noise the update uses
+        self._protocols: tuple = (None, ())  # (task, which optional protocols it meets): see _meets
         self.device = device = next(pm.model.parameters()).device
         self.blocks.check_memory(device)
         dtype = autocast_dtype(precision)
@@ -139,8 +140,16 @@ class Population:
                     torch.cuda.empty_cache()
                 self.log(f"out of memory at step {step}: retrying the step with chunk size {self.chunk}")
 
+    def _meets(self, task) -> tuple[bool, bool, bool]:
+        """Whether ``task`` is a LogsMetrics, DescribesFitness and ShapesFitness, checked once per task (a runtime
+        Protocol's isinstance costs ~10 us, every step)."""
+        if self._protocols[0] is not task:
+            self._protocols = (task, tuple(isinstance(task, p) for p in (LogsMetrics, DescribesFitness, ShapesFitness)))
+        return self._protocols[1]
+
     def _evaluate(self, task, step: int, sigma: float, sq_norms: bool, finish: bool) -> Evaluation:
-        if isinstance(task, LogsMetrics):  # what an earlier try of this step logged is not this step's
+        logs, describes, shapes = self._meets(task)
+        if logs:  # what an earlier try of this step logged is not this step's
             task.logged_metrics()
         parts, norms, totals = [], [], _BlockTotals(task.summed_info)
         for block in self.blocks.forward_blocks():
@@ -173,9 +182,9 @@ class Population:
         info = {k: v if k in task.summed_info else v / self.pm.directions for k, v in info.items()}
         if finish:
             task.finish_step(self.pm, info)
-        if isinstance(task, DescribesFitness):  # the raw fitness, before shaping makes it a mean of zero
+        if describes:  # the raw fitness, before shaping makes it a mean of zero
             info.update(task.describe(fitness))
-        if isinstance(task, ShapesFitness):  # over the whole population, the same in every process
+        if shapes:  # over the whole population, the same in every process
             fitness = task.shape(fitness)
         return Evaluation(fitness, norms, info)
 

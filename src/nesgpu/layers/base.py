@@ -150,24 +150,24 @@ class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
         stop = self.directions if stop is None else stop
         if not 0 <= start < stop <= self.directions:
             raise ValueError(f"direction range must lie in [0, {self.directions}]; got [{start}, {stop})")
-        previous, self._noise = self._noise, None  # free the old noise before drawing the new (or reuse it)
-        self._plans = {}
+        state, previous = self.__dict__, self._noise  # plain attributes: no nn.Module.__setattr__ (every step)
+        state.update(_noise=None, _plans={})  # free the old noise before drawing the new (or reuse it)
         if not self._slots:
-            self._range, self._noise = range(start, stop), {}
+            state["_range"], state["_noise"] = range(start, stop), {}
             return
         params = self.perturbed_parameters()
         device = next(iter(params.values())).device
         src = self._source
         if src is None or src.seed != seed or src.layer != self.layer_key or src.generator.device != device:
             src = self._source = NoiseSource(seed, self.layer_key, device)
-        shapes = {slot.name: self._noise_shape(slot) for slot in self._slots}
-        self._noise = self._scaled(draw_noise(self._slots, params, shapes, src, previous, step, start, stop))
-        self._range = range(start, stop)
+        shapes = {slot.name: self._noise_shape(slot, params[slot.name]) for slot in self._slots}
+        state["_noise"] = self._scaled(draw_noise(self._slots, params, shapes, src, previous, step, start, stop))
+        state["_range"] = range(start, stop)
 
-    def _noise_shape(self, slot: Slot) -> tuple[int, ...]:
+    def _noise_shape(self, slot: Slot, p: torch.Tensor) -> tuple[int, ...]:
         if slot.name in self._transposed or slot.name in self._banks:
             return slot.geometry.shape
-        return tuple(self.get_parameter(slot.name).shape)
+        return tuple(p.shape)
 
     def free_memory(self) -> None:
         """Drop the noise tensors. The next population call needs a new ``set_noise``."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .layout import member_weights
+from .layout import check_weights
 from .scales import full_name, signed_weights, statistic_weights
 
 
@@ -159,5 +159,5 @@ class ModelCovariance:
         if held is None or held["unit"] is None:
             raise ValueError("covariance statistics need a covariance (set_covariance) and noise drawn with it")
         device = held["factor"].device if getattr(weights, "is_meta", False) else None  # for the error
-        member_weights(weights, self.local_directions, self.antithetic, device, check_finite=False)  # checked
+        check_weights(weights, self.local_directions, self.antithetic, device, check_finite=False)
         return held, weights.to(held["factor"].dtype)

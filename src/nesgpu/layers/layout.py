@@ -128,6 +128,16 @@ def member_weights(weights, directions: int, antithetic: bool, device: torch.dev
     """The update's weights, (D,) or (R, D) laid out as the rows, checked and reduced to each direction's
     ``w_d = 1/R sum_r s_r w[r, d]`` (D,). ``device``: the model's, named where the weights have no values
     (the meta device). ``check_finite``: a NaN or inf weight is an error naming the first (a host read)."""
+    check_weights(weights, directions, antithetic, device, check_finite)
+    if weights.dim() == 1:
+        return weights
+    signs = repeat_scale(weights.shape[0], 1.0, antithetic, weights)  # +-1, exact in the weights' dtype
+    return (signs.view(-1, 1) * weights).mean(0)
+
+
+def check_weights(weights, directions: int, antithetic: bool, device: torch.device | None,
+                  check_finite: bool = True) -> None:
+    """:func:`member_weights`'s checks without its reduction: a ValueError or TypeError naming what is wrong."""
     shapes = f"({directions},) or (R, {directions})"
     if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():  # int, bool, complex
         got = weights.dtype if isinstance(weights, torch.Tensor) else type(weights).__name__
@@ -144,10 +154,6 @@ def member_weights(weights, directions: int, antithetic: bool, device: torch.dev
         where = ", ".join(map(str, index))
         raise ValueError(f"weights must be finite; got {weights[index].item()} at weights[{where}] (a NaN or inf "
                          f"weight makes every perturbed parameter's .grad non-finite)")
-    if weights.dim() == 1:
-        return weights
-    signs = repeat_signs(weights.shape[0], antithetic, weights.device).to(weights.dtype)
-    return (signs.view(-1, 1) * weights).mean(0)
 
 
 class Population(NamedTuple):

@@ -23,7 +23,7 @@ import torch
 
 from ..kinds import Noise
 from .drawing import HALF
-from .layout import member_weights, repeat_signs
+from .layout import check_weights, repeat_scale
 
 
 def full_name(layer: str, attr: str) -> str:
@@ -86,8 +86,8 @@ def statistic_weights(weights, directions: int, antithetic: bool, device: torch.
     """The weights of :meth:`ModelScales.scale_statistics`, checked as the update's (:func:`member_weights`, without
     the host read of the finiteness check) and reduced to (D,): ``w_d = sum_r w[r, d]``, without the repeats' signs
     (both members of an antithetic pair evaluate the same z_d o z_d) and without the update's 1/R."""
-    checked = member_weights(weights, directions, antithetic, device, check_finite=False)
-    return weights.sum(0) if weights.dim() == 2 else checked
+    check_weights(weights, directions, antithetic, device, check_finite=False)
+    return weights.sum(0) if weights.dim() == 2 else weights
 
 
 def signed_weights(weights: torch.Tensor, antithetic: bool) -> torch.Tensor:
@@ -95,7 +95,7 @@ def signed_weights(weights: torch.Tensor, antithetic: bool) -> torch.Tensor:
     member's weight with its sign, without the update's 1/R (already checked by :func:`member_weights`)."""
     if weights.dim() != 2:
         return weights
-    signs = repeat_signs(weights.shape[0], antithetic, weights.device).to(weights.dtype)
+    signs = repeat_scale(weights.shape[0], 1.0, antithetic, weights)  # +-1, exact in the weights' dtype
     return (signs.view(-1, 1) * weights).sum(0)
 
 
@@ -250,7 +250,7 @@ class ModelScales:
         ``weights`` (D,), or (R, D) reduced to ``w_d = sum_r s_r w[r, d]`` (each member's weight with its
         sign, no 1/R). Chunks add up; no host read."""
         device = next(iter(self.parameters())).device if getattr(weights, "is_meta", False) else None  # for the error
-        member_weights(weights, self.local_directions, self.antithetic, device, check_finite=False)  # checked
+        check_weights(weights, self.local_directions, self.antithetic, device, check_finite=False)
         w = signed_weights(weights, self.antithetic)
         return {full_name(name, attr): stat for name, layer in self.layers.items() if layer.perturbs
                 for attr, stat in layer.noise_scale_statistics(w, first=True).items()}

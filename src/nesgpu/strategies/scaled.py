@@ -16,7 +16,6 @@ import torch
 
 from .base import Strategy, StrategyState
 from .schedules import Schedule
-from .shaping import all_tied
 
 
 def member_fitness(fitness: torch.Tensor, antithetic: bool) -> torch.Tensor:
@@ -29,8 +28,7 @@ def ranked_utilities(fitness: torch.Tensor, table: torch.Tensor) -> torch.Tensor
     """``table[k]`` (best first) for the member of rank k among all entries of ``fitness``; tied members share
     the mean of their ranks' utilities, and all-tied fitness gives exactly zero (ties carry no signal)."""
     flat = fitness.flatten()
-    order = flat.argsort(descending=True)
-    ordered = flat[order]
+    ordered, order = flat.sort(descending=True)  # argsort's order (it is sort's indices)
     starts = torch.ones_like(ordered, dtype=torch.bool)  # runs of equal values, best first
     starts[1:] = ordered[1:] != ordered[:-1]
     run = starts.cumsum(0) - 1
@@ -39,8 +37,8 @@ def ranked_utilities(fitness: torch.Tensor, table: torch.Tensor) -> torch.Tensor
     mean = mean / torch.bincount(run, minlength=flat.numel()).clamp(min=1).to(table.dtype)
     utilities = torch.empty_like(table)
     utilities[order] = mean[run]
-    utilities = torch.where(all_tied(flat), torch.zeros_like(utilities), utilities)
-    return utilities.view_as(fitness).to(fitness.dtype)
+    tied = ordered[0] == ordered[-1]  # all_tied(flat), from the sorted values
+    return torch.where(tied, 0.0, utilities).view_as(fitness).to(fitness.dtype)
 
 
 def snes_utilities(n: int, dtype=torch.float64, device=None) -> torch.Tensor:
@@ -83,6 +81,7 @@ class ScaleAdapting(Strategy):
                              f"--sigma-schedule)")
         self.members = directions * (2 if antithetic else 1)
         self._told: tuple | None = None  # (fitness, its weights) of the latest step
+        self._tables: dict = {}  # table(device) by device: built once
 
     def table(self, device) -> torch.Tensor:
         """The weight of the member of each rank, best first (:attr:`members` of them)."""
@@ -101,7 +100,10 @@ class ScaleAdapting(Strategy):
         if self._told is not None and self._told[0] is fitness:  # the step's update asks again: computed once
             return self._told[1]
         members = member_fitness(self.check(fitness, state), self.antithetic)
-        weights = ranked_utilities(members, self.table(members.device))
+        table = self._tables.get(members.device)
+        if table is None:
+            table = self._tables[members.device] = self.table(members.device)
+        weights = ranked_utilities(members, table)
         self._told = (fitness, weights)
         return weights
 

@@ -35,6 +35,7 @@ class MetricsLog:
         self.rows = [r for r in rows if int(r["step"]) <= resume_step]
         self.columns = COLUMNS + [c for c in dict.fromkeys(extra_columns) if c not in COLUMNS]
         self.columns += _opened(self.rows, self.columns)
+        self._file = self._writer = None  # the file kept open for appending rows (after the first)
         self._rewrite()
         self.loggers = list(make_loggers(None, Path(out)) if loggers is None else loggers)
         self.closed = False
@@ -43,6 +44,7 @@ class MetricsLog:
 
     def _rewrite(self) -> None:
         """The whole file, atomically: a kill while a new column opens leaves the rows written before."""
+        self._close_file()  # the path is replaced: the next row opens the new file
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, self.columns)
         writer.writeheader()
@@ -63,16 +65,30 @@ class MetricsLog:
             self.columns += opened
             self._rewrite()
         else:
-            with open(self.path, "a", newline="") as f:
-                csv.DictWriter(f, self.columns).writerow({k: _fmt(row.get(k)) for k in self.columns})
+            self._append(row)
         step = int(row["step"])
         for logger in list(self.loggers):
             self._call(logger, "log", step, dict(row))
+
+    def _append(self, row: dict) -> None:
+        """``row`` at the end of the file, through a handle kept open between rows (opening the file costs more
+        than the row) and flushed, so that a killed run's file has every row written."""
+        if self._file is None:
+            self._file = open(self.path, "a", newline="")
+            self._writer = csv.writer(self._file)
+        self._writer.writerow([_fmt(row.get(k)) for k in self.columns])
+        self._file.flush()
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = self._writer = None
 
     def close(self, summary: dict | None = None, status: str | None = None) -> None:
         """End the trackers' runs: with the run's ``summary`` when it finished (hyperparameters and final
         values), without one when it failed (``status``: "FAILED" by default, "KILLED" for an interrupted
         run). Only the first call counts."""
+        self._close_file()
         if self.closed:
             return
         self.closed = True
