@@ -20,13 +20,17 @@ picked function, ``name=n`` to that function only; without ``--dims`` each funct
 strategy) gives the rows it gave before the options existed.
 
 Prints, per function, n and strategy, the median over seeds of the final value (the mean's, not the best member's)
-and of the wall time per generation.
+and of the wall time per generation; also the process's CPU time per generation (time.process_time: one thread,
+so it is the wall time the run would take alone, robust to other processes sharing the cores). A run whose sigma
+falls below nesgpu's floor (MIN_SIGMA, 1e-12: converged to float64 noise) stops there, as the next step would
+refuse that sigma; its row then lists ``generations_run``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -35,6 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from nesgpu.model import MIN_SIGMA
 from nesgpu.train import TrainConfig, train
 
 SHIFT = 1.0
@@ -92,23 +97,29 @@ class Minimise:
 
 def run(name: str, n: int, strategy: str, generations: int, seed: int, **options) -> dict:
     """One run; ms per generation from the end of generation 1 to the end of the last (the trainer's whole
-    step: evaluation, update, metrics row), as the peers' are timed after their first (compiling) one."""
+    step: evaluation, update, metrics row), as the peers' are timed after their first (compiling) one. A run
+    whose next sigma falls below nesgpu's floor MIN_SIGMA (1e-12; the next step would refuse it: a step size that
+    converged to the float64 noise, as sep_cma_es's does on the sphere at n = 30) or is not finite is stopped
+    there: ``generations`` says where, the value is at that generation's mean."""
     function = FUNCTIONS[name][0]
     model = nn.Linear(1, n, bias=False).double()
     nn.init.zeros_(model.weight)
     ends = {}
 
     def clock(step, row):
-        ends[step] = time.perf_counter()
+        ends[step] = time.perf_counter(), time.process_time()
+        sigma = float(row["sigma"])
+        return not (math.isfinite(sigma) and sigma >= MIN_SIGMA)
 
     with tempfile.TemporaryDirectory() as out:
         cfg = TrainConfig(strategy=strategy, layer="gaussian", population=32, sigma=1.0, steps=generations,
                           seed=seed, eval_every=generations, checkpoint_every=generations, log="none",
                           out=str(Path(out) / "run"), **options)
         train(cfg, model=model, task=Minimise(function, n), log=lambda *a, **k: None, callback=clock)
-    seconds = ends[generations] - ends[1]
+    last = max(ends)
     return {"value": float(function(model.weight[:, 0].detach())),
-            "ms_per_generation": 1000 * seconds / (generations - 1)}
+            "ms_per_generation": 1000 * (ends[last][0] - ends[1][0]) / max(last - 1, 1),
+            "cpu_ms_per_generation": 1000 * (ends[last][1] - ends[1][1]) / max(last - 1, 1), "generations": last}
 
 
 def problems(functions: list[str], dims: str | None) -> list[tuple[str, int]]:
@@ -158,11 +169,16 @@ def main() -> None:
             row = {"function": name, "n": n, "strategy": strategy,
                    "value": statistics.median(r["value"] for r in runs),
                    "ms_per_generation": statistics.median(r["ms_per_generation"] for r in runs),
+                   "cpu_ms_per_generation": statistics.median(r["cpu_ms_per_generation"] for r in runs),
                    "values": [r["value"] for r in runs]}
+            if any(r["generations"] < args.generations for r in runs):  # stopped at the sigma floor (run())
+                row["generations_run"] = [r["generations"] for r in runs]
             rows.append(row)
             print(f"{name:10s} n={row['n']:4d} {strategy:17s} value {row['value']:.3g}  "
-                  f"{row['ms_per_generation']:.2f} ms/generation  "
-                  f"(seeds {', '.join(f'{v:.3g}' for v in row['values'])})", flush=True)
+                  f"{row['ms_per_generation']:.2f} ms/generation (CPU {row['cpu_ms_per_generation']:.2f})  "
+                  f"(seeds {', '.join(f'{v:.3g}' for v in row['values'])})"
+                  + (f"  stopped at the sigma floor: generations {row['generations_run']}" if "generations_run" in row
+                     else ""), flush=True)
             if args.out is not None:  # after every row, so that a cut run keeps what it finished
                 args.out.write_text(json.dumps({"generations": args.generations, "seeds": args.seeds,
                                                 "rows": rows}, indent=1) + "\n")
