@@ -4,6 +4,7 @@ object (chunked and not), equal a plain reference written from the papers' formu
 float64; a run resumes bit for bit (the scales, paths and covariance are in the checkpoint); all-tied fitness
 moves nothing; a kind that cannot carry a per-parameter sigma is refused."""
 
+import dataclasses
 import math
 
 import pytest
@@ -229,16 +230,16 @@ def test_xnes_is_the_papers_update_and_refuses_a_large_model():
 
 
 def test_cma_es_is_hansens_active_update():
-    """The tutorial's (n, lambda)-CMA-ES with negative weights, explicit members in float64: the mean, sigma and
-    the factor A = C^(1/2) the population samples with (decomposed every step at n = 5)."""
+    """The tutorial's (n, lambda)-CMA-ES with negative weights over the better member of each antithetic pair,
+    explicit members in float64: the mean, sigma and the factor A = C^(1/2) the population samples with
+    (decomposed every step at n = 5)."""
     from nesgpu.strategies.cma_es import active_weights
     from nesgpu.strategies.sep_cma_es import CMARates, recombination_weights
 
-    lam = 2 * D
-    mu_eff = float(1 / recombination_weights(lam).square().sum())
+    mu_eff = float(1 / recombination_weights(D).square().sum())
     r = CMARates.of(N, mu_eff, separable=False)
-    w = active_weights(lam, N, r)
-    assert w[:D].sum() == pytest.approx(1) and (w[D:] < 0).all()
+    w = active_weights(D, N, r)
+    assert w[:D // 2].sum() == pytest.approx(1) and (w[D // 2:] < 0).all()
     theta, cov, sigma = vector_model().weight[:, 0].detach().clone(), torch.eye(N, dtype=torch.float64), SIGMA
     factor, p_s, p_c = torch.eye(N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64), torch.zeros(N)
     pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
@@ -246,18 +247,16 @@ def test_cma_es_is_hansens_active_update():
     assert cma.eigen_every == 1
     step = EvolutionStep(Sphere(), Population(pm, chunk=4, log=lambda *a: None), cma, SIGMA)
     for g in range(1, 4):
-        z = torch.cat([unit_noise(g), -unit_noise(g)])  # the members' unit noise, +d then -d
+        z, f = winners(g, theta, sigma, lambda u: u @ factor.t())
         y = z @ factor.t()
-        f = -(theta + sigma * y - TARGET).pow(2).sum(-1)
-        weights = torch.empty(lam, dtype=torch.float64)
+        weights = torch.empty(D, dtype=torch.float64)
         weights[f.argsort(descending=True)] = w
         positive = weights.clamp(min=0)
         y_w, z_w = positive @ y, positive @ z
-        mass = 1 / float((positive[:D] - positive[D:]).square().sum())  # mu_eff less what the pairs cancel
         theta = theta + sigma * y_w
-        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mass) * z_w
+        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mu_eff) * z_w
         h_s = float(p_s.norm() / math.sqrt(1 - (1 - r.c_s) ** (2 * g)) < (1.4 + 2 / (N + 1)) * r.chi_n)
-        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mass) * y_w
+        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mu_eff) * y_w
         rescaled = torch.where(weights < 0, weights * N / z.square().sum(1), weights)
         cov = (1 - r.c_1 - r.c_mu * float(w.sum()) + (1 - h_s) * r.c_1 * r.c_c * (2 - r.c_c)) * cov + \
             r.c_1 * torch.outer(p_c, p_c) + r.c_mu * (y.t() * rescaled) @ y
@@ -271,11 +270,20 @@ def test_cma_es_is_hansens_active_update():
     assert not torch.allclose(factor, torch.eye(N, dtype=torch.float64), atol=1e-3)  # it did adapt
 
 
-def test_sep_cma_es_is_ros_and_hansens_update():
+def winners(g, theta, sigma, mix):
+    """Pairwise selection: the better member of each antithetic pair at step ``g`` as its signed unit noise (D, N),
+    and its fitness; ``mix`` maps unit noise to the noise as evaluated."""
+    z = unit_noise(g)
+    f_plus = -(theta + sigma * mix(z) - TARGET).pow(2).sum(-1)
+    f_minus = -(theta - sigma * mix(z) - TARGET).pow(2).sum(-1)
+    plus = f_plus >= f_minus
+    return torch.where(plus[:, None], z, -z), torch.where(plus, f_plus, f_minus)
+
+
+def test_sep_cma_es_is_ros_and_hansens_update_with_pairwise_selection():
     from nesgpu.strategies.sep_cma_es import CMARates, recombination_weights
 
-    lam = 2 * D
-    w = recombination_weights(lam)
+    w = recombination_weights(D)  # D candidates: the better of each pair
     mu_eff = float(1 / w.square().sum())
     r = CMARates.of(N, mu_eff)
     theta, c, sigma = vector_model().weight[:, 0].detach().clone(), torch.ones(N, dtype=torch.float64), SIGMA
@@ -283,17 +291,15 @@ def test_sep_cma_es_is_ros_and_hansens_update():
     pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
     step = EvolutionStep(Sphere(), Population(pm, chunk=4, log=lambda *a: None), SepCMAES(D, num_perturbed=N), SIGMA)
     for g in range(1, 4):
-        z = torch.cat([unit_noise(g), -unit_noise(g)])  # the members' unit noise, +d then -d
+        z, f = winners(g, theta, sigma, lambda u: c.sqrt() * u)
         y = c.sqrt() * z
-        f = -(theta + sigma * y - TARGET).pow(2).sum(-1)
-        weights = torch.empty(lam, dtype=torch.float64)
+        weights = torch.empty(D, dtype=torch.float64)
         weights[f.argsort(descending=True)] = w
-        y_w, z_w = (weights[:, None] * y).sum(0), (weights[:, None] * z).sum(0)
-        mass = 1 / float((weights[:D] - weights[D:]).square().sum())  # mu_eff less what the pairs cancel
+        y_w, z_w = weights @ y, weights @ z
         theta = theta + sigma * y_w
-        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mass) * z_w
+        p_s = (1 - r.c_s) * p_s + math.sqrt(r.c_s * (2 - r.c_s) * mu_eff) * z_w
         h_s = float(p_s.norm() / math.sqrt(1 - (1 - r.c_s) ** (2 * g)) < (1.4 + 2 / (N + 1)) * r.chi_n)
-        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mass) * y_w
+        p_c = (1 - r.c_c) * p_c + h_s * math.sqrt(r.c_c * (2 - r.c_c) * mu_eff) * y_w
         c = (1 - r.c_1 - r.c_mu + (1 - h_s) * r.c_1 * r.c_c * (2 - r.c_c)) * c + r.c_1 * p_c ** 2 + \
             r.c_mu * (weights[:, None] * y ** 2).sum(0)
         sigma = sigma * math.exp(r.c_s / r.d_s * (float(p_s.norm()) / r.chi_n - 1))
@@ -301,6 +307,15 @@ def test_sep_cma_es_is_ros_and_hansens_update():
         torch.testing.assert_close(pm.model.weight[:, 0].detach(), theta, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(pm.scales()["weight"][:, 0], c.sqrt(), rtol=1e-12, atol=1e-12)
         assert math.isclose(step.state.sigma, sigma, rel_tol=1e-12)
+
+
+def test_cma_strategies_sample_independent_members_unless_told():
+    from nesgpu.train import TrainConfig
+
+    for name in ("sep_cma_es", "cma_es"):
+        assert TrainConfig(strategy=name, layer="gaussian").resolved().antithetic is False
+        assert TrainConfig(strategy=name, layer="gaussian", antithetic=True).resolved().antithetic is True
+    assert TrainConfig(strategy="snes", layer="gaussian").resolved().antithetic is True
 
 
 class PureNoise(Sphere):
@@ -313,10 +328,28 @@ class PureNoise(Sphere):
 
 @pytest.mark.parametrize("strategy", [SepCMAES(16, num_perturbed=20), CMAES(16, num_perturbed=20)])
 def test_a_fitness_of_pure_noise_does_not_collapse_the_step_size(strategy):
-    """Random selection picks both members of many antithetic pairs, whose z cancel in the recombination: with the
-    nominal mu_eff the path stays short and sigma fell 1e5-fold in 300 steps; with the realised mass it holds."""
+    """Random selection picks both members of many antithetic pairs, whose z cancel in the recombination: the
+    path stayed short and sigma fell 1e5-fold in 300 steps; with pairwise selection it holds."""
     model = nn.Linear(1, 20, bias=False).double()
     pm = nesgpu.PerturbedModel(nesgpu.convert(model, "gaussian"), 16, sigma=1.0, seed=3, antithetic=True)
     step = EvolutionStep(PureNoise(), Population(pm, log=lambda *a: None), strategy, 1.0)
     sigmas = [step.run()["sigma"] for _ in range(300)]
     assert 1e-2 < sigmas[-1] < 1e2, sigmas[::50]  # a random walk of log sigma about 0 (8 seeds: 10^-0.5..10^0.8)
+
+
+class Shrinking(SepCMAES):
+    """Separable CMA-ES whose sigma shrinks 1e-4-fold a step: it reaches the floor within a few steps."""
+
+    def adapt(self, state, scales, seconds, means, paths):
+        scales, paths, state = super().adapt(state, scales, seconds, means, paths)
+        return scales, paths, dataclasses.replace(state, sigma=state.sigma * 1e-4)
+
+
+def test_a_converged_search_holds_sigma_at_the_floor_with_one_warning():
+    from nesgpu.model import MIN_SIGMA
+
+    pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
+    step = EvolutionStep(Sphere(), Population(pm, log=lambda *a: None), Shrinking(D, num_perturbed=N), SIGMA)
+    with pytest.warns(UserWarning, match="the search has converged as far as noise can resolve") as caught:
+        rows = [step.run() for _ in range(6)]  # without the floor: "sigma must be a finite number >= 1e-12"
+    assert rows[-1]["sigma"] == MIN_SIGMA == step.state.sigma and len(caught) == 1

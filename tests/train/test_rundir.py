@@ -195,7 +195,7 @@ def test_load_run_returns_the_trained_model_and_refuses_non_finite_weights(tmp_p
 
 
 @pytest.mark.parametrize("text,message", [
-    ('antithetic: "no"\n', "option 'antithetic' must be bool; got 'no' \\(str\\)"),
+    ('antithetic: "no"\n', "option 'antithetic' must be bool or None; got 'no' \\(str\\)"),
     ("steps: 3.7\n", "option 'steps' must be int or None; got 3.7"),
     ("hidden: [8, true]\n", "option 'hidden' must be tuple"),
     ("sigma: fast\n", "option 'sigma' must be a number or 'auto'; got 'fast'"),

@@ -106,6 +106,8 @@ class Strategy:
     name = "strategy"
     default_lr: ClassVar[float] = 0.01  # the step size its default optimizer expects
     needs_antithetic: ClassVar[bool] = False  # the one place this rule is stated, per strategy
+    # whether a run of it samples antithetic pairs unless told otherwise (CMA-ES: independent members)
+    default_antithetic: ClassVar[bool] = True
     needs_sq_norms: ClassVar[bool] = False  # whether tell reads ||z_d||^2 (evaluated with the fitness)
     # what the trainer passes from the perturbed model, by its attribute names (PGPE: num_perturbed)
     population_options: ClassVar[tuple[str, ...]] = ()

@@ -9,13 +9,14 @@ members / 2 best get the recombination weights w_i > 0, summing to 1, mu_eff = 1
 negative weights) and sums over i <= mu taken over the positive ones only:
 
     m     <- m + sigma * sum_{i<=mu} w_i y_i                                   (SGD at lr 1)
-    p_s   <- (1 - c_s) p_s + sqrt(c_s (2 - c_s) mu_w) sum_{i<=mu} w_i z_i       (= C^(-1/2) sum w_i y_i)
-    p_c   <- (1 - c_c) p_c + h_s sqrt(c_c (2 - c_c) mu_w) sum_{i<=mu} w_i y_i
+    p_s   <- (1 - c_s) p_s + sqrt(c_s (2 - c_s) mu_eff) sum_{i<=mu} w_i z_i     (= C^(-1/2) sum w_i y_i)
+    p_c   <- (1 - c_c) p_c + h_s sqrt(c_c (2 - c_c) mu_eff) sum_{i<=mu} w_i y_i
     C     <- (1 - c_1 - c_mu sum_i w_i + (1 - h_s) c_1 c_c (2 - c_c)) C + c_1 p_c p_c^T + c_mu sum_i w'_i y_i y_i^T
     sigma <- sigma exp(c_s / d_s (|p_s| / E|N(0, I)| - 1))
 
-(w'_i = w_i, or w_i n / |z_i|^2 for a negative one; mu_w the step's realised selection mass, as in
-:mod:`nesgpu.strategies.sep_cma_es`) with the tutorial's default rates for n. C is decomposed
+(w'_i = w_i, or w_i n / |z_i|^2 for a negative one) with the tutorial's default rates for n. Members are
+independent by default; with antithetic pairs only the better of each pair competes, as in
+:mod:`nesgpu.strategies.sep_cma_es`. C is decomposed
 again (``torch.linalg.eigh``, O(n^3)) every 1 / (10 n (c_1 + c_mu)) generations, the tutorial's lazy update, so a
 generation costs D n^2 (the noise and the rank-mu sum) plus, now and then, n^3. The paths and C (float64) are
 per-run tensors the trainer keeps and checkpoints, with A; |p_s| is one host read per step. Antithetic pairs are
@@ -52,6 +53,8 @@ class CMAES(ScaleAdapting):
     population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
     adapts_scales = False
     adapts_covariance = True
+    pairwise = True
+    default_antithetic = False
 
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  sigma_schedule: Schedule | None = None):
@@ -63,9 +66,9 @@ class CMAES(ScaleAdapting):
                              f"parameters; this one has {num_perturbed:,}: use sep_cma_es or snes (a sigma per "
                              f"parameter, n entries)")
         self.n = num_perturbed
-        self.mu_eff = float(1 / recombination_weights(self.members).square().sum())
+        self.mu_eff = float(1 / recombination_weights(self.candidates).square().sum())
         self.rates = CMARates.of(num_perturbed, self.mu_eff, separable=False)
-        self.weights = active_weights(self.members, num_perturbed, self.rates)
+        self.weights = active_weights(self.candidates, num_perturbed, self.rates)
         self.weight_sum = float(self.weights.sum())
         self.eigen_every = max(1, int(1 / (10 * num_perturbed * (self.rates.c_1 + self.rates.c_mu))))
 
@@ -84,14 +87,14 @@ class CMAES(ScaleAdapting):
         """The new factor A (None: unchanged until the next decomposition), the paths and C, and the state after
         the step, from ``first`` = sum w z (unit noise) and ``second`` = sum w y y^T (``state`` is the one
         :meth:`tell` advanced: its step counts this one)."""
-        r, mass = self.rates, self.selection_mass(positive_only=True).to(torch.float64)
+        r, mu_eff = self.rates, self.mu_eff
         first, second = first.to(torch.float64), second.to(torch.float64)
         zeros = torch.zeros_like(first)
-        p_s = (1 - r.c_s) * paths.get("p_s", zeros) + (r.c_s * (2 - r.c_s) * mass).sqrt() * first
+        p_s = (1 - r.c_s) * paths.get("p_s", zeros) + math.sqrt(r.c_s * (2 - r.c_s) * mu_eff) * first
         norm = float(p_s.norm())  # the step's second host read
         h_s = norm / math.sqrt(1 - (1 - r.c_s) ** (2 * state.step)) < (1.4 + 2 / (self.n + 1)) * r.chi_n
         y_w = factor.to(torch.float64) @ first  # sum w y = A sum w z
-        p_c = (1 - r.c_c) * paths.get("p_c", zeros) + float(h_s) * (r.c_c * (2 - r.c_c) * mass).sqrt() * y_w
+        p_c = (1 - r.c_c) * paths.get("p_c", zeros) + float(h_s) * math.sqrt(r.c_c * (2 - r.c_c) * mu_eff) * y_w
         keep = 1 - r.c_1 - r.c_mu * self.weight_sum + (0.0 if h_s else r.c_1 * r.c_c * (2 - r.c_c))
         cov = paths["C"] if "C" in paths else torch.eye(self.n, dtype=torch.float64, device=first.device)
         cov = keep * cov + r.c_1 * torch.outer(p_c, p_c) + r.c_mu * second

@@ -11,6 +11,7 @@ elementwise.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 
@@ -39,6 +40,17 @@ def ranked_utilities(fitness: torch.Tensor, table: torch.Tensor) -> torch.Tensor
     utilities[order] = mean[run]
     tied = ordered[0] == ordered[-1]  # all_tied(flat), from the sorted values
     return torch.where(tied, 0.0, utilities).view_as(fitness).to(fitness.dtype)
+
+
+def pairwise_utilities(members: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Mirrored sampling with pairwise selection (Auger, Brockhoff and Hansen 2011): of each antithetic pair
+    (members (2, D)) only the better can be selected, so that a pair never cancels itself out of the
+    recombination (which shrinks CMA-ES's step size whenever selection is noisy). The D winners are ranked by
+    ``table`` (D entries, best first; ties share); the losers weigh 0. A pair that ties gives its + member."""
+    plus = members[0] >= members[1]
+    utilities = ranked_utilities(torch.where(plus, members[0], members[1]), table)
+    zero = torch.zeros_like(utilities)
+    return torch.stack([torch.where(plus, utilities, zero), torch.where(plus, zero, utilities)])
 
 
 def snes_utilities(n: int, dtype=torch.float64, device=None) -> torch.Tensor:
@@ -73,6 +85,7 @@ class ScaleAdapting(Strategy):
     adapts_sigma = True
     adapts_scales = True
     linear_policy = True
+    pairwise: ClassVar[bool] = False  # antithetic pairs: only the better of each pair competes (pairwise_utilities)
 
     def __init__(self, directions: int, antithetic: bool = True, sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
@@ -80,11 +93,13 @@ class ScaleAdapting(Strategy):
             raise ValueError(f"{self.name} adapts a sigma per parameter itself: no sigma schedule applies (drop "
                              f"--sigma-schedule)")
         self.members = directions * (2 if antithetic else 1)
+        # who competes for the weights: every member, or with pairwise selection one per antithetic pair
+        self.candidates = directions if self.pairwise and antithetic else self.members
         self._told: tuple | None = None  # (fitness, its weights) of the latest step
         self._tables: dict = {}  # table(device) by device: built once
 
     def table(self, device) -> torch.Tensor:
-        """The weight of the member of each rank, best first (:attr:`members` of them)."""
+        """The weight of the candidate of each rank, best first (:attr:`candidates` of them)."""
         raise NotImplementedError
 
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
@@ -103,22 +118,10 @@ class ScaleAdapting(Strategy):
         table = self._tables.get(members.device)
         if table is None:
             table = self._tables[members.device] = self.table(members.device)
-        weights = ranked_utilities(members, table)
+        rank = pairwise_utilities if self.candidates != self.members else ranked_utilities
+        weights = rank(members, table)
         self._told = (fitness, weights)
         return weights
-
-    def selection_mass(self, positive_only: bool = False) -> torch.Tensor:
-        """mu_eff as the latest step's recombination realised it: 1 / sum_d c_d^2, c_d = sum_s s w_sd the weight
-        of z_d once an antithetic pair's members are added with their signs (0 where no weight is left). Without
-        pairs, or when no pair has both members selected, it is the weights' own 1 / sum w^2; when both are,
-        they cancel in sum_d c_d z_d, and scaling a path by sqrt of this mass (not of the nominal mu_eff) keeps
-        it N(0, I) under random selection: a noisy fitness does not shrink the step size by itself.
-        ``positive_only``: of the positive weights (a recombination that leaves the negative ones out)."""
-        weights = self._told[1].clamp(min=0) if positive_only else self._told[1]
-        if self.antithetic:
-            weights = weights[0] - weights[1]
-        total = weights.square().sum()
-        return torch.where(total > 0, 1 / total.clamp(min=torch.finfo(total.dtype).tiny), torch.zeros_like(total))
 
     def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, StrategyState]:
@@ -126,5 +129,5 @@ class ScaleAdapting(Strategy):
         return mean_step_weights(weights, self.directions, state.sigma), self.advance(state, state.sigma)
 
 
-__all__ = ["ScaleAdapting", "elite_utilities", "mean_step_weights", "member_fitness", "ranked_utilities",
-           "snes_utilities"]
+__all__ = ["ScaleAdapting", "elite_utilities", "mean_step_weights", "member_fitness", "pairwise_utilities",
+           "ranked_utilities", "snes_utilities"]

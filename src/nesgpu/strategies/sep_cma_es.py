@@ -6,17 +6,17 @@ scales; S = 1 at the start). With the mu = members / 2 best weighted w_i = ln(mu
 mu_eff = 1 / sum w_i^2, and y = S o z:
 
     m     <- m + sigma * sum w_i y_i                                  (SGD at lr 1)
-    p_s   <- (1 - c_s) p_s + sqrt(c_s (2 - c_s) mu_w) sum w_i z_i
-    p_c   <- (1 - c_c) p_c + h_s sqrt(c_c (2 - c_c) mu_w) sum w_i y_i
+    p_s   <- (1 - c_s) p_s + sqrt(c_s (2 - c_s) mu_eff) sum w_i z_i
+    p_c   <- (1 - c_c) p_c + h_s sqrt(c_c (2 - c_c) mu_eff) sum w_i y_i
     c     <- (1 - c_1 - c_mu + (1 - h_s) c_1 c_c (2 - c_c)) c + c_1 p_c^2 + c_mu sum w_i y_i^2
     sigma <- sigma exp(c_s / d_s (|p_s| / E|N(0, I)| - 1))
 
-with Hansen's default rates for n evolving parameters (``cma_rates``). mu_w is the step's realised selection
-mass (:meth:`ScaleAdapting.selection_mass`): mu_eff, unless both members of antithetic pairs were selected,
-whose z cancel in the sums; normalising by what is left keeps the paths N(0, I) under random selection, so a
-noisy fitness does not collapse sigma (with mu_eff it fell 1e5-fold in 300 steps of pure noise). The paths
-are per-parameter tensors the trainer keeps (and checkpoints) beside the scales; |p_s| is one host read per
-step. Antithetic pairs are two members each. Needs ``--layer gaussian``.
+with Hansen's default rates for n evolving parameters (``cma_rates``). The paths are per-parameter tensors the
+trainer keeps (and checkpoints) beside the scales; |p_s| is one host read per step. Members are independent by
+default (``default_antithetic``); with antithetic pairs only the better of each pair competes
+(:func:`~nesgpu.strategies.scaled.pairwise_utilities`), since a pair selected whole cancels in sum w_i z_i and
+cumulative step-size adaptation then shrinks sigma on a noisy fitness (1e5-fold in 300 steps of pure noise).
+Needs ``--layer gaussian``.
 """
 
 from __future__ import annotations
@@ -75,13 +75,15 @@ class SepCMAES(ScaleAdapting):
     name = "sep_cma_es"
     population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
     needs_means = True
+    pairwise = True
+    default_antithetic = False
 
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
         if not (isinstance(num_perturbed, int) and num_perturbed > 0):
             raise ValueError(f"sep_cma_es's rates need num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
-        self.n, self.weights = num_perturbed, recombination_weights(self.members)
+        self.n, self.weights = num_perturbed, recombination_weights(self.candidates)
         self.mu_eff = float(1 / self.weights.square().sum())
         self.rates = CMARates.of(num_perturbed, self.mu_eff)
 
@@ -93,17 +95,16 @@ class SepCMAES(ScaleAdapting):
               ) -> tuple[dict, dict, StrategyState]:
         """The paths, the diagonal covariance (as S = sqrt(c)) and sigma after the step (``state`` is the one
         :meth:`tell` advanced: its step counts this one)."""
-        r, mass = self.rates, self.selection_mass()
-        kick = (r.c_s * (2 - r.c_s) * mass).sqrt()
-        p_s = {k: (1 - r.c_s) * paths.get(f"p_s:{k}", torch.zeros_like(v)) + kick.to(v.dtype) * v
-               for k, v in means.items()}
+        r, mu_eff = self.rates, self.mu_eff
+        kick = math.sqrt(r.c_s * (2 - r.c_s) * mu_eff)
+        p_s = {k: (1 - r.c_s) * paths.get(f"p_s:{k}", torch.zeros_like(v)) + kick * v for k, v in means.items()}
         norm = math.sqrt(float(sum(v.square().sum() for v in p_s.values())))  # the step's second host read
         h_s = norm / math.sqrt(1 - (1 - r.c_s) ** (2 * state.step)) < (1.4 + 2 / (self.n + 1)) * r.chi_n
         new_scales, new_paths = {}, {}
         for k, mean in means.items():
             scale = scales[k]
             p_c = (1 - r.c_c) * paths.get(f"p_c:{k}", torch.zeros_like(mean)) + \
-                float(h_s) * (r.c_c * (2 - r.c_c) * mass).sqrt().to(mean.dtype) * (scale * mean)
+                float(h_s) * math.sqrt(r.c_c * (2 - r.c_c) * mu_eff) * (scale * mean)
             c = scale.square()
             keep = 1 - r.c_1 - r.c_mu + (0.0 if h_s else r.c_1 * r.c_c * (2 - r.c_c))
             c = keep * c + r.c_1 * p_c.square() + r.c_mu * c * (seconds[k] + 1)  # sum w y^2 = c o sum w z^2

@@ -96,7 +96,8 @@ class TrainConfig:
     hidden: tuple[int, ...] | None = opt(help="hidden sizes, e.g. 64,64; 0 for a linear model; cnn: channels per "
                                          "Conv1d; transformer: d_model[,n_layers[,n_heads[,dim_feedforward]]]",
                                          per_task=True, metavar="N,N")
-    antithetic: bool = opt(True, "mirrored sampling: each direction evaluated at +sigma and -sigma")
+    antithetic: bool | None = opt(help="mirrored sampling: each direction evaluated at +sigma and -sigma (default "
+                                       "on; off for sep_cma_es and cma_es, whose members are independent)")
     layer_options: dict = opt(dict, "options of the layer kind (each also a flag of its own, e.g. --rank)")
     bits: int | None = opt(help="low-bit weights in every Linear and Conv layer: 1 (binary) or 8 (int8), each with a "
                            "per-output-channel scale, quantised from the float weights ES updates (default: float; "

@@ -17,7 +17,7 @@ STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
 ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic",
            "evolve", "sigma_schedule", "sigma_final", "chunk_size", "compile", "dtype")
 # what neither the task nor its model sets
-GLOBAL_DEFAULTS = dict(strategy="openai_es", lr_schedule="constant", lr_final=1.0)
+GLOBAL_DEFAULTS = dict(strategy="openai_es", lr_schedule="constant", lr_final=1.0, antithetic=True)
 # a task of the user's own (``train(cfg, task=...)``) is labelled "custom:<name>"; it starts from these where
 # neither the config nor the task's own ``defaults`` mapping sets an option
 CUSTOM = "custom:"
@@ -56,6 +56,8 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
             values.update(strategy=strategy, lr=lr)
     # the strategy's options: its own defaults, less what the task tuned for it (for its own strategy only)
     values.update(STRATEGY.defaults_of(values["strategy"]))
+    if not getattr(STRATEGIES.get(values["strategy"]), "default_antithetic", True):  # CMA-ES: independent members
+        values["antithetic"] = False
     values.update({k: v for k, v in tuned.items() if values["strategy"] == own and k in values})
     if "observation_clip" in values:  # an RL task's: the strategy's (the gradient baseline clips as OpenAI-ES)
         es = STRATEGIES.get(values["strategy"])

@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import Protocol
 
 import torch
 from torch import nn
 
+from ...model import MIN_SIGMA
 from ...population import Population
 from ...probe import Probe, probe_line, probe_sigma
 from ...strategies import Strategy
@@ -85,6 +87,7 @@ class EvolutionStep:
         self.state = strategy.init(start)
         self.lrs.apply(self.state.step)
         self.paths: dict = {}  # a strategy's own per-parameter tensors (CMA-ES's evolution paths)
+        self.floored = False  # whether sigma reached MIN_SIGMA (warned once)
         if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM, sep-CMA-ES): S = 1, then adapted every step
             population.pm.check_scalable(strategy.name, strategy.outer_scales)
             population.pm.set_scales(population.pm.unit_scales())
@@ -122,9 +125,24 @@ class EvolutionStep:
             strategy.regularize(self.population.parameters())
         self.optimizer.step()
         self.population.pm.sync_weights()  # a half-precision model: its weights from the stepped masters
+        self._hold_sigma_at_the_floor()
         self.lrs.apply(self.state.step)
         fitness = {k: stats.pop(k) for k in ("fitness_mean", "fitness_max", "fitness_min")}
         return {**fitness, "sigma": self.state.sigma, "lr": self.optimizer.param_groups[0]["lr"], **stats}
+
+    def _hold_sigma_at_the_floor(self) -> None:
+        """A strategy that adapts sigma and has converged takes it below what the noise can resolve: it stays at
+        :data:`~nesgpu.model.MIN_SIGMA` from then on, with one warning (not an error at the next step)."""
+        sigma = self.state.sigma
+        if not math.isfinite(sigma):
+            raise ValueError(f"strategy {self.strategy.name!r} made sigma {sigma} at step {self.state.step}; check "
+                             f"the task's fitness (lower --sigma or --lr)")
+        if sigma < MIN_SIGMA:
+            self.state = dataclasses.replace(self.state, sigma=MIN_SIGMA)
+            if not self.floored:
+                self.floored = True
+                warnings.warn(f"{self.strategy.name} took sigma to {sigma:.3g} at step {self.state.step}: the search "
+                              f"has converged as far as noise can resolve; sigma stays at {MIN_SIGMA:g}", stacklevel=3)
 
     def _mean_scale(self) -> torch.Tensor:
         """The mean scale of the step's noise per entry (sigma times it is the typical member's sigma): the mean
