@@ -8,6 +8,8 @@ lr, Adam; snes / sep_cma_es / cem: their lr 1 with their own sigma rules). The s
     openai_es               the task's default layer (lowrank)
     openai_es gaussian      --layer gaussian (IID noise, one sigma)
     snes / sep_cma_es / cem --layer gaussian (IID noise, a sigma per parameter)
+    snes lowrank            the task's default layer: low-rank noise, a row x column sigma per matrix
+    cma_es gaussian         --layer gaussian, a full covariance (policies: a few hundred parameters)
 
 gym tasks run with ``--target 1e12`` so that every run uses its whole budget (the env's reward_threshold would
 stop a solved run early); the first evaluation at or above the threshold is recorded (``solved_at_s``).
@@ -47,6 +49,8 @@ SETTINGS = {
     "snes gaussian": ["--strategy", "snes", "--layer", "gaussian"],
     "sep_cma_es gaussian": ["--strategy", "sep_cma_es", "--layer", "gaussian"],
     "cem gaussian": ["--strategy", "cem", "--layer", "gaussian"],
+    "snes lowrank": ["--strategy", "snes"],  # the task's default layer: a row x column sigma per matrix
+    "cma_es gaussian": ["--strategy", "cma_es", "--layer", "gaussian"],  # small policies only (n <= 10,000)
 }
 GYM_THRESHOLDS = {"gym:InvertedPendulum-v5": 950.0, "gym:InvertedDoublePendulum-v5": 9100.0}
 
