@@ -59,13 +59,8 @@ class CMAES(ScaleAdapting):
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
-        if not (isinstance(num_perturbed, int) and num_perturbed > 0):
-            raise ValueError(f"cma_es's rates need num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
-        if num_perturbed > MAX_PARAMETERS:
-            raise ValueError(f"cma_es keeps an n x n covariance, for models of up to {MAX_PARAMETERS:,} evolving "
-                             f"parameters; this one has {num_perturbed:,}: use sep_cma_es or snes (a sigma per "
-                             f"parameter, n entries)")
-        self.n = num_perturbed
+        self.n = self.evolving(num_perturbed, MAX_PARAMETERS, "keeps an n x n covariance",
+                               "sep_cma_es or snes (a sigma per parameter, n entries)")
         self.mu_eff = float(1 / recombination_weights(self.candidates).square().sum())
         self.rates = CMARates.of(num_perturbed, self.mu_eff, separable=False)
         self.weights = active_weights(self.candidates, num_perturbed, self.rates)

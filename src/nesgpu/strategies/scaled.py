@@ -98,6 +98,16 @@ class ScaleAdapting(Strategy):
         self._told: tuple | None = None  # (fitness, its weights) of the latest step
         self._tables: dict = {}  # table(device) by device: built once
 
+    def evolving(self, num_perturbed, limit: int | None = None, why: str = "", instead: str = "") -> int:
+        """``num_perturbed`` (n, the model's evolving parameters) checked: a positive int, at most ``limit`` (a
+        ValueError says ``why`` the limit and what to use ``instead``)."""
+        if not (isinstance(num_perturbed, int) and num_perturbed > 0):
+            raise ValueError(f"{self.name}'s rates need num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
+        if limit is not None and num_perturbed > limit:
+            raise ValueError(f"{self.name} {why}, for models of up to {limit:,} evolving parameters; this one has "
+                             f"{num_perturbed:,}: use {instead}")
+        return num_perturbed
+
     def table(self, device) -> torch.Tensor:
         """The weight of the candidate of each rank, best first (:attr:`candidates` of them)."""
         raise NotImplementedError

@@ -81,9 +81,7 @@ class SepCMAES(ScaleAdapting):
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
-        if not (isinstance(num_perturbed, int) and num_perturbed > 0):
-            raise ValueError(f"sep_cma_es's rates need num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
-        self.n, self.weights = num_perturbed, recombination_weights(self.candidates)
+        self.n, self.weights = self.evolving(num_perturbed), recombination_weights(self.candidates)
         self.mu_eff = float(1 / self.weights.square().sum())
         self.rates = CMARates.of(num_perturbed, self.mu_eff)
 

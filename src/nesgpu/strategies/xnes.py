@@ -48,13 +48,8 @@ class XNES(ScaleAdapting):
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
-        if not (isinstance(num_perturbed, int) and num_perturbed > 0):
-            raise ValueError(f"xnes's rates need num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
-        if num_perturbed > MAX_PARAMETERS:
-            raise ValueError(f"xnes takes an n x n matrix exponential every generation, for models of up to "
-                             f"{MAX_PARAMETERS:,} evolving parameters; this one has {num_perturbed:,}: use cma_es "
-                             f"(up to 10,000), or sep_cma_es or snes (a sigma per parameter)")
-        self.n = num_perturbed
+        self.n = self.evolving(num_perturbed, MAX_PARAMETERS, "takes an n x n matrix exponential every generation",
+                               "cma_es (up to 10,000), or sep_cma_es or snes (a sigma per parameter)")
         self.rate = 3 * (3 + math.log(num_perturbed)) / (5 * num_perturbed * math.sqrt(num_perturbed))
 
     def table(self, device) -> torch.Tensor:
