@@ -24,6 +24,7 @@ from ..decode import CompiledDecode, check_compilable
 from ..model import PerturbedModel
 from ..noise import derive_seed
 from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
+from .reward_stats import clipped_ratio, function_columns, function_names, function_sums, summed_keys
 from .scores import checked_rewards, logged_columns
 
 SHAPINGS = ("per_prompt", "none")
@@ -128,6 +129,8 @@ class GenerationTask:
         # the compiled decode: given, or made at the first population call
         self.compile, self._compiled = bool(compile), compile if isinstance(compile, CompiledDecode) else None
         self._graphs_seen: tuple[int, int] | None = None  # (step, graphs compiled by its end) of the last step
+        self.reward_names = function_names(reward)
+        self.summed_info = type(self).summed_info | summed_keys(self.reward_names)
 
     def data_fingerprint(self) -> str:
         """A short hash of what the task trains and evaluates on: the ``data_fingerprint`` it was given (a
@@ -165,13 +168,17 @@ class GenerationTask:
         texts = self._decode(distinct)
         lengths = [len(t) for t in self.tokenizer(texts, add_special_tokens=False).input_ids]
         completions = [texts[i] for i in row_of]
-        rewards = pm.by_member(self._score(row_prompts, completions, distinct, row_of).to(ids.device))  # (S, P*K, D)
+        scored = self._score(row_prompts, completions, distinct, row_of)
+        rewards = pm.by_member(scored.to(ids.device))  # (S, P*K, D)
         # sorted first: members whose samples scored the same values in another order tie exactly, not to rounding
         fitness = rewards.view(signs, len(prompts), self.generations, d).sort(2).values.mean(2)
         fitness = fitness.reshape(signs * len(prompts), d)
         tokens = sum(lengths[i] for i in row_of) / len(row_of)
+        clipped = clipped_ratio(lengths, row_of, self.max_new_tokens)
         return fitness, {"completion_tokens": torch.tensor(tokens, device=ids.device),
-                         "generated_tokens": torch.tensor(new.numel(), device=ids.device)}
+                         "generated_tokens": torch.tensor(new.numel(), device=ids.device),
+                         "completions/clipped_ratio": torch.tensor(clipped, device=ids.device),
+                         **function_sums(self.reward, scored.to(ids.device), self.reward_names)}
 
     def _likelihood_fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
         """Every member's expected reward on the step's completions, drawn once (every block and process of
@@ -214,7 +221,7 @@ class GenerationTask:
         by_prompt = self._by_prompt(fitness)
         spread = (by_prompt.amax(1) > by_prompt.amin(1)).to(fitness.dtype).mean()
         return {"reward_mean": members.mean(), "reward_std": members.std(unbiased=False),
-                "reward_best": members.max(), "prompts_with_spread": spread}
+                "reward_best": members.max(), "prompts_with_spread": spread, "frac_reward_zero_std": 1 - spread}
 
     def shape(self, fitness: torch.Tensor) -> torch.Tensor:
         """Per-prompt shaping of the whole population's fitness (after the exchange between processes): each
@@ -284,7 +291,10 @@ class GenerationTask:
         self._graphs_seen = (step, graphs)
 
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
-        """Nothing carries over between steps."""
+        """Nothing carries over between steps; the step's summed rewards per function become their mean and
+        std (in ``info``)."""
+        if f"rewards/{self.reward_names[0]}/sum" in info:
+            info.update(function_columns(info, self.reward_names))
 
     def logged_metrics(self) -> dict[str, float]:
         """What the reward functions gave TRL's ``log_metric`` since the last call, each name's mean."""

@@ -175,7 +175,9 @@ class Rewards:
         self.logged: dict[str, dict] = {"metrics": {}, "extra": {}}
         self._pending: dict[str, list[float]] = {}  # log_metric's values since the last take_metrics()
         self._told = False
-        self.__name__ = "+".join(getattr(f, "__name__", "reward") for f in functions)
+        self.names = [getattr(f, "__name__", type(f).__name__) for f in functions]  # TRL's rewards/<name>/...
+        self.values: list[list[float | None]] = []  # each function's values in the latest call (None: not scored)
+        self.__name__ = "+".join(self.names)
 
     def __call__(self, prompts: list[str], completions: list[str], completion_ids: Sequence[list[int]] | None = None,
                  step: int = 0, evaluating: bool = False) -> torch.Tensor:
@@ -190,10 +192,12 @@ class Rewards:
         if completion_ids is not None:
             extras["completion_ids"] = completion_ids
         total: list[float | None] = [None] * len(completions)  # None: no function scored it (NaN)
+        self.values = []
         for f, weight, takes in zip(self.functions, self.weights, self.takes):
             values = f(completions=texts, prompts=list(originals), **{k: list(v) for k, v in columns.items()},
                        **{k: v for k, v in extras.items() if k in takes and k not in columns})
             _add_checked(f, values, weight, total)
+            self.values.append([None if v is None else float(v) for v in values])
         self._note_unscored(total, originals)
         return torch.tensor([0.0 if t is None else t for t in total], dtype=torch.float64)
 
