@@ -178,7 +178,7 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None, mo
     pm = PerturbedModel(model, cfg.directions, sigma=start, antithetic=cfg.antithetic, seed=cfg.seed)
     population = Population(pm, ranks, cfg.chunk_size, cfg.precision, log)
     step = EvolutionStep(task, population, make_strategy(cfg, pm), cfg.sigma, lr=cfg.lr,
-                         lr_schedule=schedule(cfg, "lr"))
+                         lr_schedule=schedule(cfg, "lr"), anchor=cfg.anchor)
     return Built(task, model, pm, step)
 
 

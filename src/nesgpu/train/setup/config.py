@@ -109,6 +109,8 @@ class TrainConfig:
     evolve: str = opt("all", "what ES evolves: every trainable parameter (all), or only the weight matrices "
                       "(matrices: linear, attention, embedding and conv weights; norms and biases stay as they are)",
                       choices=("all", "matrices"))
+    anchor: float = opt(0.0, "after every step, pull the evolving weights toward the starting model's: w -= anchor "
+                        "* (w - w_start), the starting weights kept in the checkpoint (0: off; below 1)")
     sigma_schedule: str = opt("constant", "sigma over the steps", choices=SCHEDULES)
     sigma_final: float = opt(1.0, "sigma factor at the last step")
     lr_schedule: str | None = opt(help="lr over the steps", choices=SCHEDULES, per_task=True)

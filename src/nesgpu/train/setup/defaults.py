@@ -14,7 +14,7 @@ BACKPROP_DEFAULTS = dict(lr=1e-3)
 STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
 # the options of ES runs only (each an error, when set, under backprop); each strategy's own options are its
 # Options' (nesgpu.train.setup.options)
-ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic",
+ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "anchor",
            "evolve", "sigma_schedule", "sigma_final", "chunk_size", "compile", "dtype")
 # what neither the task nor its model sets
 GLOBAL_DEFAULTS = dict(strategy="openai_es", lr_schedule="constant", lr_final=1.0, antithetic=True)

@@ -103,6 +103,9 @@ def _check_es(cfg) -> None:
                          f"one step share their noise); drop --no-antithetic or choose another kind")
     if strategy is not None and strategy.needs_antithetic and not cfg.antithetic:
         raise ValueError(f"strategy {cfg.strategy!r} needs antithetic sampling")
+    if isinstance(cfg.anchor, bool) or not isinstance(cfg.anchor, (int, float)) or not 0 <= cfg.anchor < 1:
+        raise ValueError(f"anchor must be a number in [0, 1) (the share of the way back to the starting weights "
+                         f"each step); got {cfg.anchor!r}")
     if strategy is not None and strategy.adapts_sigma and cfg.sigma_schedule != "constant":
         raise ValueError(f"strategy {cfg.strategy!r} adapts sigma itself; a sigma_schedule does not apply to it")
     outer = strategy is not None and strategy.outer_scales and KINDS[cfg.layer].outer_scale  # SNES on low-rank

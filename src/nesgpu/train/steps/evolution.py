@@ -20,6 +20,7 @@ from ...probe import Probe, probe_line, probe_sigma
 from ...strategies import Strategy
 from ...strategies.base import fitness_statistics
 from ...strategies.schedules import Schedule, StepSizes
+from .anchor import Anchor
 
 AUTO = "auto"
 UNPROBED = 0.01  # the sigma a run of --sigma auto holds until the probe has run (it never steps at it)
@@ -65,6 +66,8 @@ class EvolutionStep:
         lr: the optimizer's step size, or ``"auto"``: the strategy's rule from sigma
             (:meth:`~nesgpu.strategies.Strategy.lr_for_sigma`).
         lr_schedule: the factor of every group's lr per step (None: constant).
+        anchor: after each step, pull the weights this share of the way back to the starting ones
+            (:class:`~nesgpu.train.steps.anchor.Anchor`; 0: off).
     """
 
     needs_sync = False
@@ -72,7 +75,7 @@ class EvolutionStep:
 
     def __init__(self, task, population: Population, strategy: Strategy, sigma: float | str,
                  optimizer: torch.optim.Optimizer | None = None, lr: float | str | None = None,
-                 lr_schedule: Schedule | None = None):
+                 lr_schedule: Schedule | None = None, anchor: float = 0.0):
         if strategy.directions != population.directions:
             raise ValueError(f"the strategy was built for {strategy.directions} directions; the population has "
                              f"{population.directions}")
@@ -88,6 +91,7 @@ class EvolutionStep:
         self.lrs.apply(self.state.step)
         self.paths: dict = {}  # a strategy's own per-parameter tensors (CMA-ES's evolution paths)
         self.floored = False  # whether sigma reached MIN_SIGMA (warned once)
+        self.anchor = Anchor(anchor, population.parameters())  # --anchor: the starting weights, if any
         if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM, sep-CMA-ES): S = 1, then adapted every step
             population.pm.check_scalable(strategy.name, strategy.outer_scales)
             population.pm.set_scales(population.pm.unit_scales())
@@ -124,6 +128,7 @@ class EvolutionStep:
             self._update(weights, sigma, state, result.fitness)
             strategy.regularize(self.population.parameters())
         self.optimizer.step()
+        self.anchor.pull(self.population.parameters())
         self.population.pm.sync_weights()  # a half-precision model: its weights from the stepped masters
         self._hold_sigma_at_the_floor()
         self.lrs.apply(self.state.step)
@@ -201,7 +206,7 @@ class EvolutionStep:
         return {**self.state.as_dict(), "lr": list(self.lrs.bases), "optimizer": self.optimizer.state_dict(),
                 **({"masters": masters} if masters else {}), **({"scales": scales} if scales else {}),
                 **({"paths": self.paths} if self.paths else {}),
-                **({"covariance": factor} if factor is not None else {}),
+                **({"covariance": factor} if factor is not None else {}), **self.anchor.state(),
                 **({"probe": self.probe.as_dict()} if self.probe is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
@@ -223,6 +228,7 @@ class EvolutionStep:
                 raise ValueError(f"the checkpoint holds no covariance for strategy {self.strategy.name!r}")
             self.population.pm.set_covariance(state["covariance"])
             self.paths = dict(state.get("paths") or {})
+        self.anchor.load(state, self.population.parameters())
         self.optimizer.load_state_dict(state["optimizer"])
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
         self.lrs.load(state["lr"] if "lr" in state else legacy, self.state.step)
