@@ -58,7 +58,8 @@ def test_a_run_logs_the_reward_from_step_zero(tmp_path):
         assert set(SHOWN) <= set(row) and row["reward_best"] >= row["reward_mean"] >= 0
         assert 0 <= row["prompts_with_spread"] <= 1
     progress = [line for line in lines if line.startswith("step ")]
-    assert progress and all("reward_mean" in line and "fitness" not in line for line in progress)
+    assert progress[0].startswith("step 0/3") and "starting" in progress[0]  # a line before the first step
+    assert all("reward_mean" in line and "fitness" not in line and " ETA " in line for line in progress[1:])
     assert (tmp_path / "curve.png").is_file()
 
 

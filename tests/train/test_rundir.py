@@ -233,8 +233,10 @@ def test_gym_tasks_default_to_the_environments_reward_threshold():
 def test_without_a_terminal_progress_is_a_plain_line_now_and_then(tmp_path):
     lines = []  # under pytest stderr is no terminal
     train(TrainConfig(**{**RUN, "progress_every": 1e-9}, out=str(tmp_path / "run")), log=lines.append)
-    steps = [line for line in lines if line.startswith("step ")]
-    assert len(steps) == RUN["steps"] and steps[0].startswith("step 1/6") and "fitness_mean" in steps[0]
+    steps = [line for line in lines if line.startswith("step ")]  # one before the first step, then each step's
+    assert len(steps) == RUN["steps"] + 1 and steps[0].startswith("step 0/6") and "starting" in steps[0]
+    assert steps[1].startswith("step 1/6") and "fitness_mean" in steps[1] and " ETA " in steps[1]
+    assert steps[-1].startswith("step 6/6") and " ETA 0 s " in steps[-1]
     lines.clear()
     train(TrainConfig(**{**RUN, "progress_every": 0.0}, out=str(tmp_path / "quiet")), log=lines.append)
     assert not [line for line in lines if line.startswith("step ")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import time
 import warnings
@@ -111,7 +112,10 @@ class Loop:
     def run(self) -> None:
         """Steps until ``cfg.steps``, a target, the time budget, the callback or a stop request."""
         bar = _progress_bar(self.cfg.steps, self.stepper.step) if self.main else None
-        start, last_line = time.perf_counter() - self.progress.elapsed, time.perf_counter()
+        start, last_line = time.perf_counter() - self.progress.elapsed, -math.inf  # the first step's line at once
+        self._origin = (self.stepper.step, self.progress.elapsed)  # where this run's ETA counts from
+        if self.main and (bar is None or bar.disable) and self.cfg.progress_every:  # a line before the first step
+            self.log(f"step {self.stepper.step}/{self.cfg.steps}  {self.progress.elapsed:.0f} s  starting")
         try:
             if self._met_already():
                 return
@@ -233,10 +237,16 @@ class Loop:
             bar.update(1)
             bar.set_postfix({k: f"{row[k]:.4g}" for k in shown if k in row})
         elif self.cfg.progress_every and time.perf_counter() - last_line >= self.cfg.progress_every:
-            self.log(f"step {row['step']}/{self.cfg.steps}  {self.progress.elapsed:.0f} s  "
+            self.log(f"step {row['step']}/{self.cfg.steps}  {self.progress.elapsed:.0f} s  ETA {self._eta(row):.0f} s  "
                      + "  ".join(f"{k} {row[k]:.4g}" for k in shown if k in row))
             return time.perf_counter()
         return last_line
+
+    def _eta(self, row: dict) -> float:
+        """Seconds left to ``cfg.steps`` at this run's mean step time so far."""
+        first, elapsed = self._origin
+        done = max(1, row["step"] - first)
+        return (self.progress.elapsed - elapsed) / done * max(0, self.cfg.steps - row["step"])
 
     def checkpoint(self, step: int) -> None:
         """Everything a resume needs, written atomically, once the weights are known to be finite."""
