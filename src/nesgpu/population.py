@@ -200,33 +200,41 @@ class Population:
         """:meth:`update`, and the statistics a per-parameter sigma adapts by, summed over the blocks (the noise
         drawn once per block for all): with ``scale_weights`` (S, D), ``sum_d w_d (z_d o z_d - 1)`` of every
         scaled parameter, and with ``means`` also ``sum_d w_d z_d`` (the members' signs applied)."""
-        seconds: dict = {}
-        firsts: dict = {}
-        for block in self.blocks.update_blocks():
-            self._draw(self.step, block, sigma)
-            self.pm.update(weights[..., block.start:block.stop], sigma, check_finite=False)
-            if scale_weights is None:
-                continue
-            part = scale_weights[..., block.start:block.stop]
-            for totals, values in ((seconds, self.pm.scale_statistics(part)),
-                                   (firsts, self.pm.scale_means(part) if means else {})):
-                for name, value in values.items():
-                    totals[name] = value if name not in totals else totals[name] + value
-        return seconds, firsts
+        if scale_weights is None:
+            self._update_summing(weights, sigma)
+            return {}, {}
+        pm = self.pm
+        return self._update_summing(weights, sigma, lambda part: (
+            pm.scale_statistics(scale_weights[..., part]), pm.scale_means(scale_weights[..., part]) if means else {}))
 
     def update_covariance(self, weights: torch.Tensor, sigma: float, statistic_weights: torch.Tensor,
                           natural: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`update`, and what a full covariance adapts by, summed over the blocks, with ``statistic_weights``
         (S, D): CMA-ES's ``PerturbedModel.covariance_statistics``, or with ``natural`` xNES's
         ``natural_statistics``."""
-        first = second = None
         statistics = self.pm.natural_statistics if natural else self.pm.covariance_statistics
+        return self._update_summing(weights, sigma, lambda part: statistics(statistic_weights[..., part]))
+
+    def _update_summing(self, weights: torch.Tensor, sigma: float, statistics=None):
+        """The update block by block (each block's noise drawn where another replaced it), and ``statistics(block)``
+        of each block, summed: tensors, or tuples and dicts of them, added part by part."""
+        total = None
         for block in self.blocks.update_blocks():
             self._draw(self.step, block, sigma)
             self.pm.update(weights[..., block.start:block.stop], sigma, check_finite=False)
-            a, b = statistics(statistic_weights[..., block.start:block.stop])
-            first, second = (a, b) if first is None else (first + a, second + b)
-        return first, second
+            if statistics is not None:
+                part = statistics(slice(block.start, block.stop))
+                total = part if total is None else _added(total, part)
+        return total
+
+
+def _added(total, part):
+    """``total + part`` for tensors, and part by part for tuples and dicts of them (a key only one holds is kept)."""
+    if isinstance(total, tuple):
+        return tuple(_added(a, b) for a, b in zip(total, part))
+    if isinstance(total, dict):
+        return {**part, **{k: v if k not in part else _added(v, part[k]) for k, v in total.items()}}
+    return total + part
 
 
 def check_block_fitness(task, fitness, info, directions: int) -> None:
