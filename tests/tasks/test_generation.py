@@ -1,6 +1,7 @@
 """GenerationTask: a causal LM's population scored on a reward, with a tiny Llama (random init from a
 config) and a character tokenizer built locally with `tokenizers` (no hub)."""
 
+import csv
 import dataclasses
 import os
 import subprocess
@@ -224,7 +225,7 @@ def test_torchrun_two_processes_bit_identical_to_one(tmp_path, fitness):
     fitness, every rank draws the step's completions alike)."""
     hf = saved_model(tmp_path / "tiny")
     args = ["train", "--task", "arithmetic", "--model", f"hf:{hf}", "--population", "8", "--steps", "2",
-            "--batch-size", "2", "--eval-every", "2", "--device", "cpu", *fitness]
+            "--batch-size", "2", "--eval-every", "2", "--eval-generations", "2", "--device", "cpu", *fitness]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
                           "nesgpu", *args, "--out", str(tmp_path / "two")], capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -234,3 +235,9 @@ def test_torchrun_two_processes_bit_identical_to_one(tmp_path, fitness):
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "two" / "samples.jsonl").read_text() == (tmp_path / "one" / "samples.jsonl").read_text()
+    # the step's kl (measured by the rank with the first direction) and the evaluation's columns, as one process's
+    def metrics(run):
+        with open(tmp_path / run / "metrics.csv", newline="") as f:
+            return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
+    assert metrics("one") == metrics("two")
+    assert metrics("two")[2]["kl"] != "" and metrics("two")[2]["eval_pass@2"] != ""

@@ -53,7 +53,10 @@ def test_a_run_logs_the_reward_from_step_zero(tmp_path):
     train(cfg, model=tiny_llama(), task=task(), log=lines.append)
     rows = MetricsLog.read(tmp_path / "metrics.csv")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert set(rows[0]) == {"step", "seconds", "env_steps", "mean_reward"}  # before any step: the metric only
+    # before any step: the metric and what the evaluation measured beside it (the model is the starting one)
+    assert set(rows[0]) - {"step", "seconds", "env_steps", "mean_reward"} == {
+        "eval_reward_mean", "eval_reward_std", "eval_completion_tokens", "eval_completions/clipped_ratio",
+        "eval_rewards/digit_count/mean", "eval_rewards/digit_count/std", "eval_kl"} and rows[0]["eval_kl"] == 0
     for row in rows[1:]:
         assert set(SHOWN) <= set(row) and row["reward_best"] >= row["reward_mean"] >= 0
         assert 0 <= row["prompts_with_spread"] <= 1

@@ -21,7 +21,7 @@ class Sphere:
     metric, default_target, summed_info = "minus_distance", None, frozenset()
 
     def fitness(self, pm, step):
-        rows = pm(torch.ones(2 * pm.local_directions, 1, dtype=torch.float64))
+        rows = pm(torch.ones(2 * pm.local_directions, 1, dtype=pm.model.weight.dtype)).double()
         return -(rows - TARGET).pow(2).sum(-1).view(2, pm.local_directions), {}
 
     def finish_step(self, pm, info):
@@ -70,7 +70,7 @@ def test_a_resumed_run_pulls_toward_the_same_start_bit_for_bit(tmp_path):
     whole = run(tmp_path, "whole", 4)
     run(tmp_path, "split", 2)
     state = torch.load(tmp_path / "split" / "checkpoint" / "state.pt", weights_only=True)["strategy"]
-    torch.testing.assert_close(state["anchor"][0], vector_model().weight.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(state["start"]["weight"], vector_model().weight.detach(), rtol=0, atol=0)
     assert torch.equal(run(tmp_path, "split", 4, resume=True), whole)
 
 
@@ -85,3 +85,41 @@ def test_an_anchor_that_cannot_apply_is_refused_in_one_line(tmp_path):
     run(tmp_path, "plain", 2, anchor=0.0)
     with pytest.raises(ValueError, match="this checkpoint does not hold .the run started without --anchor."):
         run(tmp_path, "plain", 3, anchor=0.2, resume=True)
+
+
+def test_the_start_keeps_only_what_evolves_and_is_swapped_in_and_back_even_on_error():
+    from nesgpu.train.steps.anchor import StartingWeights
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)).double()
+    model[0].requires_grad_(False)  # a frozen base, as under LoRA: not kept
+    start = StartingWeights(model, list(model.parameters()))
+    assert set(start.start) == {"1.weight", "1.bias"}
+    initial = model[1].weight.detach().clone()
+    with torch.no_grad():
+        model[1].weight.add_(1.0)
+    moved = model[1].weight.detach().clone()
+    with pytest.raises(RuntimeError, match="inside"):
+        with start.loaded():
+            assert torch.equal(model[1].weight, initial)
+            raise RuntimeError("inside")
+    assert torch.equal(model[1].weight, moved) and torch.equal(start.start["1.weight"], initial)
+    # the first --anchor checkpoints kept every parameter in order: still read
+    assert start.load({"anchor": [p.detach() * 0 for p in model.parameters()]})
+    assert float(start.start["1.weight"].abs().sum()) == 0
+    assert not start.load({})
+
+
+def test_a_half_precision_run_pulls_its_masters_toward_the_start():
+    pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model().bfloat16(), "gaussian"), D, sigma=SIGMA, seed=3)
+    start = pm.model.weight.detach().clone()
+    step = EvolutionStep(Sphere(), Population(pm, log=lambda *a: None), OpenAIES(D), SIGMA, lr=0.05, anchor=0.5)
+    assert step.start.start["weight"].dtype == torch.bfloat16  # kept in the model's own dtype
+    step.run()
+    master = step.population.parameters()[0]
+    assert master.dtype == torch.float32 and not torch.equal(master, start.float())
+    free = EvolutionStep(Sphere(), Population(nesgpu.PerturbedModel(nesgpu.convert(vector_model().bfloat16(),
+                                                                                   "gaussian"), D, sigma=SIGMA, seed=3),
+                                              log=lambda *a: None), OpenAIES(D), SIGMA, lr=0.05)
+    free.run()
+    # the anchored master moved half as far from the start as the free one
+    torch.testing.assert_close(master - start.float(), 0.5 * (free.population.parameters()[0] - start.float()))

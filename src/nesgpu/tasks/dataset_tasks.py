@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..options import check_options, option
 from .reward_data import dataset_task, prompt_rows
-from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, PromptOptions, hf_directory, load_tokenizer
+from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, PromptOptions, hf_directory, load_tokenizer, measures
 from .spec import TaskOptions, TaskSpec
 from .user_code import load_function
 
@@ -59,12 +59,13 @@ def make_dataset_task(name: str, options: TaskOptions) -> PretrainedGenerationTa
     if weights is not None and len(weights) != len(functions):
         raise ValueError(f"--reward-weights needs one weight per reward function ({len(functions)}); got "
                          f"{len(weights)}")
+    measured = measures(options)
     make = functools.partial(PretrainedGenerationTask, directory, options.dtype)
     return dataset_task(rows, load_tokenizer(directory), functions, weights,
                         eval_data=held, task_class=make, prompts_per_step=options.batch_size,
                         max_new_tokens=options.max_new_tokens, temperature=options.temperature,
                         correct_at=options.correct_at, generations=options.generations, fitness=options.fitness,
-                        seed=options.seed, name=name, compile=options.compile)
+                        seed=options.seed, name=name, compile=options.compile, **measured)
 
 
 TASKS = {"generation": TaskSpec(make_dataset_task, DEFAULTS, models=("hf:DIR",), model_prefix=HF,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,25 +22,16 @@ from torch import nn
 from ..decode import CompiledDecode, check_compilable
 from ..model import PerturbedModel
 from ..noise import derive_seed
+from .generation_checks import FITNESSES, SHAPINGS, check_arguments, check_measures, check_prompts
+from .generation_eval import KL_KEYS, Evaluating
 from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
 from .reward_stats import clipped_ratio, function_columns, function_names, function_sums, summed_keys
-from .scores import checked_rewards, logged_columns
+from .scores import checked_rewards
 
-SHAPINGS = ("per_prompt", "none")
-FITNESSES = ("reward", "likelihood")
 DRAW = 0x6C696B  # a key of its own for the likelihood fitness's completions (seed, step, DRAW)
 
 
-def _check_prompts(prompts, what: str) -> list[str]:
-    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
-        raise ValueError(f"{what} must be a non-empty list of strings; got {prompts!r:.80}")
-    bad = [p for p in prompts if not isinstance(p, str) or not p]
-    if bad:
-        raise ValueError(f"{what} must be non-empty strings; got {bad[0]!r:.80}")
-    return list(prompts)
-
-
-class GenerationTask:
+class GenerationTask(Evaluating):
     """Fine-tune a causal LM on a reward.
 
     Args:
@@ -69,6 +59,13 @@ class GenerationTask:
             of your own sets the mode, and shares its graphs with your other calls of the same model.
         name: the run's label (``custom:<name>``).
         data_fingerprint: a hash of the data the prompts were made from (see :meth:`data_fingerprint`).
+        kl: log ``kl``, the mean per-token KL of the model from the run's starting model on the completions of
+            each step's first pair of members (and ``eval_kl`` on the held-out completions); a run keeps the
+            starting weights for it, on the device.
+        eval_generations: K > 0 also samples K completions per held-out prompt at each evaluation and logs
+            ``eval_pass@K`` and ``eval_pass@1`` (needs ``correct_at``).
+        drift_texts: texts the task never trains on; each evaluation logs the model's mean negative
+            log-likelihood per token of them (``drift_nll``) and its change from the starting model.
     """
 
     default_target = None
@@ -77,41 +74,19 @@ class GenerationTask:
     # mean, std and best over the members (a member's reward: its mean over the step's prompts), the share of
     # prompts whose rewards differ across members (one whose rewards are all alike carries no signal), and the
     # kept completions' mean length in tokens, and the tokens the step generated (every row, to the longest)
-    describes = ("reward_mean", "reward_std", "reward_best", "prompts_with_spread", "completion_tokens",
+    describes = ("reward_mean", "reward_std", "reward_best", "prompts_with_spread", "kl", "completion_tokens",
                  "generated_tokens")
 
     def __init__(self, prompts: Sequence[str], tokenizer, reward: Callable, eval_prompts: Sequence[str] | None = None,
                  max_new_tokens: int = 16, temperature: float = 0.0, stop: Sequence[str] = ("\n",),
                  prompts_per_step: int = 8, shaping: str = "per_prompt", correct_at: float | None = 1.0,
                  seed: int = 0, eval_batch: int = 64, name: str = "generation", generations: int = 1,
-                 fitness: str = "reward", compile: bool | CompiledDecode = False, data_fingerprint: str | None = None):
-        self.prompts = _check_prompts(prompts, "prompts")
-        self.eval_prompts = _check_prompts(self.prompts if eval_prompts is None else eval_prompts, "eval_prompts")
-        if getattr(tokenizer, "pad_token_id", None) is None:
-            raise ValueError("the tokenizer has no pad token; set one (e.g. tokenizer.pad_token = "
-                             "tokenizer.eos_token) so that prompts of different lengths batch")
-        if not callable(reward):
-            raise TypeError(f"reward must be a function reward(prompts, completions) -> tensor; got {reward!r:.80}")
-        if shaping not in SHAPINGS:
-            raise ValueError(f"shaping must be one of {list(SHAPINGS)}; got {shaping!r}")
-        for label, value in (("max_new_tokens", max_new_tokens), ("prompts_per_step", prompts_per_step),
-                             ("eval_batch", eval_batch), ("generations", generations)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{label} must be an int >= 1; got {value!r}")
-        if not 0 <= temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
-        _check_sampling(fitness, generations, temperature)
-        if not isinstance(compile, (bool, CompiledDecode)):
-            raise TypeError(f"compile must be True, False or a CompiledDecode; got {compile!r}")
-        if compile and fitness == "likelihood":
-            raise ValueError("compile=True (--compile on) compiles the population's generate(); fitness 'likelihood' "
-                             "has none (one teacher-forced forward): use compile=False (--compile auto or off)")
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)  # "END" is one stop, not three letters
-        if not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"stop must be a string or a list of non-empty strings; got {stop!r:.80}")
-        if correct_at is not None and (isinstance(correct_at, bool) or not isinstance(correct_at, (int, float))
-                                       or not math.isfinite(correct_at)):
-            raise ValueError(f"correct_at must be a finite number or None; got {correct_at!r}")
+                 fitness: str = "reward", compile: bool | CompiledDecode = False, data_fingerprint: str | None = None,
+                 kl: bool = True, eval_generations: int = 0, drift_texts: Sequence[str] | None = None):
+        self.prompts = check_prompts(prompts, "prompts")
+        self.eval_prompts = check_prompts(self.prompts if eval_prompts is None else eval_prompts, "eval_prompts")
+        stop = check_arguments(tokenizer, reward, shaping, temperature, fitness, generations, compile, correct_at, stop,
+                               max_new_tokens=max_new_tokens, prompts_per_step=prompts_per_step, eval_batch=eval_batch)
         if prompts_per_step > len(self.prompts):
             warnings.warn(f"prompts_per_step {prompts_per_step} is more than the {len(self.prompts)} training "
                           f"prompts: each step uses all {len(self.prompts)}", stacklevel=2)
@@ -130,7 +105,11 @@ class GenerationTask:
         self.compile, self._compiled = bool(compile), compile if isinstance(compile, CompiledDecode) else None
         self._graphs_seen: tuple[int, int] | None = None  # (step, graphs compiled by its end) of the last step
         self.reward_names = function_names(reward)
-        self.summed_info = type(self).summed_info | summed_keys(self.reward_names)
+        self.summed_info = type(self).summed_info | summed_keys(self.reward_names) | frozenset(KL_KEYS)
+        self.kl, self.eval_generations = check_measures(kl, eval_generations, correct_at)
+        self.describes = type(self).describes if kl else tuple(k for k in type(self).describes if k != "kl")
+        self.drift_texts = None if drift_texts is None else check_prompts(drift_texts, "drift_texts")
+        self._evaluation: dict[str, float] = {}  # the latest evaluation's columns beside the metric
 
     def data_fingerprint(self) -> str:
         """A short hash of what the task trains and evaluates on: the ``data_fingerprint`` it was given (a
@@ -178,7 +157,8 @@ class GenerationTask:
         return fitness, {"completion_tokens": torch.tensor(tokens, device=ids.device),
                          "generated_tokens": torch.tensor(new.numel(), device=ids.device),
                          "completions/clipped_ratio": torch.tensor(clipped, device=ids.device),
-                         **function_sums(self.reward, scored.to(ids.device), self.reward_names)}
+                         **function_sums(self.reward, scored.to(ids.device), self.reward_names),
+                         **self._step_kl(pm, ids, mask, new)}
 
     def _likelihood_fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
         """Every member's expected reward on the step's completions, drawn once (every block and process of
@@ -186,7 +166,8 @@ class GenerationTask:
         generated = 0
         if self._drawn is None or self._drawn.step != step:
             self._drawn = self._draw(pm.model, self.step_prompts(step), step)
-            generated = self._drawn.kept.numel()
+            # every process draws the step's completions alike: counted once, by the one with the first direction
+            generated = self._drawn.kept.numel() if pm.noise_range.start == 0 else 0
         drawn, signs = self._drawn, (2 if pm.antithetic else 1)
         varied, rows = drawn.varied()
         fitness = drawn.constant_fitness(signs, pm.local_directions)
@@ -200,7 +181,8 @@ class GenerationTask:
             weighted = weighted.view(signs, varied.numel(), -1).to(fitness)
             fitness.view(signs, drawn.rewards.shape[0], -1)[:, varied] = weighted
         return fitness, {"completion_tokens": drawn.kept.sum(1).float().mean(),
-                         "generated_tokens": torch.tensor(generated, device=drawn.ids.device)}
+                         "generated_tokens": torch.tensor(generated, device=drawn.ids.device),
+                         **self._drawn_kl(pm, drawn)}
 
     @torch.no_grad()
     def _draw(self, model: nn.Module, prompts: list[str], step: int) -> Drawn:
@@ -295,32 +277,14 @@ class GenerationTask:
         std (in ``info``)."""
         if f"rewards/{self.reward_names[0]}/sum" in info:
             info.update(function_columns(info, self.reward_names))
+        if KL_KEYS[0] in info:
+            total, tokens = (info.pop(key) for key in KL_KEYS)
+            info["kl"] = torch.as_tensor(total) / torch.as_tensor(tokens)
 
     def logged_metrics(self) -> dict[str, float]:
         """What the reward functions gave TRL's ``log_metric`` since the last call, each name's mean."""
         take = getattr(self.reward, "take_metrics", None)
         return take() if callable(take) else {}
-
-    # ----- the plain model ---------------------------------------------------------------------------
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module) -> float:
-        """Accuracy (or mean reward) of the plain model, greedy, on the held-out prompts; the completions are
-        kept in :attr:`samples`."""
-        rewards, self.samples = [], []
-        for start in range(0, len(self.eval_prompts), self.eval_batch):
-            prompts = self.eval_prompts[start:start + self.eval_batch]
-            ids, mask = self._encode(prompts, model)
-            new = self._generate(model, ids, mask, seed=None)
-            completions = self._decode(new)
-            scores = self._score(prompts, completions, new, evaluating=True)
-            rewards.append(scores)
-            extra = logged_columns(self.reward, len(completions))
-            self.samples += [{**{k: v[i] for k, v in extra.items()}, "prompt": p, "completion": c, "reward": float(r)}
-                             for i, (p, c, r) in enumerate(zip(prompts, completions, scores.tolist()))]
-        rewards = torch.cat(rewards)
-        if self.correct_at is None:
-            return float(rewards.mean())
-        return float((rewards >= self.correct_at).float().mean())
 
     # ----- pieces ------------------------------------------------------------------------------------
     def _encode(self, prompts: list[str], model: nn.Module, fixed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,7 +301,7 @@ class GenerationTask:
         return enc.input_ids.to(device), enc.attention_mask.to(device)
 
     def _generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, seed: int | None,
-                  compiled: bool = False) -> torch.Tensor:
+                  compiled: bool = False, temperature: float | None = None) -> torch.Tensor:
         """The new tokens of every row (rows, max_new_tokens), greedy or sampled under ``seed``; ``compiled``:
         through the compiled static-cache decode."""
         options = dict(max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
@@ -347,13 +311,14 @@ class GenerationTask:
             if self._compiled is None:
                 self._compiled = CompiledDecode(ids.device)
             options.update(self._compiled.options)
-        if not (self.temperature > 0 and seed is not None):
+        temperature = self.temperature if temperature is None else temperature
+        if not (temperature > 0 and seed is not None):
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, temperature=None, top_p=None,
                                  top_k=None, **options)
             return out[:, ids.shape[1]:]
         with torch.random.fork_rng(devices=[ids.device] if ids.device.type == "cuda" else []):
             torch.manual_seed(seed)  # the caller's RNG stays as it was
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=self.temperature,
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
                                  top_k=0, **options)
         return out[:, ids.shape[1]:]
 
@@ -383,17 +348,6 @@ class GenerationTask:
         except Exception as e:  # the user's function: its error, named as its own
             raise ValueError(f"the reward function raised {type(e).__name__}: {e}") from e
         return checked_rewards(rewards, completions)
-
-
-def _check_sampling(fitness: str, generations: int, temperature: float) -> None:
-    if fitness not in FITNESSES:
-        raise ValueError(f"fitness must be one of {list(FITNESSES)}; got {fitness!r}")
-    if fitness == "likelihood" and (generations < 2 or temperature <= 0):
-        raise ValueError(f"fitness 'likelihood' weighs sampled completions: it needs generations >= 2 and a "
-                         f"temperature above 0; got generations {generations}, temperature {temperature}")
-    if generations > 1 and temperature <= 0:
-        raise ValueError(f"generations {generations} needs a temperature above 0 (greedy completions of a prompt "
-                         f"are all alike); got temperature {temperature}")
 
 
 __all__ = ["FITNESSES", "GenerationTask", "SHAPINGS"]

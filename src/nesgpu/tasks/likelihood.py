@@ -124,8 +124,15 @@ def joined(ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor, kept: torch
 def sequence_logp(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kept: torch.Tensor,
                   temperature: float) -> torch.Tensor:
     """(rows,) the log-likelihood of each row's last ``T = kept.shape[1]`` tokens where ``kept``, under the
-    model's next-token distribution at ``temperature``; positions count from each row's first real token, as
-    ``generate()`` counts them for left-padded prompts."""
+    model's next-token distribution at ``temperature`` (:func:`token_logp`, summed)."""
+    return token_logp(model, ids, mask, kept, temperature).sum(1)
+
+
+def token_logp(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kept: torch.Tensor,
+               temperature: float) -> torch.Tensor:
+    """(rows, T) the log-probability of each of a row's last ``T = kept.shape[1]`` tokens (0 where not
+    ``kept``) under the model's next-token distribution at ``temperature``; positions count from each row's first
+    real token, as ``generate()`` counts them for left-padded prompts."""
     length = kept.shape[1]
     options = {}
     accepts = inspect.signature(model.forward).parameters
@@ -138,7 +145,7 @@ def sequence_logp(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kept:
     logits = model(input_ids=ids, attention_mask=mask, **options).logits[:, -length - 1:-1]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
     chosen = logits.gather(-1, ids[:, -length:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-    return (chosen * kept.to(chosen.device)).sum(1)
+    return chosen * kept.to(chosen.device)
 
 
 def importance_weighted(logp: torch.Tensor, base: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
@@ -151,4 +158,4 @@ def importance_weighted(logp: torch.Tensor, base: torch.Tensor, rewards: torch.T
     return (weights * rewards.view(1, prompts, k, 1).to(weights)).sum(2).reshape(signs * prompts, d)
 
 
-__all__ = ["CompletionIds", "Drawn", "importance_weighted", "joined", "kept_tokens", "sequence_logp"]
+__all__ = ["CompletionIds", "Drawn", "importance_weighted", "joined", "kept_tokens", "sequence_logp", "token_logp"]

@@ -77,6 +77,29 @@ class Fingerprinted(Protocol):
 
 
 @runtime_checkable
+class ComparesToStart(Protocol):
+    """A task that measures how far the model has moved from the run's starting model (a language model's
+    ``kl`` and change of ``drift_nll``). Where ``wants_start``, the trainer keeps the starting weights (also in
+    the checkpoint) and hands them over once: an object whose ``loaded()`` context holds the model at them."""
+
+    wants_start: bool
+
+    def compare_to(self, start) -> None:
+        """Measure from ``start`` (None: nothing to measure from)."""
+        ...
+
+
+@runtime_checkable
+class ReportsEvaluation(Protocol):
+    """A task whose :meth:`Task.evaluate` measures more than its metric: the trainer adds
+    :meth:`evaluation_info` to the evaluation's row (metrics.csv, trackers)."""
+
+    def evaluation_info(self) -> dict[str, float]:
+        """The latest evaluation's further columns."""
+        ...
+
+
+@runtime_checkable
 class ModelMaker(Protocol):
     """A task that builds its own model (every built-in task does): ``train`` needs no ``model=`` then."""
 
@@ -130,6 +153,5 @@ def check_differentiable(task: object) -> DifferentiableTask:
     return task
 
 
-__all__ = ["DIFFERENTIABLE_MEMBERS", "DescribesFitness", "DifferentiableTask", "Fingerprinted", "LogsMetrics",
-           "ModelMaker",
-           "ShapesFitness", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]
+__all__ = ["ComparesToStart", "DIFFERENTIABLE_MEMBERS", "DescribesFitness", "DifferentiableTask", "Fingerprinted",
+           "LogsMetrics", "ModelMaker", "ReportsEvaluation", "ShapesFitness", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]

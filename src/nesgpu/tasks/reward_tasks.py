@@ -11,6 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from ..options import check_options, option
+from .divergence import read_texts
 from .generation import FITNESSES, GenerationTask
 from .spec import MAX_COUNT, TaskOptions, TaskSpec
 from .verifiers import arithmetic_problems, arithmetic_reward, countdown_problems, countdown_reward, rewards_of
@@ -179,6 +180,13 @@ def splits(problems) -> tuple[list[str], list[str]]:
     return train, [p for p, _ in problems(4 * HELD_OUT, seed=1) if p not in seen][:HELD_OUT]
 
 
+def measures(options: TaskOptions) -> dict:
+    """The task's options of what it measures beside its reward (kl, pass@k, drift), the drift texts read now:
+    a mistake in the file is named before the model loads."""
+    texts = None if options.drift_text is None else read_texts(options.drift_text)
+    return dict(kl=options.kl, eval_generations=options.eval_generations, drift_texts=texts)
+
+
 def _maker(problems, verifier, max_new_tokens: int):
     def make(name: str, options: TaskOptions) -> PretrainedGenerationTask:
         train, held_out = splits(problems)
@@ -187,7 +195,7 @@ def _maker(problems, verifier, max_new_tokens: int):
                                         max_new_tokens=max_new_tokens, prompts_per_step=options.batch_size,
                                         temperature=options.temperature, generations=options.generations,
                                         fitness=options.fitness, seed=options.seed, name=name,
-                                        compile=options.compile)
+                                        compile=options.compile, **measures(options))
     return make
 
 
@@ -203,6 +211,14 @@ class PromptOptions:
                                     "--generations completions sampled from the model, each member's fitness "
                                     "the reward it expects of them (one population forward, no population "
                                     "generate)", choices=FITNESSES)
+    kl: bool = option(True, "log kl, the mean per-token KL from the starting model (TRL's estimator) on each step's "
+                            "first member pair's completions and on the held-out ones (keeps the starting weights "
+                            "on the device)")
+    eval_generations: int = option(0, "K > 0: each evaluation also samples K completions per held-out prompt and "
+                                      "logs eval_pass@K and eval_pass@1", at_least=0, at_most=MAX_COUNT)
+    drift_text: str | None = option(None, "text the run never trains on (one text per line, or JSON lines with a "
+                                          "'text' column): each evaluation logs drift_nll, the mean negative "
+                                          "log-likelihood per token, and drift_nll_change from the starting model")
 
     def __post_init__(self):
         check_options(self, "reward task")
@@ -221,4 +237,4 @@ TASKS = {
 }
 
 __all__ = ["DEFAULTS", "HF", "PretrainedGenerationTask", "TASKS", "check_vocabulary", "hf_directory", "load_causal_lm",
-           "load_tokenizer", "splits"]
+           "load_tokenizer", "measures", "splits"]

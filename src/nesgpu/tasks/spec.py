@@ -51,6 +51,9 @@ class TaskOptions:
     correct_at: float | None = None
     generations: int = 1
     fitness: str = "reward"
+    kl: bool = True  # what a language-model task measures beside its reward
+    eval_generations: int = 0
+    drift_text: str | None = None
     model: str | None = None  # the config's model option (the language-model tasks: hf:DIR)
     dtype: str | None = None  # the dtype a Hugging Face model is loaded in (None: its checkpoint's)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..tasks.protocol import DescribesFitness, Fingerprinted, KeepsSamples, LogsMetrics
+from ..tasks.protocol import DescribesFitness, Fingerprinted, KeepsSamples, LogsMetrics, ReportsEvaluation
 from .setup.config import TrainConfig
 from .steps.evolution import Stepper
 from .steps.signal import SignalWatch
@@ -181,13 +181,17 @@ class Loop:
             metric = evaluated(self.task, self.stepper.model)
             self._write_samples(0)
             self.metrics.write({"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: metric,
-                                **self._logged("eval_log_metric/")})
+                                **self._evaluation_info(), **self._logged("eval_log_metric/")})
 
     def _logged(self, prefix: str) -> dict[str, float]:
         """What the task's reward functions logged since the last take (TRL's log_metric), keys prefixed."""
         if not self.logs_metrics:
             return {}
         return {prefix + name: value for name, value in self.task.logged_metrics().items()}
+
+    def _evaluation_info(self) -> dict[str, float]:
+        """What the task's evaluation measured beside its metric (a language model's eval_ columns and drift)."""
+        return self.task.evaluation_info() if isinstance(self.task, ReportsEvaluation) else {}
 
     def _out_of_time(self) -> bool:
         return self.cfg.time_budget is not None and self.progress.elapsed >= self.cfg.time_budget
@@ -205,6 +209,7 @@ class Loop:
         if self._eval_due(step):
             metric = self.task.metric
             row[metric] = evaluated(self.task, self.stepper.model)
+            row.update(self._evaluation_info())
             row.update(self._logged("eval_log_metric/"))
             self.progress.last_eval = self.progress.elapsed
             self._write_samples(step)

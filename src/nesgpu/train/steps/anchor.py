@@ -1,43 +1,89 @@
-"""``--anchor``: after every optimizer step, the evolving weights are pulled a share of the way back to the starting
-model's, ``w -= anchor * (w - w_start)``, which bounds how far an ES run drifts from the model it started from
-(the "anchored weight decay" of the comparisons of ES with GRPO). The starting weights are kept once, on the
-weights' device, and in the checkpoint, so that a resumed run pulls toward the same ones; the pull is applied
-once per step, after every block's update, so a chunked run pulls as an unchunked one.
+"""The starting model of a run, kept where something needs it: ``--anchor`` pulls the evolving weights back toward
+it after every step, and a language-model task measures how far the model has moved from it (``kl``, the change
+of ``drift_nll``).
+
+``--anchor``: after every optimizer step, ``w -= anchor * (w - w_start)``, which bounds how far an ES run drifts
+from the model it started from (the "anchored weight decay" of the comparisons of ES with GRPO). The pull is
+applied once per step, after every block's update, so a chunked run pulls as an unchunked one.
+
+Only the evolving (trainable) parameters are kept, once, on their device and in their own dtype (a LoRA run keeps
+its adapters, not the base model), and in the checkpoint, so that a resumed run pulls toward, and measures from,
+the same model.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
+from torch import nn
 
 
-class Anchor:
-    """The starting weights of ``parameters`` and the pull toward them (``strength`` 0: none, nothing kept)."""
+class StartingWeights:
+    """The starting values of ``model``'s trainable parameters.
 
-    def __init__(self, strength: float, parameters: list[torch.Tensor]):
-        self.strength = float(strength)
-        self.start = [p.detach().clone() for p in parameters] if self.strength else None
+    Args:
+        model: the model whose weights are evaluated (a half-precision model's own weights, not the masters).
+        parameters: what the optimizer steps, in ``model.parameters()``'s order (a half-precision parameter's
+            float32 master in its place): the anchor pulls these.
+    """
+
+    def __init__(self, model: nn.Module, parameters: list[torch.Tensor]):
+        named = list(model.named_parameters())
+        if len(named) != len(parameters):
+            raise ValueError(f"parameters must follow model.parameters(): {len(named)} of the model, got "
+                             f"{len(parameters)}")
+        self.entries = [(name, p, stepped) for (name, p), stepped in zip(named, parameters) if p.requires_grad]
+        self.order = [name for name, _ in named]  # every parameter's name (the first --anchor checkpoints' layout)
+        self.start = {name: p.detach().clone() for name, p, _ in self.entries}
 
     @torch.no_grad()
-    def pull(self, parameters: list[torch.Tensor]) -> None:
-        """``w -= strength * (w - w_start)`` for every parameter, in place (no host read)."""
-        if self.start is None:
-            return
-        for p, start in zip(parameters, self.start):
-            p.sub_(p - start, alpha=self.strength)
+    def pull(self, strength: float) -> None:
+        """``w -= strength * (w - w_start)`` for every stepped parameter, in place (no host read)."""
+        for name, _, stepped in self.entries:
+            stepped.sub_(stepped - self.start[name], alpha=strength)
+
+    @contextlib.contextmanager
+    def loaded(self) -> Iterator[None]:
+        """Inside, the model's trainable weights are the starting ones (swapped in place one tensor at a time,
+        so the only extra memory is the largest tensor, and a compiled graph keeps its addresses); after, as
+        they were, also when the body raises."""
+        swapped = []
+        try:
+            with torch.no_grad():
+                for name, p, _ in self.entries:
+                    _swap(p, self.start[name])
+                    swapped.append(name)
+            yield
+        finally:
+            with torch.no_grad():
+                for name, p, _ in self.entries:
+                    if name in swapped:
+                        _swap(p, self.start[name])
 
     def state(self) -> dict:
-        """What a checkpoint keeps: the starting weights (none without an anchor)."""
-        return {} if self.start is None else {"anchor": list(self.start)}
+        """What a checkpoint keeps: the starting weights by parameter name."""
+        return {"start": dict(self.start)}
 
-    def load(self, state: dict, parameters: list[torch.Tensor]) -> None:
-        """The starting weights a checkpoint kept; a ValueError where an anchored run resumes one that has none."""
-        if self.start is None:
-            return
-        saved = state.get("anchor")
-        if not isinstance(saved, list) or len(saved) != len(parameters):
-            raise ValueError("--anchor pulls toward the starting weights, which this checkpoint does not hold (the run "
-                             "started without --anchor); drop --anchor, or start a new run with it")
-        self.start = [s.to(device=p.device, dtype=p.dtype) for s, p in zip(saved, parameters)]
+    def load(self, state: dict) -> bool:
+        """The starting weights a checkpoint kept (under ``start``, or under ``anchor`` as the first runs with
+        --anchor kept every parameter in order); False where it holds none (nothing changes then)."""
+        saved = state.get("start")
+        if saved is None and isinstance(state.get("anchor"), list):
+            old = state["anchor"]
+            saved = dict(zip(self.order, old)) if len(self.order) == len(old) else None
+        if not isinstance(saved, dict) or not set(self.start) <= set(saved):
+            return False
+        self.start = {name: saved[name].to(device=p.device, dtype=p.dtype) for name, p, _ in self.entries}
+        return True
 
 
-__all__ = ["Anchor"]
+def _swap(p: torch.Tensor, other: torch.Tensor) -> None:
+    """Exchange the values of two tensors of one shape, in place."""
+    held = p.detach().clone()
+    p.copy_(other)
+    other.copy_(held)
+
+
+__all__ = ["StartingWeights"]

@@ -20,7 +20,8 @@ from ...probe import Probe, probe_line, probe_sigma
 from ...strategies import Strategy
 from ...strategies.base import fitness_statistics
 from ...strategies.schedules import Schedule, StepSizes
-from .anchor import Anchor
+from ...tasks.protocol import ComparesToStart
+from .anchor import StartingWeights
 
 AUTO = "auto"
 UNPROBED = 0.01  # the sigma a run of --sigma auto holds until the probe has run (it never steps at it)
@@ -45,6 +46,18 @@ class Stepper(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
+    def _load_start(self, state: dict) -> None:
+        """The starting weights of the run the checkpoint continues; refused for --anchor where it kept none (a
+        run started without it); else a warning that the model as built here stands in for them."""
+        if self.start is None or self.start.load(state):
+            return
+        if self.anchor:
+            raise ValueError("--anchor pulls toward the starting weights, which this checkpoint does not hold (the "
+                             "run started without --anchor); drop --anchor, or start a new run with it")
+        warnings.warn("the checkpoint holds no starting weights (written before nesgpu kept them): kl and the change "
+                      "of drift_nll are measured from the model as this run builds it (the run's own start where "
+                      "--model and --seed are unchanged)", stacklevel=3)
+
     def apply_changes(self, old: dict, cfg) -> None: ...  # a resumed run's new sigma / lr
 
     def summary(self, cfg) -> dict: ...  # summary.json's layer, population and sigma (None: not ES)
@@ -66,8 +79,9 @@ class EvolutionStep:
         lr: the optimizer's step size, or ``"auto"``: the strategy's rule from sigma
             (:meth:`~nesgpu.strategies.Strategy.lr_for_sigma`).
         lr_schedule: the factor of every group's lr per step (None: constant).
-        anchor: after each step, pull the weights this share of the way back to the starting ones
-            (:class:`~nesgpu.train.steps.anchor.Anchor`; 0: off).
+        anchor: after each step, pull the weights this share of the way back to the starting ones (0: off).
+            The starting weights (:class:`~nesgpu.train.steps.anchor.StartingWeights`) are kept for it, and for
+            a task that measures from them (:class:`~nesgpu.tasks.protocol.ComparesToStart`).
     """
 
     needs_sync = False
@@ -91,7 +105,11 @@ class EvolutionStep:
         self.lrs.apply(self.state.step)
         self.paths: dict = {}  # a strategy's own per-parameter tensors (CMA-ES's evolution paths)
         self.floored = False  # whether sigma reached MIN_SIGMA (warned once)
-        self.anchor = Anchor(anchor, population.parameters())  # --anchor: the starting weights, if any
+        self.anchor = float(anchor)
+        compares = isinstance(task, ComparesToStart) and task.wants_start
+        self.start = StartingWeights(self.model, population.parameters()) if self.anchor or compares else None
+        if compares:
+            task.compare_to(self.start)
         if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM, sep-CMA-ES): S = 1, then adapted every step
             population.pm.check_scalable(strategy.name, strategy.outer_scales)
             population.pm.set_scales(population.pm.unit_scales())
@@ -128,7 +146,8 @@ class EvolutionStep:
             self._update(weights, sigma, state, result.fitness)
             strategy.regularize(self.population.parameters())
         self.optimizer.step()
-        self.anchor.pull(self.population.parameters())
+        if self.anchor:
+            self.start.pull(self.anchor)
         self.population.pm.sync_weights()  # a half-precision model: its weights from the stepped masters
         self._hold_sigma_at_the_floor()
         self.lrs.apply(self.state.step)
@@ -206,7 +225,7 @@ class EvolutionStep:
         return {**self.state.as_dict(), "lr": list(self.lrs.bases), "optimizer": self.optimizer.state_dict(),
                 **({"masters": masters} if masters else {}), **({"scales": scales} if scales else {}),
                 **({"paths": self.paths} if self.paths else {}),
-                **({"covariance": factor} if factor is not None else {}), **self.anchor.state(),
+                **({"covariance": factor} if factor is not None else {}), **(self.start.state() if self.start else {}),
                 **({"probe": self.probe.as_dict()} if self.probe is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
@@ -228,10 +247,22 @@ class EvolutionStep:
                 raise ValueError(f"the checkpoint holds no covariance for strategy {self.strategy.name!r}")
             self.population.pm.set_covariance(state["covariance"])
             self.paths = dict(state.get("paths") or {})
-        self.anchor.load(state, self.population.parameters())
+        self._load_start(state)
         self.optimizer.load_state_dict(state["optimizer"])
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
         self.lrs.load(state["lr"] if "lr" in state else legacy, self.state.step)
+
+    def _load_start(self, state: dict) -> None:
+        """The starting weights of the run the checkpoint continues; refused for --anchor where it kept none (a
+        run started without it); else a warning that the model as built here stands in for them."""
+        if self.start is None or self.start.load(state):
+            return
+        if self.anchor:
+            raise ValueError("--anchor pulls toward the starting weights, which this checkpoint does not hold (the "
+                             "run started without --anchor); drop --anchor, or start a new run with it")
+        warnings.warn("the checkpoint holds no starting weights (written before nesgpu kept them): kl and the change "
+                      "of drift_nll are measured from the model as this run builds it (the run's own start where "
+                      "--model and --seed are unchanged)", stacklevel=3)
 
     def apply_changes(self, old: dict, cfg) -> None:
         """A resumed run's explicit new sigma replaces the current one; a new lr becomes the base (``"auto"``:

@@ -15,8 +15,10 @@ from .loggers import Logger, make_loggers
 COLUMNS = ["step", "seconds", "env_steps", "fitness_mean", "fitness_max", "fitness_min", "sigma", "lr",
            "no_signal", "train_loss", "episode_return", "test_accuracy", "eval_return"]
 # the prefixes of columns that appear when a value first does: what a reward function logs (by its own names),
-# and what a generation task logs under TRL's names (nesgpu.tasks.reward_stats)
-OPEN_PREFIXES = ("log_metric/", "eval_log_metric/", "rewards/", "completions/", "frac_reward_zero_std")
+# what a generation task logs under TRL's names (nesgpu.tasks.reward_stats), and its evaluations' columns and
+# distance from the starting model (nesgpu.tasks.generation_eval)
+OPEN_PREFIXES = ("log_metric/", "eval_log_metric/", "rewards/", "completions/", "frac_reward_zero_std", "kl",
+                 "eval_", "drift_nll")
 
 
 class MetricsLog:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ...tasks.protocol import ReportsEvaluation
 from ...tasks.reward_tasks import HF
 from ..setup.build import build, resolve_device
 from ..setup.config import CUSTOM, TrainConfig, custom_label, is_supervised, resolve_for
@@ -118,8 +119,9 @@ def _check_saved_with(cfg: TrainConfig, metadata: dict, directory: Path) -> None
 def evaluate_run(directory: str | Path, device: str = "auto", model: nn.Module | None = None, task=None) -> dict:
     """Rebuild a run's model from ``config.json`` and ``model.safetensors`` and evaluate it."""
     run = load_run(directory, device, model=model, task=task)
-    return {"task": run.config.task, "metric": run.task.metric, "value": run.task.evaluate(run.model),
-            "run": str(directory)}
+    value = run.task.evaluate(run.model)
+    more = run.task.evaluation_info() if isinstance(run.task, ReportsEvaluation) else {}
+    return {"task": run.config.task, "metric": run.task.metric, "value": value, **more, "run": str(directory)}
 
 
 __all__ = ["Run", "evaluate_run", "load_run", "read_config"]

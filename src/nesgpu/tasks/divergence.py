@@ -1,0 +1,124 @@
+"""How far a language model has moved from the model its run started from, and what it may have forgotten: the
+comparisons of ES with GRPO on 1-8B models report that ES matches GRPO on the task but drifts further from the base
+model and forgets more off-task. Three measures, each under the name its users know:
+
+- ``kl``: the mean per-token KL divergence of the current model from the starting one on completions, by TRL's
+  estimator (Schulman's k3: ``exp(r) - r - 1`` with ``r = log p_start - log p_current`` of the sampled token,
+  averaged over the completions' tokens), exactly 0 while the model is the starting one.
+- ``drift_nll``: the mean negative log-likelihood per token of a text the task never trains on (``--drift-text``),
+  as ``transformers`` computes a causal LM's loss, and its change from the starting model, ``drift_nll_change``.
+- ``pass@k``: the share of prompts of which at least one of ``k`` sampled completions is correct, by the unbiased
+  estimator of Chen et al. (2021) from ``n >= k`` samples; ``pass@1`` is the mean share of correct samples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .likelihood import token_logp
+
+# the logits one drift forward may hold (bytes, float32): texts are batched below it
+DRIFT_LOGITS_BYTES = 1 << 28
+
+
+def kl_sums(model: nn.Module, start, ids: torch.Tensor, mask: torch.Tensor, kept: torch.Tensor,
+            temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the per-token KL estimates, tokens counted) over the rows' kept completion tokens, the current
+    ``model`` against its starting weights (``start.loaded()``), both at ``temperature`` (float64 sums)."""
+    with torch.no_grad():
+        current = token_logp(model, ids, mask, kept, temperature)
+        with start.loaded():
+            reference = token_logp(model, ids, mask, kept, temperature)
+    ratio = (reference - current).double()
+    counted = kept.to(ratio.device, torch.float64)
+    per_token = (ratio.exp() - ratio - 1) * counted
+    return per_token.sum(), counted.sum()
+
+
+def read_texts(path: str | Path) -> list[str]:
+    """The texts of a ``--drift-text`` file: JSON lines with a ``text`` column (``.jsonl``, ``.json``), else one
+    text per non-empty line; a ValueError naming the file and line where it is neither."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"drift text {path}: not a regular file")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix not in (".jsonl", ".json"):
+        texts = [line for line in lines if line.strip()]
+    else:
+        texts = [_text_of(line, path, number) for number, line in enumerate(lines, 1) if line.strip()]
+    if not texts:
+        raise ValueError(f"drift text {path}: no texts")
+    return texts
+
+
+def _text_of(line: str, path: Path, number: int) -> str:
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"drift text {path}, line {number}: not JSON ({e})") from None
+    if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not row["text"]:
+        raise ValueError(f"drift text {path}, line {number}: expected an object with a non-empty 'text' string; got "
+                         f"{line!r:.80}")
+    return row["text"]
+
+
+@torch.no_grad()
+def drift_nll(model: nn.Module, tokenizer, texts: list[str], rows: int = 64) -> float:
+    """The mean negative log-likelihood per predicted token of ``texts`` under ``model`` (each text's tokens as
+    the tokenizer makes them, every token after the first predicted from those before it, as ``transformers``'
+    loss with ``labels=input_ids``; texts beyond the model's context are cut there, with a warning), over
+    at most ``rows`` texts per forward."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    encoded = [tokenizer(text).input_ids for text in texts]
+    long = sum(len(ids) > context for ids in encoded) if context else 0
+    if long:
+        warnings.warn(f"{long} drift text(s) exceed the model's context of {context} tokens: each is cut there",
+                      stacklevel=2)
+        encoded = [ids[:context] for ids in encoded]
+    vocab = model.get_output_embeddings().weight.shape[0] if hasattr(model, "get_output_embeddings") else 1
+    device = next(model.parameters()).device
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # texts of like length batch together
+    start = 0
+    while start < len(order):
+        longest = len(encoded[order[min(len(order), start + rows) - 1]])
+        size = max(1, min(rows, DRIFT_LOGITS_BYTES // (4 * vocab * max(1, longest))))
+        batch = [encoded[i] for i in order[start:start + size]]
+        part, counted = _nll_sum(model, batch, tokenizer.pad_token_id or 0, device)
+        total, count, start = total + part, count + counted, start + size
+    if count == 0:
+        raise ValueError("the drift texts have no token to predict (each is one token or none)")
+    return float(total / count)
+
+
+def _nll_sum(model: nn.Module, batch: list[list[int]], pad: int, device) -> tuple[torch.Tensor, int]:
+    """The summed negative log-likelihood of the batch's predicted tokens (right-padded), and their count."""
+    width = max(len(ids) for ids in batch)
+    ids = torch.tensor([x + [pad] * (width - len(x)) for x in batch], device=device)
+    mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in batch], device=device)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    counted = mask[:, 1:].to(nll.dtype)
+    return (nll * counted).sum().double(), int(mask[:, 1:].sum())
+
+
+def pass_at_k(correct: list[list[bool]], k: int) -> float:
+    """The mean over prompts of the unbiased pass@k of each prompt's ``n >= k`` samples (``c`` of them correct):
+    ``1 - C(n - c, k) / C(n, k)``."""
+    if not correct or any(len(row) < k for row in correct) or k < 1:
+        raise ValueError(f"pass@{k} needs at least {k} samples of every prompt")
+    scores = []
+    for row in correct:
+        n, c = len(row), sum(row)
+        scores.append(1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k))
+    return sum(scores) / len(scores)
+
+
+__all__ = ["DRIFT_LOGITS_BYTES", "drift_nll", "kl_sums", "pass_at_k", "read_texts"]
