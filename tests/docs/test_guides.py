@@ -15,6 +15,7 @@ PRINTS = {"architecture.md": ["BaselineState 1 0.0"], "own_model.md": ["custom:t
           "own_env.md": ["custom:reach eval_return", "custom:reach-pushes", "gym:Hold-v0"],
           "strategies.md": ["openai_es: rotated ellipsoid", "xnes: rotated ellipsoid", "cma_es: rotated ellipsoid"],
           "hf_models.md": ["custom:sevens mean_reward", "LlamaForCausalLM {\"step\": ",
+                           "{'rewards/correct/mean': ", "7 rows, steps 0-6",
                            "True exact (3 greedy tokens, and 3 sampled within"]}
 
 
