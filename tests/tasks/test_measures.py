@@ -94,3 +94,10 @@ def test_the_cli_logs_kl_pass_at_k_and_drift(tmp_path):
                           (["--eval-generations", "2"], "it needs correct_at")):
         done = cli(tmp_path, *args, "--out", "bad")
         assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_checkpoint_without_starting_weights_resumes_with_a_warning(tmp_path):
+    run(tmp_path / "old", 2, kl=False, drift_texts=None)  # as a run from before the starting weights were kept
+    with pytest.warns(UserWarning, match="holds no starting weights .* measured from the model as this run builds"):
+        rows = run(tmp_path / "old", 3, resume=True)
+    assert rows[-1]["kl"] != "" and rows[-1]["drift_nll_change"] != ""
