@@ -42,7 +42,7 @@ class Evaluating:
         """The latest evaluation's columns beside the metric (see :meth:`evaluate`)."""
         return dict(self._evaluation)
 
-    def _kl_temperature(self) -> float:
+    def _temperature_or_one(self) -> float:
         """The temperature both models' distributions are taken at: the task's, or 1 for greedy decoding."""
         return self.temperature if self.temperature > 0 else 1.0
 
@@ -60,7 +60,7 @@ class Evaluating:
         new = new[rows]
         kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
         ids, mask = joined(ids.repeat(signs, 1), mask.repeat(signs, 1), new, kept, self.tokenizer.pad_token_id)
-        return dict(zip(KL_KEYS, kl_sums(pm.model, self._start, ids, mask, kept, self._kl_temperature())))
+        return dict(zip(KL_KEYS, kl_sums(pm.model, self._start, ids, mask, kept, self._temperature_or_one())))
 
     def _drawn_kl(self, pm: PerturbedModel, drawn) -> dict:
         """The step's KL sums on the likelihood fitness's completions (drawn from the plain model)."""
@@ -68,7 +68,7 @@ class Evaluating:
             return {}
         if pm.noise_range.start != 0:
             return dict.fromkeys(KL_KEYS, torch.zeros((), dtype=torch.float64, device=drawn.ids.device))
-        sums = kl_sums(pm.model, self._start, drawn.ids, drawn.mask, drawn.kept, self._kl_temperature())
+        sums = kl_sums(pm.model, self._start, drawn.ids, drawn.mask, drawn.kept, self._temperature_or_one())
         return dict(zip(KL_KEYS, sums))
 
     # ----- the plain model ---------------------------------------------------------------------------
@@ -94,7 +94,7 @@ class Evaluating:
                 kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
                 joint = joined(ids, mask, new, kept, self.tokenizer.pad_token_id)
                 kl = [a + b.cpu() for a, b in zip(kl, kl_sums(model, self._start, *joint, kept,
-                                                              self._kl_temperature()))]
+                                                              self._temperature_or_one()))]
             extra = logged_columns(self.reward, len(completions))
             self.samples += [{**{k: v[i] for k, v in extra.items()}, "prompt": p, "completion": c, "reward": float(r)}
                              for i, (p, c, r) in enumerate(zip(prompts, completions, scores.tolist()))]
@@ -126,7 +126,7 @@ class Evaluating:
             prompts = rows[start:start + self.eval_batch]
             ids, mask = self._encode(prompts, model)
             seed = derive_seed(self.seed, self._step, SAMPLED, start)
-            new = self._generate(model, ids, mask, seed=seed, temperature=self._kl_temperature())
+            new = self._generate(model, ids, mask, seed=seed, temperature=self._temperature_or_one())
             scores.append(self._score(prompts, self._decode(new), new, evaluating=True))
         by_prompt = torch.cat(scores).view(len(self.eval_prompts), k)
         correct = (by_prompt >= self.correct_at).tolist()
