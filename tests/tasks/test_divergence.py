@@ -63,6 +63,22 @@ def test_kl_matches_a_float64_reference_token_by_token_and_is_zero_at_the_start(
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), after))  # the model is back as it was
 
 
+def test_kl_and_drift_batch_their_rows_below_the_logits_budget(monkeypatch):
+    from nesgpu.tasks import divergence
+
+    tokenizer, model = char_tokenizer(), tiny_llama().double()
+    start = StartingWeights(model, list(model.parameters()))
+    moved(model)
+    ids, mask, new, kept = completions(tokenizer, model)
+    joint = joined(ids, mask, new, kept, tokenizer.pad_token_id)
+    whole, drift = kl_sums(model, start, *joint, kept, 1.0), drift_nll(model, tokenizer, PROMPTS)
+    one_row = 3 * 4 * model.config.vocab_size * (kept.shape[1] + 1)
+    monkeypatch.setattr(divergence, "LOGITS_BYTES", one_row)  # one row per forward
+    assert divergence.rows_per_forward(model, kept.shape[1] + 1) == 1
+    torch.testing.assert_close(kl_sums(model, start, *joint, kept, 1.0), whole, rtol=1e-12, atol=0)
+    assert drift_nll(model, tokenizer, PROMPTS) == pytest.approx(drift, rel=1e-12)
+
+
 def test_drift_nll_is_transformers_loss_over_every_predicted_token():
     tokenizer, model = char_tokenizer(), tiny_llama().double()
     texts = ["1+2=3", "12+34=46 (7)", "7", "99-9=90"]  # "7": one token, nothing to predict

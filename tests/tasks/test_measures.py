@@ -101,3 +101,17 @@ def test_a_checkpoint_without_starting_weights_resumes_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="holds no starting weights .* measured from the model as this run builds"):
         rows = run(tmp_path / "old", 3, resume=True)
     assert rows[-1]["kl"] != "" and rows[-1]["drift_nll_change"] != ""
+
+
+def test_an_evaluations_log_metric_is_of_its_greedy_completions_only():
+    calls = []
+
+    def logs(completions, log_metric, **kw):
+        calls.append(len(completions))
+        log_metric("rows", float(len(completions)))
+        return [0.0] * len(completions)
+
+    task = dataset_task(ROWS, char_tokenizer(), logs, max_new_tokens=2, correct_at=1.0, eval_generations=3)
+    task.evaluate(tiny_llama())
+    assert calls == [len(ROWS), 3 * len(ROWS)]  # the greedy pass, then the sampled one
+    assert task.logged_metrics() == {"rows": float(len(ROWS))} and task.logged_metrics() == {}

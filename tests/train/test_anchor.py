@@ -123,3 +123,29 @@ def test_a_half_precision_run_pulls_its_masters_toward_the_start():
     free.run()
     # the anchored master moved half as far from the start as the free one
     torch.testing.assert_close(master - start.float(), 0.5 * (free.population.parameters()[0] - start.float()))
+
+
+def test_a_swap_that_fails_part_way_puts_back_what_it_swapped():
+    from nesgpu.train.steps.anchor import StartingWeights
+
+    model = nn.Linear(3, 2).double()
+    start = StartingWeights(model, list(model.parameters()))
+    with torch.no_grad():
+        model.weight.add_(1.0)
+        model.bias.add_(1.0)
+    moved = [p.detach().clone() for p in model.parameters()]
+    initial = {k: v.clone() for k, v in start.start.items()}
+    calls, swap = [], start._swap
+
+    def failing(p, other):
+        calls.append(p)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        swap(p, other)
+
+    start._swap = failing
+    with pytest.raises(RuntimeError, match="out of memory"):
+        with start.loaded():
+            pass
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), moved))
+    assert all(torch.equal(start.start[k], v) for k, v in initial.items())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -245,7 +246,9 @@ def run_eval(args: argparse.Namespace) -> int:
     consent_to_rewards(Path(args.run), args.trust_reward_code)
     task = None if args.task is None else own_object(args.task, "--task", lambda o: hasattr(o, "fitness"))
     model = None if args.model is None else own_object(args.model, "--model", lambda o: isinstance(o, nn.Module))
-    print(json.dumps(evaluate_run(args.run, args.device, model=model, task=task)))
+    result = evaluate_run(args.run, args.device, model=model, task=task)
+    # JSON has no NaN (a std of one held-out prompt): null
+    print(json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in result.items()}))
     return 0
 
 

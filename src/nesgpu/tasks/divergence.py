@@ -4,7 +4,9 @@ model and forgets more off-task. Three measures, each under the name its users k
 
 - ``kl``: the mean per-token KL divergence of the current model from the starting one on completions, by TRL's
   estimator (Schulman's k3: ``exp(r) - r - 1`` with ``r = log p_start - log p_current`` of the sampled token,
-  averaged over the completions' tokens), exactly 0 while the model is the starting one.
+  averaged over the completions' tokens), exactly 0 while the model is the starting one. It estimates the KL
+  without bias on completions sampled from the current model at the temperature it is taken at; on greedy
+  completions (taken at temperature 1) it measures the change at the chosen tokens.
 - ``drift_nll``: the mean negative log-likelihood per token of a text the task never trains on (``--drift-text``),
   as ``transformers`` computes a causal LM's loss, and its change from the starting model, ``drift_nll_change``.
 - ``pass@k``: the share of prompts of which at least one of ``k`` sampled completions is correct, by the unbiased
@@ -13,6 +15,7 @@ model and forgets more off-task. Three measures, each under the name its users k
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import warnings
@@ -23,22 +26,34 @@ from torch import nn
 
 from .likelihood import token_logp
 
-# the logits one drift forward may hold (bytes, float32): texts are batched below it
-DRIFT_LOGITS_BYTES = 1 << 28
+# the float32 logits one forward of kl or drift may hold (bytes): rows are batched below it
+LOGITS_BYTES = 1 << 28
 
 
 def kl_sums(model: nn.Module, start, ids: torch.Tensor, mask: torch.Tensor, kept: torch.Tensor,
             temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the per-token KL estimates, tokens counted) over the rows' kept completion tokens, the current
-    ``model`` against its starting weights (``start.loaded()``), both at ``temperature`` (float64 sums)."""
+    ``model`` against its starting weights (``start.loaded()``, swapped in once), both at ``temperature``
+    (float64 sums); the rows go through the model in batches whose logits stay below :data:`LOGITS_BYTES`."""
+    size = rows_per_forward(model, kept.shape[1] + 1)
+    parts = [slice(i, i + size) for i in range(0, ids.shape[0], size)]
     with torch.no_grad():
-        current = token_logp(model, ids, mask, kept, temperature)
+        current = [token_logp(model, ids[p], mask[p], kept[p], temperature) for p in parts]
         with start.loaded():
-            reference = token_logp(model, ids, mask, kept, temperature)
-    ratio = (reference - current).double()
+            reference = [token_logp(model, ids[p], mask[p], kept[p], temperature) for p in parts]
+    ratio = (torch.cat(reference) - torch.cat(current)).double()
     counted = kept.to(ratio.device, torch.float64)
     per_token = (ratio.exp() - ratio - 1) * counted
     return per_token.sum(), counted.sum()
+
+
+def rows_per_forward(model: nn.Module, positions: int) -> int:
+    """Rows of ``positions`` logits each whose float32 logits, with the two copies a log-softmax makes, stay
+    below :data:`LOGITS_BYTES` (at least one)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    vocab = weight.shape[0] if weight is not None else getattr(getattr(model, "config", None), "vocab_size", 1) or 1
+    return max(1, LOGITS_BYTES // (3 * 4 * vocab * max(1, positions)))
 
 
 def read_texts(path: str | Path) -> list[str]:
@@ -81,14 +96,13 @@ def drift_nll(model: nn.Module, tokenizer, texts: list[str], rows: int = 64) -> 
         warnings.warn(f"{long} drift text(s) exceed the model's context of {context} tokens: each is cut there",
                       stacklevel=2)
         encoded = [ids[:context] for ids in encoded]
-    vocab = model.get_output_embeddings().weight.shape[0] if hasattr(model, "get_output_embeddings") else 1
     device = next(model.parameters()).device
     total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # texts of like length batch together
     start = 0
     while start < len(order):
         longest = len(encoded[order[min(len(order), start + rows) - 1]])
-        size = max(1, min(rows, DRIFT_LOGITS_BYTES // (4 * vocab * max(1, longest))))
+        size = min(rows, rows_per_forward(model, longest))
         batch = [encoded[i] for i in order[start:start + size]]
         part, counted = _nll_sum(model, batch, tokenizer.pad_token_id or 0, device)
         total, count, start = total + part, count + counted, start + size
@@ -102,7 +116,8 @@ def _nll_sum(model: nn.Module, batch: list[list[int]], pad: int, device) -> tupl
     width = max(len(ids) for ids in batch)
     ids = torch.tensor([x + [pad] * (width - len(x)) for x in batch], device=device)
     mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in batch], device=device)
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    options = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+    logits = model(input_ids=ids, attention_mask=mask, **options).logits[:, :-1]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
     counted = mask[:, 1:].to(nll.dtype)
@@ -121,4 +136,4 @@ def pass_at_k(correct: list[list[bool]], k: int) -> float:
     return sum(scores) / len(scores)
 
 
-__all__ = ["DRIFT_LOGITS_BYTES", "drift_nll", "kl_sums", "pass_at_k", "read_texts"]
+__all__ = ["LOGITS_BYTES", "drift_nll", "kl_sums", "pass_at_k", "read_texts", "rows_per_forward"]

@@ -59,9 +59,9 @@ class GenerationTask(Evaluating):
             of your own sets the mode, and shares its graphs with your other calls of the same model.
         name: the run's label (``custom:<name>``).
         data_fingerprint: a hash of the data the prompts were made from (see :meth:`data_fingerprint`).
-        kl: log ``kl``, the mean per-token KL of the model from the run's starting model on the completions of
-            each step's first pair of members (and ``eval_kl`` on the held-out completions); a run keeps the
-            starting weights for it, on the device.
+        kl: log ``kl``, TRL's (k3) estimate of the mean per-token KL of the model from the run's starting
+            model on the completions of each step's first pair of members (and ``eval_kl`` on the held-out
+            completions); a run keeps the starting weights for it, on the device.
         eval_generations: K > 0 also samples K completions per held-out prompt at each evaluation and logs
             ``eval_pass@K`` and ``eval_pass@1`` (needs ``correct_at``).
         drift_texts: texts the task never trains on; each evaluation logs the model's mean negative
@@ -284,7 +284,8 @@ class GenerationTask(Evaluating):
     def logged_metrics(self) -> dict[str, float]:
         """What the reward functions gave TRL's ``log_metric`` since the last call, each name's mean."""
         take = getattr(self.reward, "take_metrics", None)
-        return take() if callable(take) else {}
+        held, self._held_metrics = self._held_metrics or {}, None
+        return {**held, **(take() if callable(take) else {})}
 
     # ----- pieces ------------------------------------------------------------------------------------
     def _encode(self, prompts: list[str], model: nn.Module, fixed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,6 +27,7 @@ class Evaluating:
 
     _start = None  # the starting weights (the trainer's, via compare_to), or None
     _drift_start: float | None = None  # drift_nll of the starting model, once measured
+    _held_metrics: dict | None = None  # what the reward functions logged on an evaluation's greedy completions
 
     @property
     def wants_start(self) -> bool:
@@ -36,7 +37,7 @@ class Evaluating:
     def compare_to(self, start) -> None:
         """Measure ``kl`` and the change of ``drift_nll`` from ``start`` (an object whose ``loaded()`` holds the
         model at its starting weights; None: no ``kl`` and no change of ``drift_nll`` are logged)."""
-        self._start = start
+        self._start, self._drift_start = start, None
 
     def evaluation_info(self) -> dict[str, float]:
         """The latest evaluation's columns beside the metric (see :meth:`evaluate`)."""
@@ -49,7 +50,8 @@ class Evaluating:
     def _step_kl(self, pm: PerturbedModel, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor) -> dict:
         """The step's KL sums on the completions of its first direction (both signs), measured by the block and
         process that evaluates that direction; zero sums elsewhere, so that every block gives the same keys and
-        chunking or processes do not change the value."""
+        the value is one process's without chunks (greedy completions are the same in any block; sampled ones
+        are drawn for the block's rows together, so they differ with the chunk size)."""
         if self._start is None or not self.kl:
             return {}
         zero = torch.zeros((), dtype=torch.float64, device=ids.device)
@@ -106,7 +108,11 @@ class Evaluating:
         info.update({f"eval_{k}": float(v) for k, v in function_columns(sums, self.reward_names).items()})
         if self._start is not None and self.kl:
             info["eval_kl"] = float(kl[0] / kl[1])
-        info.update(self._sampled(model))
+        if self.eval_generations:  # a reward function's log_metric values are the greedy completions', as without
+            held = self.logged_metrics()
+            info.update(self._sampled(model))
+            self.logged_metrics()
+            self._held_metrics = held
         info.update(self._drift(model))
         self._evaluation = info
         if self.correct_at is None:

@@ -154,4 +154,5 @@ def check_differentiable(task: object) -> DifferentiableTask:
 
 
 __all__ = ["ComparesToStart", "DIFFERENTIABLE_MEMBERS", "DescribesFitness", "DifferentiableTask", "Fingerprinted",
-           "LogsMetrics", "ModelMaker", "ReportsEvaluation", "ShapesFitness", "TASK_MEMBERS", "Task", "check_differentiable", "check_task"]
+           "LogsMetrics", "ModelMaker", "ReportsEvaluation", "ShapesFitness", "TASK_MEMBERS", "Task",
+           "check_differentiable", "check_task"]

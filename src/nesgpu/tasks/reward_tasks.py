@@ -211,9 +211,9 @@ class PromptOptions:
                                     "--generations completions sampled from the model, each member's fitness "
                                     "the reward it expects of them (one population forward, no population "
                                     "generate)", choices=FITNESSES)
-    kl: bool = option(True, "log kl, the mean per-token KL from the starting model (TRL's estimator) on each step's "
-                            "first member pair's completions and on the held-out ones (keeps the starting weights "
-                            "on the device)")
+    kl: bool = option(True, "log kl, TRL's estimate of the per-token KL from the starting model, on each step's "
+                            "first member pair's completions (an unbiased KL where they are sampled), and eval_kl on "
+                            "the held-out ones (keeps the starting weights on the device)")
     eval_generations: int = option(0, "K > 0: each evaluation also samples K completions per held-out prompt and "
                                       "logs eval_pass@K and eval_pass@1", at_least=0, at_most=MAX_COUNT)
     drift_text: str | None = option(None, "text the run never trains on (one text per line, or JSON lines with a "

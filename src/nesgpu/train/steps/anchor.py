@@ -19,6 +19,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+SWAP_SLICE = 1 << 22  # entries exchanged at a time by loaded(): its buffer holds at most 4M entries
+
 
 class StartingWeights:
     """The starting values of ``model``'s trainable parameters.
@@ -37,6 +39,7 @@ class StartingWeights:
         self.entries = [(name, p, stepped) for (name, p), stepped in zip(named, parameters) if p.requires_grad]
         self.order = [name for name, _ in named]  # every parameter's name (the first --anchor checkpoints' layout)
         self.start = {name: p.detach().clone() for name, p, _ in self.entries}
+        self._buffers: dict = {}  # (dtype, device) -> the buffer loaded() exchanges values through
 
     @torch.no_grad()
     def pull(self, strength: float) -> None:
@@ -46,21 +49,41 @@ class StartingWeights:
 
     @contextlib.contextmanager
     def loaded(self) -> Iterator[None]:
-        """Inside, the model's trainable weights are the starting ones (swapped in place one tensor at a time,
-        so the only extra memory is the largest tensor, and a compiled graph keeps its addresses); after, as
-        they were, also when the body raises."""
+        """Inside, the model's trainable weights are the starting ones; after, as they were, also when the body
+        raises. The values are exchanged in place, through a small buffer made once, so a compiled graph keeps
+        its addresses and the way back allocates nothing (it cannot run out of memory after the body did)."""
         swapped = []
         try:
             with torch.no_grad():
                 for name, p, _ in self.entries:
-                    _swap(p, self.start[name])
+                    self._swap(p, self.start[name])
                     swapped.append(name)
             yield
         finally:
             with torch.no_grad():
                 for name, p, _ in self.entries:
                     if name in swapped:
-                        _swap(p, self.start[name])
+                        self._swap(p, self.start[name])
+
+    def _swap(self, p: torch.Tensor, other: torch.Tensor) -> None:
+        """Exchange the values of ``p`` and ``other`` (one shape, dtype and device), slice by slice through the
+        buffer of their dtype and device."""
+        if not (p.is_contiguous() and other.is_contiguous()):  # a strided view: a copy of it, as a last resort
+            held = p.detach().clone()
+            p.copy_(other)
+            other.copy_(held)
+            return
+        key = (p.dtype, p.device)
+        if key not in self._buffers:
+            largest = max(q.numel() for _, q, _ in self.entries if (q.dtype, q.device) == key)
+            self._buffers[key] = torch.empty(min(largest, SWAP_SLICE), dtype=p.dtype, device=p.device)
+        buffer, flat, kept = self._buffers[key], p.detach().view(-1), other.view(-1)
+        for start in range(0, flat.numel(), buffer.numel()):
+            part = slice(start, min(start + buffer.numel(), flat.numel()))
+            held = buffer[:part.stop - part.start]
+            held.copy_(flat[part])
+            flat[part].copy_(kept[part])
+            kept[part].copy_(held)
 
     def state(self) -> dict:
         """What a checkpoint keeps: the starting weights by parameter name."""
@@ -77,13 +100,6 @@ class StartingWeights:
             return False
         self.start = {name: saved[name].to(device=p.device, dtype=p.dtype) for name, p, _ in self.entries}
         return True
-
-
-def _swap(p: torch.Tensor, other: torch.Tensor) -> None:
-    """Exchange the values of two tensors of one shape, in place."""
-    held = p.detach().clone()
-    p.copy_(other)
-    other.copy_(held)
 
 
 __all__ = ["StartingWeights"]

@@ -46,18 +46,6 @@ class Stepper(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
-    def _load_start(self, state: dict) -> None:
-        """The starting weights of the run the checkpoint continues; refused for --anchor where it kept none (a
-        run started without it); else a warning that the model as built here stands in for them."""
-        if self.start is None or self.start.load(state):
-            return
-        if self.anchor:
-            raise ValueError("--anchor pulls toward the starting weights, which this checkpoint does not hold (the "
-                             "run started without --anchor); drop --anchor, or start a new run with it")
-        warnings.warn("the checkpoint holds no starting weights (written before nesgpu kept them): kl and the change "
-                      "of drift_nll are measured from the model as this run builds it (the run's own start where "
-                      "--model and --seed are unchanged)", stacklevel=3)
-
     def apply_changes(self, old: dict, cfg) -> None: ...  # a resumed run's new sigma / lr
 
     def summary(self, cfg) -> dict: ...  # summary.json's layer, population and sigma (None: not ES)
@@ -286,7 +274,11 @@ class EvolutionStep:
                 **({"sigma_probe": self.probe.as_dict()} if self.probe is not None else {})}
 
     def finish(self) -> None:
+        """Free the noise, and take the starting weights back from the task (a task object used again after the
+        run measures from nothing of this run's)."""
         self.population.free_memory()
+        if isinstance(self.task, ComparesToStart) and self.task.wants_start:
+            self.task.compare_to(None)
 
 
 __all__ = ["EvolutionStep", "Stepper"]
