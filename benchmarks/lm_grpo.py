@@ -11,6 +11,10 @@ or, on prompt files and a reward function of TRL's signature (what ``nesgpu trai
 
     PYTHONPATH=src:benchmarks TRLENV/bin/python benchmarks/lm_grpo.py --model DIR --train train.jsonl \\
         --eval val.jsonl --reward arith_reward:correct --seconds 120 --json out.json --save DIR2
+
+With ``--drift-text FILE`` every evaluation also records what ``nesgpu train --task generation --drift-text FILE``
+logs, by the same functions of the same task: ``eval_kl`` (on the held-out greedy completions, from the starting
+model), ``drift_nll`` and ``drift_nll_change`` (benchmarks/lm_drift.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from nesgpu.tasks import make_task
 from nesgpu.tasks.reward_data import load_function, read_jsonl
+from nesgpu.train.steps.anchor import StartingWeights
+
+MEASURES = ("eval_kl", "drift_nll", "drift_nll_change")  # nesgpu's evaluation columns a --drift-text run records
 
 
 class Budget(TrainerCallback):
@@ -45,6 +52,8 @@ class Budget(TrainerCallback):
         model.eval()
         self.curve.append({"seconds": elapsed, "tokens": step * self.tokens_per_step, "iteration": step,
                            "accuracy": self.task.evaluate(model)})
+        info = self.task.evaluation_info()
+        self.curve[-1].update({k: info[k] for k in MEASURES if k in info})
         model.train(was_training)
         print(json.dumps(self.curve[-1]), flush=True)
         self.last_eval = elapsed
@@ -69,7 +78,7 @@ def race_task(args):
         return make_task(args.task, seed=args.seed, batch_size=args.prompts, model=f"hf:{args.model}")
     return make_task("generation", seed=args.seed, batch_size=args.prompts, model=f"hf:{args.model}",
                      prompts=args.train, eval_prompts=args.eval, reward=args.reward, correct_at=1.0,
-                     max_new_tokens=args.max_new_tokens)
+                     max_new_tokens=args.max_new_tokens, drift_text=args.drift_text)
 
 
 def dataset_and_reward(args, task, steps: int):
@@ -96,10 +105,14 @@ def main() -> None:
     parser.add_argument("--reward", help="with --train: the reward function, module:function (TRL's signature)")
     parser.add_argument("--max-new-tokens", type=int, default=6)
     parser.add_argument("--save", help="save the trained model and tokenizer there (save_pretrained)")
+    parser.add_argument("--drift-text", help="with --train: text the run never trains on; each evaluation also "
+                                             "records eval_kl, drift_nll and drift_nll_change (nesgpu's)")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     task = race_task(args)
     model = task.make_model((), f"hf:{args.model}")
+    if args.drift_text:  # the starting weights, as nesgpu's trainer keeps them for its kl and drift columns
+        task.compare_to(StartingWeights(model, list(model.parameters())))
     steps = 100_000
     dataset, reward = dataset_and_reward(args, task, steps // 100)
     budget = Budget(task, args.seconds, args.eval_seconds, args.prompts * args.generations * task.max_new_tokens)
