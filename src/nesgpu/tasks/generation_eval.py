@@ -47,31 +47,41 @@ class Evaluating:
         """The temperature both models' distributions are taken at: the task's, or 1 for greedy decoding."""
         return self.temperature if self.temperature > 0 else 1.0
 
+    @property
+    def _measures_kl(self) -> bool:
+        return self._start is not None and self.kl
+
     def _step_kl(self, pm: PerturbedModel, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor) -> dict:
-        """The step's KL sums on the completions of its first direction (both signs), measured by the block and
-        process that evaluates that direction; zero sums elsewhere, so that every block gives the same keys and
-        the value is one process's without chunks (greedy completions are the same in any block; sampled ones
-        are drawn for the block's rows together, so they differ with the chunk size)."""
-        if self._start is None or not self.kl:
-            return {}
-        zero = torch.zeros((), dtype=torch.float64, device=ids.device)
-        if pm.noise_range.start != 0:
-            return dict.fromkeys(KL_KEYS, zero)
+        """The step's KL sums on the completions of its first direction (both signs; ``ids``, ``mask``: the
+        prompts, ``new``: every row's new tokens); see :meth:`_first_direction_kl`."""
         signs = 2 if pm.antithetic else 1
-        rows = torch.arange(0, new.shape[0], pm.local_directions, device=new.device)
-        new = new[rows]
-        kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
-        ids, mask = joined(ids.repeat(signs, 1), mask.repeat(signs, 1), new, kept, self.tokenizer.pad_token_id)
-        return dict(zip(KL_KEYS, kl_sums(pm.model, self._start, ids, mask, kept, self._temperature_or_one())))
+
+        def measure():
+            first = new[torch.arange(0, new.shape[0], pm.local_directions, device=new.device)]
+            return self._kl_on(pm.model, ids.repeat(signs, 1), mask.repeat(signs, 1), first)
+        return self._first_direction_kl(pm, ids.device, measure)
 
     def _drawn_kl(self, pm: PerturbedModel, drawn) -> dict:
         """The step's KL sums on the likelihood fitness's completions (drawn from the plain model)."""
-        if self._start is None or not self.kl:
+        return self._first_direction_kl(pm, drawn.ids.device, lambda: kl_sums(
+            pm.model, self._start, drawn.ids, drawn.mask, drawn.kept, self._temperature_or_one()))
+
+    def _first_direction_kl(self, pm: PerturbedModel, device, measure) -> dict:
+        """``measure()``'s KL sums where this block evaluates the first direction; zero sums in every other
+        block and process, so that each gives the same keys and the value is one process's without chunks
+        (greedy completions are the same in any block; sampled ones are drawn for the block's rows together,
+        so they differ with the chunk size); nothing without a start to measure from."""
+        if not self._measures_kl:
             return {}
         if pm.noise_range.start != 0:
-            return dict.fromkeys(KL_KEYS, torch.zeros((), dtype=torch.float64, device=drawn.ids.device))
-        sums = kl_sums(pm.model, self._start, drawn.ids, drawn.mask, drawn.kept, self._temperature_or_one())
-        return dict(zip(KL_KEYS, sums))
+            return dict.fromkeys(KL_KEYS, torch.zeros((), dtype=torch.float64, device=device))
+        return dict(zip(KL_KEYS, measure()))
+
+    def _kl_on(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor):
+        """KL sums of ``model`` from the start on each prompt's completion ``new``, up to where it ends."""
+        kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
+        joint = joined(ids, mask, new, kept, self.tokenizer.pad_token_id)
+        return kl_sums(model, self._start, *joint, kept, self._temperature_or_one())
 
     # ----- the plain model ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -92,11 +102,8 @@ class Evaluating:
             rewards.append(scores)
             _add(sums, function_sums(self.reward, scores, self.reward_names))
             lengths += [len(t) for t in self.tokenizer(completions, add_special_tokens=False).input_ids]
-            if self._start is not None and self.kl:
-                kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
-                joint = joined(ids, mask, new, kept, self.tokenizer.pad_token_id)
-                kl = [a + b.cpu() for a, b in zip(kl, kl_sums(model, self._start, *joint, kept,
-                                                              self._temperature_or_one()))]
+            if self._measures_kl:
+                kl = [a + b.cpu() for a, b in zip(kl, self._kl_on(model, ids, mask, new))]
             extra = logged_columns(self.reward, len(completions))
             self.samples += [{**{k: v[i] for k, v in extra.items()}, "prompt": p, "completion": c, "reward": float(r)}
                              for i, (p, c, r) in enumerate(zip(prompts, completions, scores.tolist()))]
@@ -106,7 +113,7 @@ class Evaluating:
                 "eval_completion_tokens": sum(lengths) / len(lengths),
                 "eval_completions/clipped_ratio": clipped_ratio(lengths, range(len(lengths)), self.max_new_tokens)}
         info.update({f"eval_{k}": float(v) for k, v in function_columns(sums, self.reward_names).items()})
-        if self._start is not None and self.kl:
+        if self._measures_kl:
             info["eval_kl"] = float(kl[0] / kl[1])
         if self.eval_generations:  # a reward function's log_metric values are the greedy completions', as without
             held = self.logged_metrics()

@@ -85,6 +85,7 @@ class Loop:
             self._keep_samples_to(self.stepper.step)
         # the task's optional protocols, checked once (a runtime Protocol's isinstance costs ~10 us a step)
         self.logs_metrics = isinstance(self.task, LogsMetrics)
+        self.reports = isinstance(self.task, ReportsEvaluation)
         self.shown = (*shown_statistics(self.task, self.stepper.progress_key), self.task.metric)
         self.watch = SignalWatch(self.log, cfg.sigma, self.metrics.rows if self.metrics is not None else ())
         if cfg.eval_seconds and self.stepper.needs_sync:
@@ -191,7 +192,7 @@ class Loop:
 
     def _evaluation_info(self) -> dict[str, float]:
         """What the task's evaluation measured beside its metric (a language model's eval_ columns and drift)."""
-        return self.task.evaluation_info() if isinstance(self.task, ReportsEvaluation) else {}
+        return self.task.evaluation_info() if self.reports else {}
 
     def _out_of_time(self) -> bool:
         return self.cfg.time_budget is not None and self.progress.elapsed >= self.cfg.time_budget

@@ -52,18 +52,17 @@ class StartingWeights:
         """Inside, the model's trainable weights are the starting ones; after, as they were, also when the body
         raises. The values are exchanged in place, through a small buffer made once, so a compiled graph keeps
         its addresses and the way back allocates nothing (it cannot run out of memory after the body did)."""
-        swapped = []
+        swapped = 0  # the entries swapped in so far (all of them, unless a swap failed)
         try:
             with torch.no_grad():
                 for name, p, _ in self.entries:
                     self._swap(p, self.start[name])
-                    swapped.append(name)
+                    swapped += 1
             yield
         finally:
             with torch.no_grad():
-                for name, p, _ in self.entries:
-                    if name in swapped:
-                        self._swap(p, self.start[name])
+                for name, p, _ in self.entries[:swapped]:
+                    self._swap(p, self.start[name])
 
     def _swap(self, p: torch.Tensor, other: torch.Tensor) -> None:
         """Exchange the values of ``p`` and ``other`` (one shape, dtype and device), slice by slice through the

@@ -94,9 +94,9 @@ class EvolutionStep:
         self.paths: dict = {}  # a strategy's own per-parameter tensors (CMA-ES's evolution paths)
         self.floored = False  # whether sigma reached MIN_SIGMA (warned once)
         self.anchor = float(anchor)
-        compares = isinstance(task, ComparesToStart) and task.wants_start
-        self.start = StartingWeights(self.model, population.parameters()) if self.anchor or compares else None
-        if compares:
+        self.compares = isinstance(task, ComparesToStart) and task.wants_start  # kl, drift
+        self.start = StartingWeights(self.model, population.parameters()) if self.anchor or self.compares else None
+        if self.compares:
             task.compare_to(self.start)
         if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM, sep-CMA-ES): S = 1, then adapted every step
             population.pm.check_scalable(strategy.name, strategy.outer_scales)
@@ -277,7 +277,7 @@ class EvolutionStep:
         """Free the noise, and take the starting weights back from the task (a task object used again after the
         run measures from nothing of this run's)."""
         self.population.free_memory()
-        if isinstance(self.task, ComparesToStart) and self.task.wants_start:
+        if self.compares:
             self.task.compare_to(None)
 
 
