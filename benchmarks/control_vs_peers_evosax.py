@@ -13,7 +13,6 @@ Run (normally by control_vs_peers.py):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -25,21 +24,13 @@ import gymnax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from evosax.algorithms import CMA_ES, SNES, Sep_CMA_ES  # noqa: E402
+from peer_run_args import peer_arguments  # noqa: E402  (this folder's)
 
 ALGOS = {"snes": SNES, "sep_cma_es": Sep_CMA_ES, "cma_es": CMA_ES}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--algo", choices=sorted(ALGOS), required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--generations", type=int, default=100)
-    p.add_argument("--population", type=int, default=32)
-    p.add_argument("--sigma", type=float, default=0.5)
-    p.add_argument("--hidden", type=int, default=16)
-    p.add_argument("--init", required=True, help="JSON file with the flat initial mean ('init')")
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
+    args = peer_arguments(__doc__.splitlines()[0], ALGOS)
 
     env, env_params = gymnax.make("Pendulum-v1")
     obs_dim, act_dim, high, horizon, hidden = 3, 1, 2.0, 200, args.hidden

@@ -14,7 +14,6 @@ Run (normally by control_vs_peers.py):
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import os
@@ -24,6 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from peer_run_args import peer_arguments  # noqa: E402  (this folder's)
 from torch import nn  # noqa: E402
 
 ALGOS = ("snes", "sep_cma_es", "cma_es")
@@ -39,17 +39,7 @@ class ScaledTanh(nn.Module):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--env", required=True)
-    p.add_argument("--algo", choices=ALGOS, required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--generations", type=int, default=100)
-    p.add_argument("--population", type=int, default=32)
-    p.add_argument("--sigma", type=float, default=0.5)
-    p.add_argument("--hidden", type=int, default=16)
-    p.add_argument("--init", required=True, help="JSON file with the flat initial mean ('init')")
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
+    args = peer_arguments(__doc__.splitlines()[0], ALGOS, env=True)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
