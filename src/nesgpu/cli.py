@@ -26,7 +26,9 @@ import warnings
 from .version import __version__
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of ``argv`` (default: the command line): ``train`` and ``tune`` get the flags of the task,
+    strategy and layer it names."""
     from .bench import layers as bench_layers
     from .bench import modules as bench_modules
     from .exactness import cli as check_cli
@@ -39,10 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nesgpu {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    add_train_parser(commands)
+    argv = sys.argv[1:] if argv is None else argv
+    named = argv[1:] if argv[:1] in (["train"], ["tune"]) else []
+    add_train_parser(commands, named)
     add_eval_parser(commands)
     add_play_parser(commands)
-    tune_cli.add_parser(commands)
+    tune_cli.add_parser(commands, named)
     add_compare_parser(commands)
     check_cli.add_parser(commands)
     bench = commands.add_parser("bench", help="benchmarks", description="Benchmarks.")
@@ -101,7 +105,7 @@ def _asked(e: BaseException) -> str:
     return found.group(0) if found else text.splitlines()[0][:120] if text else type(e).__name__
 
 
-def _build_parser_answering_ctrl_c() -> argparse.ArgumentParser | None:
+def _build_parser_answering_ctrl_c(argv: list[str] | None) -> argparse.ArgumentParser | None:
     """The parser (it imports torch and the commands: seconds), or None after a Ctrl-C in that time. The
     Ctrl-C is held until the imports end: a KeyboardInterrupt inside numpy's import comes out as another
     error (an ImportError, an AttributeError), which would be a traceback."""
@@ -109,9 +113,9 @@ def _build_parser_answering_ctrl_c() -> argparse.ArgumentParser | None:
     try:
         previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     except ValueError:  # not the main thread: no handler can be set, Ctrl-C is the caller's
-        return build_parser()
+        return build_parser(argv)
     try:
-        parser = build_parser()
+        parser = build_parser(argv)
     except BaseException:
         if interrupted:
             return None
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # at once: without torch and the commands
         print(f"nesgpu {__version__}")
         return 0
-    parser = _build_parser_answering_ctrl_c()
+    parser = _build_parser_answering_ctrl_c(argv)
     if parser is None:
         print("nesgpu: interrupted", file=sys.stderr)
         return 130

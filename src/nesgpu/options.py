@@ -1,8 +1,8 @@
 """Options of a component (a strategy, a task): a frozen dataclass whose fields carry a one-line doc, their
-choices and their lower bound, checked once when it is built. The training configuration turns every field
-of every registered component into a flat option of its own (``--top-b``, ``top_b:`` in YAML), owned by the
-components that declare it (:class:`Owners`: the components of one kind and their options; see
-:mod:`nesgpu.train.setup.options`).
+choices and their lower bound, checked once when it is built. The training configuration holds the chosen
+strategy's and task's as objects of their own; config files and the CLI name each option flat (``top_b:`` in
+YAML, ``--top-b`` under ``--strategy ars``), and :class:`Owners` (the components of one kind, read from their
+registry at each call) says whose it is (see :mod:`nesgpu.train.setup.options`).
 
 A strategy's options, as ARS declares them::
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 
 def option(default, help: str, *, choices: tuple | None = None, at_least: float | None = None,
@@ -97,11 +97,17 @@ class NoOptions:
 
 @dataclasses.dataclass(frozen=True)
 class Owners:
-    """The components of one kind ("strategy", "task") and their Options, by the name the config uses."""
+    """The components of one kind ("strategy", "task") and their Options, by the name the config uses.
+    ``components`` reads the registry at each call, so a component registered after import is known."""
 
     kind: str
-    registry: Mapping[str, type]
+    components: Callable[[], Mapping[str, type]]
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # how an owner is named ("gym:<id>")
+
+    @property
+    def registry(self) -> Mapping[str, type]:
+        """Every component's Options, by its name."""
+        return self.components()
 
     def label(self, owner: str) -> str:
         return self.labels.get(owner, owner)
@@ -113,6 +119,11 @@ class Owners:
     def names(self) -> list[str]:
         """Every option's name, once, in the registry's order."""
         return list(dict.fromkeys(f.name for options in self.registry.values() for f in dataclasses.fields(options)))
+
+    def field(self, name: str) -> dataclasses.Field | None:
+        """The first declaration of option ``name`` (None: no component declares it)."""
+        return next((f for options in self.registry.values() for f in dataclasses.fields(options)
+                     if f.name == name), None)
 
     def defaults_of(self, owner: str | None) -> dict:
         """The options of ``owner`` at their defaults (an unknown one, or None: none)."""
@@ -135,51 +146,25 @@ class Owners:
                           f"not to {mine}{hint}; drop it{fix}")
 
     def drop_foreign(self, values: dict, owner: str | None, allowed: Mapping | None = None) -> None:
-        """Set to None, in ``values``, the options ``owner`` does not take. One that holds anything but None,
-        an owner's default or ``allowed``'s value (older run directories recorded every option) is an error:
-        an option that does not apply is never silently ignored."""
+        """Drop, from ``values``, the options ``owner`` does not take. One that holds anything but None, an
+        owner's default or ``allowed``'s value (older run directories recorded every option) is an error: an
+        option that does not apply is never silently ignored."""
         own, allowed = self.defaults_of(owner), allowed or {}
         for name in self.names():
             value = values.get(name)
-            if name in own or value is None:
+            if name in own or name not in values:
                 continue
             known = [self.defaults_of(o)[name] for o in self.owners(name)]
             known += [allowed[name]] if name in allowed else []
-            if value not in known:
+            if value is not None and value not in known:
                 raise self.refusal(name, value, owner)
-            values[name] = None
+            del values[name]
 
     def own_only(self, values: dict, owner: str | None) -> dict:
-        """A copy of ``values`` with every option ``owner`` does not take None (what a resolved configuration
-        holds; older run directories recorded them all)."""
+        """A copy of ``values`` without the options ``owner`` does not take (older run directories recorded
+        them all)."""
         own = self.defaults_of(owner)
-        return {**values, **{name: None for name in self.names() if name not in own and name in values}}
-
-    def config_fields(self) -> list[tuple[str, str, dataclasses.Field]]:
-        """The configuration's fields of these options, for ``dataclasses.make_dataclass``: each None by
-        default (its owner's default applies), with its owners' docs and choices. Components declaring one
-        name must declare one type."""
-        fields = []
-        for name in self.names():
-            declared = [(o, f) for o, options in self.registry.items() for f in dataclasses.fields(options)
-                        if f.name == name]
-            types = {annotation_text(f.type) for _, f in declared}
-            if len(types) > 1:
-                raise TypeError(f"{self.kind} option {name!r} is declared with different types {sorted(types)} by "
-                                f"{[o for o, _ in declared]}")
-            docs: dict[str, list[str]] = {}  # doc -> the owners that give it
-            for o, f in declared:
-                docs.setdefault(f.metadata["help"], []).append(self.label(o))
-            help = "; ".join(f"{', '.join(who)}: {doc}" for doc, who in docs.items())
-            if "default" not in help:
-                shown = dict.fromkeys("none" if f.default is None else str(f.default) for _, f in declared)
-                help += f" (default: {' / '.join(shown)})"
-            first = declared[0][1]
-            meta = {"help": help, "choices": first.metadata.get("choices"), "owned_by": self.kind}
-            text = annotation_text(first.type)
-            fields.append((name, text if "None" in text.split(" | ") else f"{text} | None",
-                           dataclasses.field(default=None, metadata=meta)))
-        return fields
+        return {k: v for k, v in values.items() if k in own or k not in set(self.names())}
 
 
 __all__ = ["NoOptions", "Owners", "annotation_text", "arguments", "check_options", "check_type", "option", "values"]

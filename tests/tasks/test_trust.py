@@ -233,7 +233,7 @@ def test_prompts_too_long_for_the_models_context_are_named_before_its_weights_lo
 
 
 def test_the_prompts_file_and_reward_functions_are_checked_before_the_tokenizer_loads(tmp_path, monkeypatch):
-    from nesgpu.tasks import dataset_tasks
+    from nesgpu.tasks import TaskContext, dataset_tasks
     from nesgpu.train import TrainConfig
 
     hf = model_dir(tmp_path / "m")
@@ -245,4 +245,4 @@ def test_the_prompts_file_and_reward_functions_are_checked_before_the_tokenizer_
         cfg = TrainConfig.from_dict({"task": "generation", "model": f"hf:{hf}", "prompts": str(tmp_path / "p.jsonl"),
                                      "reward": f"{__name__}:correct", **options}).resolved()
         with pytest.raises(ValueError, match=message):
-            dataset_tasks.make_dataset_task("generation", cfg)
+            dataset_tasks.make_dataset_task("generation", TaskContext(model=cfg.model), cfg.task_options)

@@ -15,20 +15,29 @@ import pytest
 from nesgpu.options import NoOptions, check_options, option
 from nesgpu.strategies import ARS, PGPE, STRATEGIES, OpenAIES
 from nesgpu.train import TrainConfig
-from nesgpu.train.setup.options import STRATEGY, TASK
+from nesgpu.train.setup.options import STRATEGY, TASK, side
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 
-def test_every_strategy_option_is_a_config_option_owned_by_its_strategies():
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+def test_every_component_option_is_taken_by_name_and_held_by_its_own_side():
     for owners in (STRATEGY, TASK):
         for name, options in owners.registry.items():
             for f in dataclasses.fields(options):
-                assert fields[f.name].metadata["owned_by"] == owners.kind
-                assert fields[f.name].default is None  # None: the owner's own default
+                assert side(f.name) is owners, f.name
     assert STRATEGY.owners("shaping") == ["openai_es", "pgpe"] and STRATEGY.owners("top_b") == ["ars"]
     assert STRATEGY.owners("optimizer") == ["backprop"] and TASK.owners("vector_mode") == ["gym"]
+    cfg = TrainConfig(task="pendulum", strategy="ars", top_b=2, episodes=3)
+    assert cfg.strategy_options == {"top_b": 2} and cfg.task_options == {"episodes": 3}
+    resolved = cfg.resolved()
+    assert resolved.strategy_options == ARS.Options(top_b=2) and resolved.task_options.episodes == 3
+    assert (resolved.top_b, resolved.episodes, resolved.shaping) == (2, 3, None)  # read by name; not ars's: None
+    resolved.episodes = 4  # set by name: into the task's options, resolved again
+    assert resolved.resolved().task_options.episodes == 4
+    with pytest.raises(TypeError, match="TrainConfig got an unknown option 'top_k'"):
+        TrainConfig(top_k=2)
+    with pytest.raises(AttributeError, match="no attribute 'top_k'"):
+        TrainConfig().top_k  # noqa: B018
 
 
 def test_a_resolved_config_holds_its_strategys_options_and_none_of_the_others():
@@ -128,8 +137,9 @@ def test_a_new_strategy_with_an_option_is_one_file_plus_one_registry_line(tmp_pa
     resumed = nesgpu("--resume", str(run), "--steps", "3")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
-    helped = nesgpu("--help")
-    assert "--baseline-decay" in helped.stdout and "baseline_es: decay of the running fitness" in helped.stdout
+    helped = nesgpu("--strategy", "baseline_es", "--help")
+    assert "--baseline-decay" in helped.stdout and "decay of the running fitness" in helped.stdout
+    assert "--baseline-decay" not in nesgpu("--help").stdout  # another strategy's
     bad = nesgpu(*small, "--strategy", "baseline_es", "--baseline-decay", "1.5", "--print-config")
     assert bad.returncode != 0 and "baseline_decay' must be below 1; got 1.5" in bad.stderr
     assert "Traceback" not in bad.stderr

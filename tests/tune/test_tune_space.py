@@ -60,7 +60,7 @@ def test_a_space_file_is_read(tmp_path):
      r"'population': the value 9 is refused by the config: population must be even"),
     ({"sigma": {"low": -1.0, "high": 1.0}}, r"'sigma': the value -1.0 is refused.*sigma must be a positive"),
     ({"population": {"low": 8.0, "high": 32}}, r"'population': the value 8.0 is refused.*must be int"),
-    ({"shaping": {"choices": ["ranks"]}}, r"'shaping': the value 'ranks' is refused.*shaping must be one of"),
+    ({"shaping": {"choices": ["ranks"]}}, r"'shaping': the value 'ranks' is refused.*shaping'? must be one of"),
     ({"hidden": {"choices": ["8,x"]}}, r"'hidden': expected hidden sizes like"),
     ({"lr": {"low": 0.1}}, r"'lr': expected \{low: L, high: H.*got keys \['low'\]"),
     ({"lr": {"low": 0.1, "high": 1.0, "scale": "log"}}, r"'lr': expected \{low: L.*got keys"),
@@ -94,6 +94,16 @@ def test_options_must_fit_the_strategy_and_the_layer():
         parse_space({"sigma": {"low": 0.01, "high": 0.1}}, backprop)
     with pytest.raises(ValueError, match=r"'rank' is an option of layer kind 'lowrank', which strategy 'backprop'"):
         parse_space({"rank": {"low": 1, "high": 4}}, backprop)
+
+
+def test_a_space_addresses_the_tasks_options_by_name():
+    cartpole = TrainConfig(task="cartpole", steps=2)
+    space = parse_space({"episodes": {"low": 1, "high": 4}, "start_states": {"choices": ["shared", "independent"]}},
+                        cartpole)
+    trial = space.apply(cartpole, {"episodes": 3, "start_states": "independent"}).resolved()
+    assert (trial.task_options.episodes, trial.task_options.start_states) == (3, "independent")
+    with pytest.raises(ValueError, match=r"'batch_size'.*applies to task 'digits' or .*not to task 'cartpole'"):
+        parse_space({"batch_size": {"choices": [8, 16]}}, cartpole)
 
 
 def test_hidden_sizes_parse_from_strings_numbers_and_lists():

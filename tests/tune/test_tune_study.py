@@ -87,7 +87,7 @@ def test_best_yaml_is_the_best_trials_full_config_and_trains_as_is(tuned, tmp_pa
     assert resolved == cfg  # already complete
     run_config = json.loads((out / "trials" / f"{study.best_trial.number:04d}" / "config.json").read_text())
     run_config["out"] = None
-    assert dataclasses.asdict(resolved) == {**run_config, "hidden": tuple(run_config["hidden"])}
+    assert resolved.to_dict() == {**run_config, "hidden": tuple(run_config["hidden"])}
     assert resolved == best_config(study, base, tune_space(base))
     assert main(["train", "--config", str(out / "best.yaml"), "--out", str(tmp_path / "again")]) == 0
     summary = json.loads(capsys.readouterr().out)

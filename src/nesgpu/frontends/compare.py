@@ -200,7 +200,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def add_compare_parser(commands) -> None:
-    from .train_cli import _hidden
+    from .train_flags import hidden_sizes
 
     p = commands.add_parser("compare", help="ES and backprop side by side under one wall-clock budget",
                             description=__doc__.splitlines()[0].replace("``", ""))  # plain text in --help
@@ -210,7 +210,7 @@ def add_compare_parser(commands) -> None:
     p.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated seeds, one ES and one backprop run "
                                                                "each (default: 0)")
     p.add_argument("--model", help="architecture (default: the task's)")
-    p.add_argument("--hidden", type=_hidden, metavar="N,N", help="hidden sizes (default: the task's)")
+    p.add_argument("--hidden", type=hidden_sizes, metavar="N,N", help="hidden sizes (default: the task's)")
     p.add_argument("--batch-size", type=int, help="samples per step (default: the task's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--es-config", help="YAML of the ES run's options (strategy, population, sigma, lr, ...)")

@@ -58,7 +58,7 @@ def _run_task_name(directory: Path) -> str | None:
 def _rl_task_names() -> list[str]:
     """The built-in RL tasks (those with RL options: the torch environments and gym:<id>), as play names them."""
     from ..tasks import TASKS
-    from ..tasks.rl import RLOptions
+    from ..tasks.rl_options import RLOptions
 
     return [f"{n}:<id>" if n == "gym" else n for n, spec in TASKS.items() if issubclass(spec.options, RLOptions)]
 
@@ -67,15 +67,15 @@ def _is_other_task(task: str | None) -> bool:
     """Whether ``task`` (a run's config.json) is a built-in task that is not RL: refused before any model is
     built or loaded. An unknown or custom task is left to load_run and the check after it."""
     from ..tasks import TASKS
-    from ..tasks.rl import RLOptions
+    from ..tasks.rl_options import RLOptions
 
     return isinstance(task, str) and task in TASKS and not issubclass(TASKS[task].options, RLOptions)
 
 
 def _not_rl(directory: Path, task: str | None) -> ValueError:
-    from ..tasks import SUPERVISED
+    from ..tasks import supervised_tasks
 
-    kind = "supervised " if task in SUPERVISED else ""
+    kind = "supervised " if task in supervised_tasks() else ""
     return ValueError(f"play is for RL runs; use nesgpu eval ({directory} is a run of the {kind}task {task!r}; "
                       f"play needs a run of an RL task: {', '.join(_rl_task_names())})")
 

@@ -1,4 +1,5 @@
-"""``nesgpu train`` and ``nesgpu eval``: the command line generated from TrainConfig, one flag per field."""
+"""``nesgpu train`` and ``nesgpu eval``: the command line generated from TrainConfig and the chosen
+components' options (:mod:`nesgpu.frontends.train_flags`)."""
 
 from __future__ import annotations
 
@@ -10,146 +11,30 @@ import os
 import sys
 from pathlib import Path
 
-from ..layers import KINDS
 from ..train.setup.config import TrainConfig, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
 from ..train.setup.options import STRATEGY, TASK, task_key
+from .train_flags import Formatter, add_config_arguments, chosen
+
+USAGE = "nesgpu train [--task TASK] [--strategy STRATEGY] [--layer KIND] [options]"
 
 
-def _hidden(text: str) -> tuple[int, ...]:
-    """"64" or "64,64"; "0" or "" for none (a linear policy)."""
-    try:
-        sizes = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layer sizes like 64,64; got {text!r}") from None
-    if sizes in ((), (0,)):
-        return ()
-    if any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"layer sizes must be >= 1 (or a lone 0 for none); got {text!r}")
-    return sizes
-
-
-def _or_auto(parse, expected: str):
-    """A flag's parser: ``parse(text)``, or the text "auto"."""
-    def parser(text: str):
-        if text == "auto":
-            return text
-        try:
-            return parse(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected} or 'auto'; got {text!r}") from None
-    return parser
-
-
-_chunk = _or_auto(int, "a number of directions")
-_auto_float = _or_auto(float, "a number")
-
-
-def _count(text: str) -> int | float:
-    """A count (an int) or a fraction (a float)."""
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a count (int) or a fraction (float); got {text!r}") from None
-
-
-def _scalar_type(annotation: str):
-    for name, parse in (("int | float", _count), ("int", int), ("float", float), ("str", str)):
-        if annotation.startswith(name):
-            return parse
-    raise TypeError(f"no command-line parser for annotation {annotation!r}")  # a new field type: add it here
-
-
-def _default_text(f: dataclasses.Field) -> str:
-    if f.metadata.get("per_task"):
-        example = presets("digits").get(f.name)
-        if isinstance(example, tuple):
-            example = ",".join(map(str, example))
-        return f"the task's (digits: {example})" if example is not None else "the task's"
-    if f.default_factory is not dataclasses.MISSING:
-        return ""
-    if f.default is None:
-        return "none"
-    return str(f.default)
-
-
-def layer_option_flags() -> dict[str, tuple[str, dataclasses.Field]]:
-    """``--rank``, ``--in-sparsity``, ... : every option of every layer kind, as {flag: (kind, field)}. A
-    name that is short or shared by two kinds is prefixed with its kind (``--sparse-k``)."""
-    names = [f.name for kind in KINDS.values() for f in dataclasses.fields(kind)]
-    flags = {}
-    for kind_name, kind in sorted(KINDS.items()):
-        for f in dataclasses.fields(kind):
-            bare = f.name if len(f.name) > 1 and names.count(f.name) == 1 else f"{kind_name}_{f.name}"
-            flags["--" + bare.replace("_", "-")] = (kind_name, f)
-    return flags
-
-
-def _add_field(p, f: dataclasses.Field) -> None:
-    """The flag of one TrainConfig field."""
-    meta = f.metadata
-    default = _default_text(f)
-    kwargs: dict = dict(dest=f.name, default=None,
-                        help=meta["help"] + (f" (default: {default})" if default and "default" not in meta["help"]
-                                             else ""))
-    flag = "--" + f.name.replace("_", "-")
-    if f.type.split(" | ")[0] == "bool":
-        p.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
-        return
-    if meta.get("parse") == "chunk":
-        kwargs["type"] = _chunk
-    elif meta.get("parse") == "auto":
-        kwargs["type"] = _auto_float
-    elif f.type.startswith("tuple[int"):
-        kwargs["type"] = _hidden
-    else:
-        kwargs["type"] = _scalar_type(f.type)
-    if meta.get("choices"):
-        kwargs["choices"] = meta["choices"]
-    if meta.get("metavar"):
-        kwargs["metavar"] = meta["metavar"]
-    p.add_argument(flag, **kwargs)
-
-
-def add_config_arguments(p: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig field (``batch_size`` -> ``--batch-size``), typed from its annotation, with
-    its doc and default in ``--help``, the strategies' options in a group of their own; plus a flag per
-    layer-kind option. Unset flags stay None, so a config file or a resumed run's options are not overridden
-    by defaults."""
-    groups = {"strategy": p.add_argument_group("strategy options", "options of one strategy (--strategy); each is "
-                                               "an error under the others"),
-              "task": p.add_argument_group("task options", "options of one task (--task); each is an error under "
-                                           "the others")}
-    for f in dataclasses.fields(TrainConfig):
-        if f.name != "layer_options":
-            _add_field(groups.get(f.metadata.get("owned_by"), p), f)
-    group = p.add_argument_group("layer options", "options of one layer kind (--layer); they fill layer_options")
-    for flag, (kind, f) in layer_option_flags().items():
-        kwargs = dict(dest=f"layer_option:{f.name}", default=None, type=_scalar_type(f.type),
-                      help=f"{kind}: {f.metadata.get('help', '')}" + ("" if "default" in f.metadata.get("help", "")
-                                                                    else f" (default: {f.default})"))
-        if f.metadata.get("choices"):
-            kwargs["choices"] = f.metadata["choices"]
-        else:
-            kwargs["metavar"] = f.name.upper()
-        group.add_argument(flag, **kwargs)
-
-
-def add_train_parser(commands) -> None:
-    p = commands.add_parser("train", help="train a model with ES (default: digits, low-rank MLP)",
-                            description="Train with evolution strategies. Unset options take the task's "
-                                        "defaults; a --config file sets options, and flags override it.")
-    add_config_arguments(p)
+def add_train_parser(commands, argv: list[str] | None = None) -> None:
+    """Register ``nesgpu train`` for the components ``argv`` (its arguments) names (see
+    :mod:`nesgpu.frontends.train_flags`)."""
+    c = chosen(argv or [])
+    p = commands.add_parser("train", help="train a model with ES (default: digits, low-rank MLP)", usage=USAGE,
+                            formatter_class=Formatter,
+                            description=f"Train with evolution strategies. The options of task {c.task} below, "
+                                        f"with its defaults (--task T --strategy S --help: those of T and S).")
+    add_config_arguments(p, c)
     run = p.add_argument_group("run")
-    run.add_argument("--config", metavar="FILE.yaml", help="options from a YAML (or JSON) file, as --print-config "
-                                                           "writes them")
+    run.add_argument("--config", metavar="FILE.yaml", help="options from a YAML or JSON file (as --print-config "
+                                                           "writes)")
     run.add_argument("--resume", metavar="DIR", help="continue the run in DIR up to --steps")
     run.add_argument("--overwrite", action="store_true", help="replace the run already in --out (else refused)")
-    run.add_argument("--trust-reward-code", action="store_true", help="with --resume: import the reward functions "
-                     "the run's config.json names even from its own directory or from outside the working directory")
+    run.add_argument("--trust-reward-code", action="store_true", help="with --resume: import reward code the run "
+                     "names from its own or an outside directory")
     run.add_argument("--print-config", action="store_true", dest="print_config",
                      help="print the resolved options as YAML and exit")
     p.set_defaults(func=run_train)
@@ -191,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
         values["out"] = args.resume
     if args.config:  # the keys the file sets, each type-checked (a value equal to a default still counts)
         values.update(TrainConfig.read_yaml(args.config))
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(STRATEGY.names()) | set(TASK.names())
     flags = {key: value for key, value in vars(args).items() if key in fields and value is not None}
     # a flag of the other side is refused even at its default (a config file lists every option: --print-config)
     _check_sides(flags, flags.get("strategy", values.get("strategy")), flags.get("task", values.get("task", "digits")))

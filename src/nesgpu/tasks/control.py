@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from .envs import ENVS
-from .rl import RLOptions, RLTask
-from .spec import TaskOptions, TaskSpec
+from .rl import RLTask
+from .rl_options import RLOptions
+from .spec import TaskContext, TaskSpec
 
 
-def make_control_task(name: str, options: TaskOptions) -> RLTask:
+def make_control_task(name: str, where: TaskContext, options: RLOptions) -> RLTask:
     """The RL task of the built-in environment ``name``."""
     env_cls = ENVS[name]
-    return RLTask(env_cls, env_cls, name, episodes=options.episodes, eval_episodes=options.eval_episodes,
-                  device=options.device, seed=options.seed, normalize_observations=options.normalize_observations,
-                  compile=options.compile, reward_shift=options.reward_shift, start_states=options.start_states,
-                  policy_output=options.policy_output, observation_clip=options.observation_clip)
+    return RLTask(env_cls, env_cls, name, device=where.device, seed=where.seed,
+                  normalize_observations=where.normalize_observations, compile=where.compile,
+                  **options.task_arguments())
 
 
 def _spec(name: str, **defaults) -> TaskSpec:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..options import check_options, option
 from .reward_data import dataset_task, prompt_rows
 from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, PromptOptions, hf_directory, load_tokenizer, measures
-from .spec import TaskOptions, TaskSpec
+from .spec import TaskContext, TaskSpec
 from .user_code import load_function
 
 
@@ -22,15 +22,15 @@ class DatasetOptions(PromptOptions):
     """The options of ``--task generation``: the built-in reward tasks' (prompts per step, sampling, fitness),
     and its prompts, reward functions and completions."""
 
-    prompts: str | None = option(None, "a JSON-lines file of rows with a 'prompt' (text, or chat messages); "
-                                       "the other columns reach the reward functions")
+    prompts: str | None = option(None, "JSON lines with a 'prompt' (text or chat); the other columns reach the "
+                                       "rewards")
     eval_prompts: str | None = option(None, "held-out rows, as --prompts (default: the training prompts)")
-    reward: str | None = option(None, "reward functions, module:function or file.py:function, comma-separated; "
-                                      "TRL's signature f(completions, prompts=..., **columns) -> list[float]")
+    reward: str | None = option(None, "reward functions (TRL's signature), module:function or file.py:function, "
+                                      "comma-separated")
     reward_weights: str | None = option(None, "one weight per reward function, comma-separated (default: 1 each)")
     max_new_tokens: int = option(32, "tokens each completion may have", at_least=1, at_most=1 << 20)
-    correct_at: float | None = option(None, "a reward from this value on counts as a correct answer, and the "
-                                            "metric is the held-out accuracy (default: the mean reward)")
+    correct_at: float | None = option(None, "a reward from this on is correct: the metric is then the held-out "
+                                            "accuracy (default: the mean reward)")
 
     def __post_init__(self):
         check_options(self, "task generation")
@@ -45,12 +45,12 @@ def _weights(text: str | None) -> list[float] | None:
         raise ValueError(f"--reward-weights must be comma-separated numbers like 1,0.5; got {text!r}") from None
 
 
-def make_dataset_task(name: str, options: TaskOptions) -> PretrainedGenerationTask:
+def make_dataset_task(name: str, where: TaskContext, options: DatasetOptions) -> PretrainedGenerationTask:
     """The generation task of the options' prompts file and reward functions, over ``--model hf:DIR``."""
     if options.prompts is None or options.reward is None:
         raise ValueError("task 'generation' needs --prompts FILE.jsonl (rows with a 'prompt') and --reward "
                          "module:function (TRL's reward signature)")
-    directory = hf_directory(options.model)
+    directory = hf_directory(where.model)
     # the files and functions first: a mistake in them is named before transformers and the tokenizer load
     rows = prompt_rows(options.prompts, "prompts")
     held = None if options.eval_prompts is None else prompt_rows(options.eval_prompts, "eval prompts")
@@ -60,12 +60,12 @@ def make_dataset_task(name: str, options: TaskOptions) -> PretrainedGenerationTa
         raise ValueError(f"--reward-weights needs one weight per reward function ({len(functions)}); got "
                          f"{len(weights)}")
     measured = measures(options)
-    make = functools.partial(PretrainedGenerationTask, directory, options.dtype)
+    make = functools.partial(PretrainedGenerationTask, directory, where.dtype)
     return dataset_task(rows, load_tokenizer(directory), functions, weights,
                         eval_data=held, task_class=make, prompts_per_step=options.batch_size,
                         max_new_tokens=options.max_new_tokens, temperature=options.temperature,
                         correct_at=options.correct_at, generations=options.generations, fitness=options.fitness,
-                        seed=options.seed, name=name, compile=options.compile, **measured)
+                        seed=where.seed, name=name, compile=where.compile, **measured)
 
 
 TASKS = {"generation": TaskSpec(make_dataset_task, DEFAULTS, models=("hf:DIR",), model_prefix=HF,

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from ..options import check_options, option
 from .gym import GymVectorEnv
 from .gym_warnings import EnvWarnings
-from .rl import RLOptions, RLTask
-from .spec import TaskOptions, TaskSpec
+from .rl import RLTask
+from .rl_options import RLOptions
+from .spec import TaskContext, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class GymOptions(RLOptions):
         check_options(self, "gym:<id> task")
 
 
-def make_gym_task(name: str, options: TaskOptions) -> RLTask:
+def make_gym_task(name: str, where: TaskContext, options: GymOptions) -> RLTask:
     """The RL task of ``gym:<id>``; gymnasium must be able to make ``<id>``."""
     env_id = name[len("gym:"):]
     if not env_id:
@@ -34,14 +35,13 @@ def make_gym_task(name: str, options: TaskOptions) -> RLTask:
         raise
     except Exception as e:
         raise ValueError(f"unknown task {name!r}: gymnasium cannot make {env_id!r} ({e})") from e
-    clip = options.policy_output != "linear"  # a linear policy's actions reach the env as computed (ARS)
+    arguments = options.task_arguments()
+    clip = arguments["policy_output"] != "linear"  # a linear policy's actions reach the env as computed (ARS)
     vector_mode = options.vector_mode
     return RLTask(lambda n, dev: GymVectorEnv(env_id, n, dev, vector_mode=vector_mode, clip_actions=clip,
                                               env_warnings=shown), spec,
-                  name, episodes=options.episodes, eval_episodes=options.eval_episodes, device=options.device,
-                  seed=options.seed, normalize_observations=options.normalize_observations,
-                  reward_shift=options.reward_shift, start_states=options.start_states,
-                  policy_output=options.policy_output, observation_clip=options.observation_clip)
+                  name, device=where.device, seed=where.seed, normalize_observations=where.normalize_observations,
+                  **arguments)
 
 
 # every gym:<id> task starts from these (a linear policy's or a small MLP's; ars-paper presets tune more)

@@ -13,7 +13,7 @@ from torch import nn
 from ..options import check_options, option
 from .divergence import read_texts
 from .generation import FITNESSES, GenerationTask
-from .spec import MAX_COUNT, TaskOptions, TaskSpec
+from .spec import MAX_COUNT, TaskContext, TaskSpec
 from .verifiers import arithmetic_problems, arithmetic_reward, countdown_problems, countdown_reward, rewards_of
 
 HF = "hf:"
@@ -180,7 +180,7 @@ def splits(problems) -> tuple[list[str], list[str]]:
     return train, [p for p, _ in problems(4 * HELD_OUT, seed=1) if p not in seen][:HELD_OUT]
 
 
-def measures(options: TaskOptions) -> dict:
+def measures(options: PromptOptions) -> dict:
     """The task's options of what it measures beside its reward (kl, pass@k, drift), the drift texts read now:
     a mistake in the file is named before the model loads."""
     texts = None if options.drift_text is None else read_texts(options.drift_text)
@@ -188,14 +188,14 @@ def measures(options: TaskOptions) -> dict:
 
 
 def _maker(problems, verifier, max_new_tokens: int):
-    def make(name: str, options: TaskOptions) -> PretrainedGenerationTask:
+    def make(name: str, where: TaskContext, options: PromptOptions) -> PretrainedGenerationTask:
         train, held_out = splits(problems)
-        return PretrainedGenerationTask(hf_directory(options.model), options.dtype, prompts=train,
+        return PretrainedGenerationTask(hf_directory(where.model), where.dtype, prompts=train,
                                         eval_prompts=held_out, reward=rewards_of(verifier),
                                         max_new_tokens=max_new_tokens, prompts_per_step=options.batch_size,
                                         temperature=options.temperature, generations=options.generations,
-                                        fitness=options.fitness, seed=options.seed, name=name,
-                                        compile=options.compile, **measures(options))
+                                        fitness=options.fitness, seed=where.seed, name=name,
+                                        compile=where.compile, **measures(options))
     return make
 
 
@@ -205,20 +205,15 @@ class PromptOptions:
 
     batch_size: int = option(8, "prompts per step", at_least=1, at_most=MAX_COUNT)
     temperature: float = option(0.0, "0: greedy completions; above: sampled at this temperature", at_least=0)
-    generations: int = option(1, "completions per prompt, each member's fitness their mean reward (TRL's "
-                                 "num_generations; above 1 needs --temperature)", at_least=1, at_most=MAX_COUNT)
-    fitness: str = option("reward", "reward: each member's reward on its own completions; likelihood: "
-                                    "--generations completions sampled from the model, each member's fitness "
-                                    "the reward it expects of them (one population forward, no population "
-                                    "generate)", choices=FITNESSES)
-    kl: bool = option(True, "log kl, TRL's estimate of the per-token KL from the starting model, on each step's "
-                            "first member pair's completions (an unbiased KL where they are sampled), and eval_kl on "
-                            "the held-out ones (keeps the starting weights on the device)")
-    eval_generations: int = option(0, "K > 0: each evaluation also samples K completions per held-out prompt and "
-                                      "logs eval_pass@K and eval_pass@1", at_least=0, at_most=MAX_COUNT)
-    drift_text: str | None = option(None, "text the run never trains on (one text per line, or JSON lines with a "
-                                          "'text' column): each evaluation logs drift_nll, the mean negative "
-                                          "log-likelihood per token, and drift_nll_change from the starting model")
+    generations: int = option(1, "completions per prompt, their mean reward the fitness (above 1 needs "
+                                 "--temperature)", at_least=1, at_most=MAX_COUNT)
+    fitness: str = option("reward", "reward: each member's reward on its completions; likelihood: its expected "
+                                    "reward on sampled ones (no population generate)", choices=FITNESSES)
+    kl: bool = option(True, "log kl and eval_kl: TRL's per-token KL estimate from the start")
+    eval_generations: int = option(0, "K > 0: sample K completions per held-out prompt: eval_pass@K",
+                                   at_least=0, at_most=MAX_COUNT)
+    drift_text: str | None = option(None, "a file of texts (lines, or JSON lines with 'text'): each evaluation "
+                                          "logs their NLL per token, drift_nll, and its change")
 
     def __post_init__(self):
         check_options(self, "reward task")

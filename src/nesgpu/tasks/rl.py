@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -10,9 +9,8 @@ from torch import nn
 
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from ..options import check_options, option
 from .envs.base import TorchEnv
-from .spec import MAX_COUNT
+from .rl_options import POLICY_OUTPUTS, START_STATES
 
 _ENV_STREAM = 0x656E76  # keys environment resets apart from the noise
 EVAL_STREAM = 0x6576616C  # keys evaluation episodes apart (the trainer's and nesgpu play's)
@@ -78,7 +76,6 @@ class ObservationNorm(nn.Module):
         self.count.copy_(n)
 
 
-POLICY_OUTPUTS = ("tanh", "linear")
 
 
 class Policy(nn.Module):
@@ -215,7 +212,6 @@ class CompiledStep:
         return tuple(out)
 
 
-START_STATES = ("shared", "independent")
 
 
 def check_spaces(env_spec) -> None:
@@ -359,24 +355,3 @@ class RLTask:
         returns, _, _ = rollout(self.make_env(self.eval_episodes, self.device), model, groups,
                                 derive_seed(self.seed, EVAL_STREAM), self.max_steps)
         return returns.mean().item()
-
-
-@dataclass(frozen=True)
-class RLOptions:
-    """The options of an RL task (the built-in environments and gym:<id>)."""
-
-    episodes: int = option(1, "episodes (start states) per member per step", at_least=1, at_most=MAX_COUNT)
-    eval_episodes: int = option(10, "episodes of each evaluation of the plain policy", at_least=1, at_most=MAX_COUNT)
-    reward_shift: float = option(0.0, "subtracted from every training step's reward (ARS's survival-bonus shift: 1 "
-                                      "for Hopper, Walker2d, Ant); evaluations are unshifted")
-    start_states: str = option("shared", "shared (every direction and sign starts from the step's episodes' "
-                                         "states: common random numbers) or independent (a start state per "
-                                         "rollout, as ARS)", choices=START_STATES)
-    policy_output: str = option("auto", "continuous actions: tanh (bounded) or linear (the raw output, as ARS's "
-                                        "linear policy); auto: linear for ars with --hidden 0, else tanh",
-                                choices=("auto", *POLICY_OUTPUTS))
-    observation_clip: float = option(5.0, "clip standardised observations to +-this; 0: none (default: 5; ars: "
-                                          "none, as the paper)", at_least=0)
-
-    def __post_init__(self):
-        check_options(self, "RL task")

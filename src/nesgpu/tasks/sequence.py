@@ -13,7 +13,7 @@ from torch import nn
 
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from .spec import BatchOptions, TaskOptions, TaskSpec
+from .spec import BatchOptions, TaskContext, TaskSpec
 
 _BATCH_STREAM = 0x6261  # the same key as the supervised tasks' minibatch sampler
 _TEST_STREAM = 0x7465  # the held-out set: fixed, whatever the run seed
@@ -259,8 +259,8 @@ def sort(device="cpu", seed: int = 0, batch_size: int = 32) -> SequenceTask:
 
 
 def _maker(factory):
-    def make(name: str, options: TaskOptions) -> SequenceTask:
-        return factory(device=options.device, seed=options.seed, batch_size=options.batch_size)
+    def make(name: str, where: TaskContext, options: BatchOptions) -> SequenceTask:
+        return factory(device=where.device, seed=where.seed, batch_size=options.batch_size)
     return make
 
 

@@ -26,34 +26,14 @@ class BatchOptions:
 
 
 @dataclass(frozen=True)
-class TaskOptions:
-    """What ``make_task`` passes to a task's maker: where and how it runs, and the values of every task's
-    options (each task reads its own, declared by its spec's ``options``; the others keep these defaults)."""
+class TaskContext:
+    """Where and how a task runs, beside its own options: what ``make_task`` passes to a task's maker with
+    them (``make(name, context, options)``)."""
 
     device: torch.device | str = "cpu"
     seed: int = 0
-    batch_size: int = 64
-    episodes: int = 1
-    eval_episodes: int = 10
-    vector_mode: str = "sync"
-    normalize_observations: bool = True
-    compile: bool = False
-    reward_shift: float = 0.0
-    start_states: str = "shared"
-    policy_output: str = "tanh"
-    observation_clip: float | None = 5.0
-    prompts: str | None = None  # --task generation: the prompts file, the held-out one, the reward functions
-    eval_prompts: str | None = None
-    reward: str | None = None
-    reward_weights: str | None = None
-    max_new_tokens: int = 32
-    temperature: float = 0.0
-    correct_at: float | None = None
-    generations: int = 1
-    fitness: str = "reward"
-    kl: bool = True  # what a language-model task measures beside its reward
-    eval_generations: int = 0
-    drift_text: str | None = None
+    normalize_observations: bool = True  # RL tasks: running observation statistics in the policy
+    compile: bool = False  # the compiled path (built-in torch environments, population decode)
     model: str | None = None  # the config's model option (the language-model tasks: hf:DIR)
     dtype: str | None = None  # the dtype a Hugging Face model is loaded in (None: its checkpoint's)
 
@@ -63,7 +43,7 @@ class TaskSpec:
     """A built-in task.
 
     Attributes:
-        make: ``make(name, options) -> task``.
+        make: ``make(name, context, options) -> task``: a :class:`TaskContext` and the task's own ``options``.
         defaults: the options a run of this task starts from (population, sigma, lr, steps, hidden, ...; the
             strategy too, when it is not OpenAI-ES), tuned for it.
         models: the architectures its ``make_model`` builds; the first is the default.
@@ -74,10 +54,13 @@ class TaskSpec:
         model_prefix: for tasks whose model option names a location (``hf:DIR``), its prefix; ``models``
             then holds the placeholder.
         options: its options, a frozen dataclass (see :mod:`nesgpu.options`) whose fields the training
-            configuration and the CLI offer (``--episodes``); ``defaults`` may set them too.
+            configuration and the CLI offer when the task is chosen (``--episodes``); ``defaults`` may set them
+            too. It may define ``run_defaults(strategy) -> dict`` (defaults that depend on the run's strategy
+            class, None for backprop) and ``for_run(strategy, hidden) -> Options`` (its "auto" values settled
+            for the run).
     """
 
-    make: Callable[[str, TaskOptions], object]
+    make: Callable[[str, TaskContext, object], object]
     defaults: Mapping[str, object]
     models: tuple[str, ...] = ("mlp",)
     model_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
@@ -87,4 +70,4 @@ class TaskSpec:
     options: type = NoOptions
 
 
-__all__ = ["MAX_COUNT", "BatchOptions", "TaskOptions", "TaskSpec"]
+__all__ = ["MAX_COUNT", "BatchOptions", "TaskContext", "TaskSpec"]

@@ -9,7 +9,7 @@ from torch.utils.data import Dataset, default_collate
 
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from .spec import BatchOptions, TaskOptions, TaskSpec
+from .spec import BatchOptions, TaskContext, TaskSpec
 
 _BATCH_STREAM = 0x6261  # keys the minibatch sampler apart from the noise
 
@@ -173,8 +173,8 @@ def mnist1d(device="cpu", seed: int = 0, batch_size: int = 64) -> Classification
 
 
 def _maker(factory):
-    def make(name: str, options: TaskOptions) -> ClassificationTask:
-        return factory(device=options.device, seed=options.seed, batch_size=options.batch_size)
+    def make(name: str, where: TaskContext, options: BatchOptions) -> ClassificationTask:
+        return factory(device=where.device, seed=where.seed, batch_size=options.batch_size)
     return make
 
 

@@ -6,7 +6,6 @@ backward, optimizer step) is the step object's (:mod:`nesgpu.train.steps.evoluti
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -259,7 +258,7 @@ class Loop:
         check_finite(self.stepper, step, self.progress.last_checkpoint, self.out / "checkpoint")
         save_checkpoint(self.out / "checkpoint", self.stepper.model, {
             "strategy": self.stepper.state_dict(), "seconds": self.progress.elapsed,
-            "env_steps": self.progress.env_steps, "config": dataclasses.asdict(self.cfg),
+            "env_steps": self.progress.env_steps, "config": self.cfg.to_dict(),
             "stopped": [self.progress.stopped, self.progress.stopped_value],
             **({"data": self.task.data_fingerprint()} if isinstance(self.task, Fingerprinted) else {})})
         self.progress.last_checkpoint = step

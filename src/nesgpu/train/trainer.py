@@ -7,7 +7,6 @@ The steps themselves are :class:`~nesgpu.train.loop.Loop`'s; what is trained, :f
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import json
 import os
@@ -168,7 +167,7 @@ def _train(job: _Job) -> dict:
         if main:
             write_json(out / "config.json", json.loads(cfg.to_json()))
         metrics = MetricsLog(out, resume_step=built.step.step if job.resume else 0, loggers=loggers,
-                             config=dataclasses.asdict(cfg), extra_columns=[
+                             config=cfg.to_dict(), extra_columns=[
                                  *shown_statistics(built.task, built.step.progress_key),
                                  *getattr(built.step, "columns", ()), built.task.metric]) \
             if main else None

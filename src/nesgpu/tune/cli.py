@@ -49,15 +49,16 @@ parallel_coordinate.png; a summary on stdout.
 tune options are listed last, after the train options."""
 
 
-def add_parser(commands) -> None:
-    """Register ``nesgpu tune`` (its train options come from :func:`nesgpu.frontends.train_cli.add_config_arguments`)."""
-    from ..frontends.train_cli import add_config_arguments
+def add_parser(commands, argv: list[str] | None = None) -> None:
+    """Register ``nesgpu tune``: its train options are those of the components ``argv`` names
+    (:func:`nesgpu.frontends.train_flags.add_config_arguments`)."""
+    from ..frontends.train_flags import add_config_arguments, chosen
 
     # "resolve": the tune's --out (the tune directory) replaces the train option --out (a run directory)
     p = commands.add_parser("tune", help="Bayesian search over train options with Optuna", usage=USAGE,
                             description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
                             conflict_handler="resolve")
-    add_config_arguments(p)
+    add_config_arguments(p, chosen(argv or []))
     p.add_argument("--config", metavar="FILE.yaml", help="base options from a YAML (or JSON) file, as nesgpu "
                                                          "train --print-config or a tune's best.yaml writes them")
     group = p.add_argument_group("tune")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..train.setup.config import TrainConfig
+from ..train.setup.config import option_type
 
 RANGE_KEYS = ("low", "high", "log", "step")
 Value = bool | int | float | str | None
@@ -150,7 +149,7 @@ def parse_choices(name: str, choices, where: str) -> tuple[Value, ...]:
     if name == "hidden":
         values = [hidden_text(parse_hidden(c, where)) for c in choices]
     else:
-        floats = "float" in {f.name: f.type for f in dataclasses.fields(TrainConfig)}.get(name, "")
+        floats = "float" in option_type(name)
         values = [choice(c, floats, where) for c in choices]
     duplicates = sorted({repr(v) for v in values if values.count(v) > 1})
     if duplicates:

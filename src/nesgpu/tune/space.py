@@ -39,7 +39,7 @@ from pathlib import Path
 from ..layers import KINDS
 from ..probe import GRID
 from ..strategies import STRATEGIES
-from ..train.setup.config import TrainConfig
+from ..train.setup.config import TrainConfig, option_names
 from ..train.setup.defaults import BACKPROP, ES_ONLY
 from ..train.setup.options import STRATEGY
 from .params import Param, Value, hidden_text, parse_hidden, parse_param  # noqa: F401 (re-exported)
@@ -132,7 +132,7 @@ def parse_space(mapping: dict, base: TrainConfig, source: str = "space") -> Sear
 def _check_name(name, resolved: TrainConfig, where: str) -> bool:
     """Whether ``name`` is a layer option (else a TrainConfig field); a ValueError if it is neither, may not be
     searched, or does not apply to the base config's strategy or layer kind."""
-    fields = [f.name for f in dataclasses.fields(TrainConfig)]
+    fields = option_names()
     layer_options = [f.name for f in dataclasses.fields(KINDS[resolved.layer])]
     if not isinstance(name, str):
         raise ValueError(f"{where}: option names are strings; got {type(name).__name__}")
@@ -239,7 +239,7 @@ def default_space(base: TrainConfig) -> SearchSpace:
         raise ValueError(f"no default search space for strategy {cfg.strategy!r} (defaults exist for "
                          f"{sorted(DEFAULT_SPACES)}); give one with --space")
     layer_options = [f.name for f in dataclasses.fields(KINDS[cfg.layer])]
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = set(option_names())
     mapping = {}
     for name, make in spaces.items():
         if name not in fields and name not in layer_options:

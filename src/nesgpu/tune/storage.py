@@ -125,9 +125,11 @@ def _check_identity(study: optuna.Study, attrs: dict, out: Path) -> None:
         old, new = study.user_attrs.get(key), attrs[key]
         if old == new:
             continue
-        if isinstance(old, dict) and isinstance(new, dict):
+        if isinstance(old, dict) and isinstance(new, dict):  # (an option left unset is None, or absent)
             changed = [f"{k}: {old.get(k)!r} there, {new.get(k)!r} here" for k in sorted(set(old) | set(new))
                        if old.get(k) != new.get(k)]
+            if not changed:
+                continue
         else:
             changed = [f"{old!r} there, {new!r} here"]
         what = "base config" if key == "base_config" else "search space"

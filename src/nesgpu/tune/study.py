@@ -177,7 +177,7 @@ def _base_config(base: TrainConfig) -> TrainConfig:
 
 def identity(base: TrainConfig) -> dict:
     """The base config's options that define a study (all but :data:`~nesgpu.tune.storage.RUN_ONLY`)."""
-    return {k: v for k, v in dataclasses.asdict(base).items() if k not in RUN_ONLY}
+    return {k: v for k, v in base.to_dict().items() if k not in RUN_ONLY}
 
 
 # ----- samplers and pruners ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from ...conversion import convert
 from ...distributed import Ranks
 from ...layers import PerturbedModule
 from ...model import PerturbedModel
-from ...options import arguments
+from ...options import arguments, values
 from ...population import Population
 from ...strategies import STRATEGIES, Schedule, Strategy
 from ...tasks import make_task
@@ -25,7 +25,6 @@ from ..steps.backprop import Backprop, BackpropStep, shard_model
 from ..steps.evolution import AUTO, UNPROBED, EvolutionStep, Stepper
 from .config import BACKPROP, TrainConfig, compiles
 from .initialization import init_weights
-from .options import STRATEGY, TASK, task_key
 
 
 class Built(NamedTuple):
@@ -54,11 +53,6 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def strategy_options(cfg: TrainConfig):
-    """The config's strategy's Options, from the config's values of them."""
-    return STRATEGY.options_of(cfg.strategy, vars(cfg))
-
-
 def schedule(cfg: TrainConfig, name: str) -> Schedule | None:
     """The config's sigma or lr schedule (``name``), None when constant."""
     kind = getattr(cfg, f"{name}_schedule")
@@ -71,7 +65,7 @@ def make_strategy(cfg: TrainConfig, pm: PerturbedModel) -> Strategy:
     cls = STRATEGIES[cfg.strategy]
     of_population = {name: getattr(pm, name) for name in cls.population_options}
     return cls(pm.directions, pm.antithetic, sigma_schedule=schedule(cfg, "sigma"), **of_population,
-               **arguments(strategy_options(cfg)))
+               **arguments(cfg.strategy_options))
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -82,7 +76,7 @@ def make_backprop(cfg: TrainConfig, task, model: nn.Module, ranks: Ranks | None 
     """The optimizer side of a backprop run: activation checkpointing when asked, DistributedDataParallel
     under torchrun, the config's optimizer and lr schedule."""
     distributed = ranks is not None and ranks.distributed
-    options = strategy_options(cfg)
+    options = cfg.strategy_options
     if options.shard and not distributed:
         warnings.warn("--shard applies to torchrun jobs of several processes; this one process trains the whole "
                       "model", stacklevel=2)
@@ -105,10 +99,9 @@ def make_backprop(cfg: TrainConfig, task, model: nn.Module, ranks: Ranks | None 
 def config_task(cfg: TrainConfig, device: torch.device):
     """The built-in task a config names, with the config's values of the task's options."""
     backprop = cfg.strategy == BACKPROP
-    normalize = backprop or STRATEGIES[cfg.strategy].uses_observation_statistics(strategy_options(cfg))
-    options = {name: getattr(cfg, name) for name in TASK.defaults_of(task_key(cfg.task))}
+    normalize = backprop or STRATEGIES[cfg.strategy].uses_observation_statistics(cfg.strategy_options)
     return make_task(cfg.task, device=device, seed=cfg.seed, normalize_observations=normalize, compile=compiles(cfg),
-                     model=cfg.model, dtype=cfg.dtype, **options)
+                     model=cfg.model, dtype=cfg.dtype, **values(cfg.task_options))
 
 
 def initial_model(cfg: TrainConfig, task, model: nn.Module | None = None) -> nn.Module:
@@ -172,7 +165,7 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None, mo
     if cfg.strategy == BACKPROP:
         bp = make_backprop(cfg, check_differentiable(task), model.to(device), ranks)
         return Built(task, bp.plain, None, BackpropStep(task, bp, ranks, cfg.precision,
-                                                                 strategy_options(cfg).accumulate))
+                                                                 cfg.strategy_options.accumulate))
     model = held_in(perturbed(cfg, model).to(device), cfg.dtype)
     start = UNPROBED if cfg.sigma == AUTO else cfg.sigma  # auto: the probe sets it before the first step
     pm = PerturbedModel(model, cfg.directions, sigma=start, antithetic=cfg.antithetic, seed=cfg.seed)

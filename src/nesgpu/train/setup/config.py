@@ -3,14 +3,16 @@ defaults (:mod:`nesgpu.train.setup.defaults`), and every value is checked (:mod:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...layers import KINDS
 from ...layers.lowbit import NOISE_ON
-from ...options import check_type
+from ...options import NoOptions, annotation_text, check_type
 from ...precision import DTYPES, PRECISIONS
 from ...quantize import BITS
 from ...strategies import STRATEGIES
@@ -21,17 +23,29 @@ from .defaults import (
     CUSTOM,
     ES_ONLY,
     GLOBAL_DEFAULTS,
-    STRATEGY_CHOICES,
     TASK_DEFAULTS,
     compiles,
     is_supervised,
     presets,
+    strategy_choices,
     torch_env_tasks,
     tuned_options,
 )
 from .initialization import INITS
-from .options import STRATEGY, TASK, task_key
+from .options import STRATEGY, TASK, as_values, by_side, check_option_type, read, side, task_key, with_named
 from .validation import check_hidden_applies, check_strategy_options, validate
+
+
+def option_names() -> list[str]:
+    """Every option a config file names: the run's own fields, then every strategy's and every task's."""
+    run = [f.name for f in dataclasses.fields(TrainConfig) if not f.metadata.get("component")]
+    return list(dict.fromkeys([*run, *STRATEGY.names(), *TASK.names()]))
+
+
+def option_type(name: str) -> str:
+    """The annotation of option ``name`` as text (a component's: as its first owner declares it)."""
+    field = TrainConfig.__dataclass_fields__.get(name) or STRATEGY.field(name) or TASK.field(name)
+    return "" if field is None else annotation_text(field.type)
 
 
 def field_defaults() -> dict:
@@ -48,56 +62,56 @@ def opt(default=None, help: str = "", **cli):
     return field(**factory, metadata={"help": help, **cli})
 
 
-def _with_component_options(cls):
-    """``cls`` with a field per strategy option and per task option (every strategy's ``Options``,
-    backprop's too, and every built-in task's; see :mod:`nesgpu.train.setup.options`), each None by default:
-    its owner's own value."""
-    strategies, tasks = STRATEGY.config_fields(), TASK.config_fields()
-    shared = {name for name, _, _ in strategies} & {name for name, _, _ in tasks}
-    if shared:
-        raise TypeError(f"options {sorted(shared)} are declared by a strategy and by a task; rename one")
-    return dataclasses.make_dataclass(cls.__name__, strategies + tasks, bases=(cls,),
-                                      namespace={"__doc__": cls.__doc__, "__module__": cls.__module__,
-                                                 "__qualname__": cls.__qualname__})
+def _options_by_name(cls):
+    """``cls`` whose constructor also takes the strategy's and the task's options by name
+    (``TrainConfig(top_b=2)``): each goes into ``strategy_options`` or ``task_options``."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, strategy_options=None, task_options=None, **kwargs):
+        run = {f.name for f in dataclasses.fields(cls)}
+        strategy, task = by_side({k: kwargs.pop(k) for k in list(kwargs) if k not in run})
+        init(self, *args, strategy_options=with_named(strategy_options, strategy),
+             task_options=with_named(task_options, task), **kwargs)
+
+    cls.__init__ = __init__
+    return cls
 
 
-@_with_component_options
+@_options_by_name
 @dataclass
 class TrainConfig:
     """Everything a run needs: the one source of the training options. ``nesgpu train``'s flags are
-    generated from these fields (``--batch-size`` for ``batch_size``), and YAML/JSON configs use the same
+    generated from these fields (``--time-budget`` for ``time_budget``), and YAML/JSON configs use the same
     names. ``None`` means "the task's default" (see :func:`presets` and TASK_DEFAULTS).
 
-    Besides the fields below, every option of every strategy and of every built-in task is a field of its own
-    (``top_b`` of ars, ``shaping`` of openai_es and pgpe, ``optimizer`` of backprop, ``batch_size`` of the
-    supervised tasks, ``episodes`` of the RL tasks, ...): each strategy's and task's ``Options`` declare them;
-    None takes the owner's default (or the task's tuned value), and one set under another strategy or task is an
-    error."""
+    Beside the run's own fields below, the chosen strategy's and the chosen task's options (``top_b`` of ars,
+    ``shaping`` of openai_es and pgpe, ``optimizer`` of backprop, ``batch_size`` of the supervised tasks,
+    ``episodes`` of the RL tasks, ...) are held in ``strategy_options`` and ``task_options``: a dict of those
+    given, then, once resolved, the component's own ``Options``. They are given and read by name too
+    (``TrainConfig(task="cartpole", episodes=3)``, ``cfg.episodes``); unset ones take the owner's default (or
+    the task's tuned value), and one set under another strategy or task is an error."""
 
-    task: str = opt("digits", "digits | mnist1d | reverse | sort | cartpole | pendulum | acrobot | mountaincar | "
-                    "gym:<id> | arithmetic | countdown | generation (a language model on a reward, --model hf:DIR; "
-                    "generation: your --prompts and --reward)")
-    strategy: str | None = opt(help="the ES algorithm, or backprop: the gradient baseline (supervised tasks)",
-                               choices=STRATEGY_CHOICES, per_task=True)
-    layer: str = opt("lowrank", "perturbation kind of the model's matrices", choices=tuple(sorted(KINDS)))
+    task: str = opt("digits", "the task: digits, cartpole, gym:<id>, generation (your reward), ...")
+    strategy: str | None = opt(help="the ES algorithm, or backprop (supervised tasks)",
+                               per_task=True, choices=strategy_choices)
+    layer: str = opt("lowrank", "perturbation kind of the matrices", choices=tuple(sorted(KINDS)))
     model: str | None = opt(help="architecture: mlp; mnist1d also cnn (Conv1d); reverse, sort: transformer; "
-                            "arithmetic, countdown: hf:DIR (a local Hugging Face model directory)", per_task=True)
+                            "the language-model tasks: hf:DIR (a local Hugging Face model directory)",
+                            per_task=True)
     population: int | None = opt(help="members per step, both signs counted", per_task=True)
-    sigma: float | str | None = opt(help="noise scale, or auto: probed before the first step, the sigma at which "
-                                    "the members' fitness spreads (nesgpu.probe)", per_task=True, parse="auto",
-                                    metavar="S|auto")
-    lr: float | str | None = opt(help="step size, or auto: the strategy's rule from sigma (openai_es: sigma / 10, "
-                                 "ars: sigma / 2); another strategy than the task's starts from its own default",
-                                 per_task=True, parse="auto", metavar="LR|auto")
+    sigma: float | str | None = opt(help="noise scale, or auto: probed from the model's response", per_task=True,
+                                    parse="auto", metavar="S|auto")
+    lr: float | str | None = opt(help="step size, or auto: the strategy's rule from sigma (another strategy than "
+                                 "the task's: its own)", per_task=True, parse="auto", metavar="LR|auto")
     steps: int | None = opt(help="ES steps", per_task=True)
-    seed: int = opt(0, "seed of the initial weights, the noise and the data")
+    seed: int = opt(0, "seed of the weights, the noise and the data")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
-    out: str | None = opt(help="run directory (default: a new runs/<task>, runs/<task>-2, ...)")
-    hidden: tuple[int, ...] | None = opt(help="hidden sizes, e.g. 64,64; 0 for a linear model; cnn: channels per "
-                                         "Conv1d; transformer: d_model[,n_layers[,n_heads[,dim_feedforward]]]",
-                                         per_task=True, metavar="N,N")
-    antithetic: bool | None = opt(help="mirrored sampling: each direction evaluated at +sigma and -sigma (default "
-                                       "on; off for sep_cma_es and cma_es, whose members are independent)")
+    out: str | None = opt(help="run directory (default: a new runs/<task>[-N])")
+    hidden: tuple[int, ...] | None = opt(help="hidden sizes, e.g. 64,64 (0: none; cnn: channels; transformer: "
+                                         "d_model,layers,heads,ffn)", per_task=True, metavar="N,N")
+    antithetic: bool | None = opt(help="each direction at +sigma and -sigma (default on; off for cma_es, "
+                                       "sep_cma_es)")
     layer_options: dict = opt(dict, "options of the layer kind (each also a flag of its own, e.g. --rank)")
     bits: int | None = opt(help="low-bit weights in every Linear and Conv layer: 1 (binary) or 8 (int8), each with a "
                            "per-output-channel scale, quantised from the float weights ES updates (default: float; "
@@ -106,52 +120,76 @@ class TrainConfig:
                         "the noise to the shared quantised weights (quantized)", choices=NOISE_ON)
     act_bits: int | None = opt(help="with --bits: 8 quantises every Linear's input rows to int8 and runs the shared "
                                "low-bit product as an int8 GEMM (model mlp; default: float inputs)", choices=(8,))
-    evolve: str = opt("all", "what ES evolves: every trainable parameter (all), or only the weight matrices "
-                      "(matrices: linear, attention, embedding and conv weights; norms and biases stay as they are)",
-                      choices=("all", "matrices"))
-    anchor: float = opt(0.0, "after every step, pull the evolving weights toward the starting model's: w -= anchor "
-                        "* (w - w_start), the starting weights kept in the checkpoint (0: off; below 1)")
+    evolve: str = opt("all", "all trainable parameters (default), or only matrices (linear, attention, "
+                      "embedding, conv)", choices=("all", "matrices"))
+    anchor: float = opt(0.0, "after every step, w -= anchor * (w - w_start) (default 0: off; below 1)")
     sigma_schedule: str = opt("constant", "sigma over the steps", choices=SCHEDULES)
     sigma_final: float = opt(1.0, "sigma factor at the last step")
     lr_schedule: str | None = opt(help="lr over the steps", choices=SCHEDULES, per_task=True)
     lr_final: float | None = opt(help="lr factor at the last step", per_task=True)
-    eval_every: int = opt(0, "steps between evaluations, after the one at step 0 (0: a tenth of the run)")
-    eval_seconds: float = opt(0.0, "also evaluate once this many seconds have passed since the last evaluation "
-                              "(0: by steps only; with --time-budget and no --eval-every, a tenth of the budget)")
-    time_budget: float | None = opt(help="stop once training has run this many seconds (the run ends as a "
-                                    "finished one, at that step)")
-    log: str | None = opt(help="experiment trackers, comma-separated: tensorboard, wandb, mlflow; none for no "
-                          "tracker (default: tensorboard when installed)")
-    progress_every: float = opt(30.0, "seconds between progress lines when stderr is no terminal (0: none)")
-    target: float | None = opt(help="stop once the evaluated metric reaches it (gym tasks: the env's "
-                               "reward_threshold by default)")
-    checkpoint_every: int = opt(0, "steps between checkpoints (0: a tenth of the run)")
-    chunk_size: int | str | None = opt(help="evaluate the population in blocks of N directions (auto: the "
-                                       "largest that fits; default: all at once)", metavar="N|auto",
-                                       parse="chunk")
+    eval_every: int = opt(0, "steps between evaluations (default 0: a tenth of the run)")
+    eval_seconds: float = opt(0.0, "also evaluate every this many seconds (default 0: by steps only, or a tenth "
+                              "of --time-budget)")
+    time_budget: float | None = opt(help="stop, as finished, after this many seconds of training")
+    log: str | None = opt(help="trackers, comma-separated: tensorboard, wandb, mlflow, or none (default: "
+                          "tensorboard if installed)")
+    progress_every: float = opt(30.0, "seconds between progress lines off a terminal (default 30; 0: none)")
+    target: float | None = opt(help="stop once the evaluated metric reaches it (gym: its reward_threshold)")
+    checkpoint_every: int = opt(0, "steps between checkpoints (default 0: a tenth of the run)")
+    chunk_size: int | str | None = opt(help="evaluate N directions at a time (auto: the most that fit; default: "
+                                       "all)", metavar="N|auto", parse="chunk")
     precision: str = opt("fp32", "population forward under autocast", choices=tuple(PRECISIONS))
-    dtype: str | None = opt(help="ES: the dtype the model's weights are held in (default: the model's own; a "
-                            "Hugging Face model is loaded in it); below float32 the population runs in it and "
-                            "float32 master weights take the updates", choices=DTYPES)
+    dtype: str | None = opt(help="the weights' dtype (default: the model's); below float32, float32 masters step",
+                            choices=DTYPES)
     preset: str | None = opt(help="a published setting: ars-paper (ARS V2-t's alpha, N, b, nu, shift and "
                              "threshold for gym:HalfCheetah/Hopper/Walker2d/Ant/Humanoid-v5); it expands into the "
                              "options it sets, except those given explicitly", choices=PRESETS)
-    compile: str = opt("auto", "torch.compile: built-in RL envs compile each env step with the population forward "
-                       "(auto: on when the run makes >= 20M env steps, where the seconds of compiling pay); "
-                       "generation tasks compile the population generate()'s decode with a static KV cache (auto: "
-                       "off)",
+    compile: str = opt("auto", "torch.compile env steps (auto: from 20M) or decode (auto: off)",
                        choices=("auto", "on", "off"))
-    init: str = opt("default", "initial weights of Linear and Conv layers: torch's default, he (Kaiming normal) or "
-                    "xavier (Glorot uniform); biases zero", choices=INITS)
-    dist_timeout: float = opt(300.0, "torchrun: seconds before a collective with a dead or hung process fails")
+    init: str = opt("default", "initial Linear and Conv weights: torch's (default), he or xavier; biases zero",
+                    choices=INITS)
+    dist_timeout: float = opt(300.0, "torchrun: seconds before a hung collective fails")
+    strategy_options: object = opt(dict, "the strategy's options: a dict of them by name, or its Options (built "
+                                   "when the config is resolved)", component=True)
+    task_options: object = opt(dict, "the task's options: a dict of them by name, or its Options (built when the "
+                               "config is resolved)", component=True)
+
+    def __getattr__(self, name: str):
+        """A component option by name (``cfg.top_b``): the strategy's or the task's value, None when it is not
+        set or not theirs."""
+        if name.startswith("__") or name in ("strategy_options", "task_options") or side(name) is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return read(self.strategy_options, name) if side(name) is STRATEGY else read(self.task_options, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        """A component option set by name (``cfg.episodes = 3``) goes into its side's options (resolved again
+        when the config is)."""
+        if name in self.__dataclass_fields__ or name.startswith("_") or side(name) is None:
+            return object.__setattr__(self, name, value)
+        where = "strategy_options" if side(name) is STRATEGY else "task_options"
+        object.__setattr__(self, where, {**as_values(getattr(self, where)), name: value})
+
+    def __eq__(self, other) -> bool:
+        """Equal options, whether the components' are given by name or built."""
+        if not isinstance(other, TrainConfig):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    def to_dict(self) -> dict:
+        """The options flat, by name, as config files and config.json hold them: the run's, then the
+        strategy's and the task's."""
+        run = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)
+               if not f.metadata.get("component")}
+        return {**run, **as_values(self.strategy_options), **as_values(self.task_options)}
 
     def resolved(self) -> TrainConfig:
-        """A copy with the task's presets filled in, validated. (A ``preset`` was expanded when the config was
-        built; one set afterwards, ``cfg.preset = ...``, sets the options still at their defaults.)"""
-        values = dataclasses.asdict(self)
+        """A copy with the task's presets filled in and the strategy's and task's Options built, validated. (A
+        ``preset`` was expanded when the config was built; one set afterwards, ``cfg.preset = ...``, sets the
+        options still at their defaults.)"""
+        values = self.to_dict()
         if self.preset is not None:
             defaults = field_defaults()
-            expand_preset(values, {name for name, value in values.items() if value != defaults[name]})
+            expand_preset(values, {name for name, value in values.items() if value != defaults.get(name)})
         defaults = presets(values["task"], values["model"], values["strategy"])
         check_hidden_applies(values)
         check_strategy_options(values, defaults["strategy"], field_defaults(), defaults, tuned_options(values["task"]))
@@ -161,11 +199,9 @@ class TrainConfig:
             if values.get(name) is None:
                 values[name] = value
         values["hidden"] = tuple(values["hidden"])
-        if values["policy_output"] == "auto":  # an RL task's
-            own = STRATEGIES.get(values["strategy"])  # None for the gradient baseline
-            linear = own is not None and own.linear_policy and not values["hidden"]
-            values["policy_output"] = "linear" if linear else "tanh"
-        cfg = TrainConfig(**values)
+        run = {name: values.pop(name) for name in field_defaults() if name in values}
+        cfg = TrainConfig(**run, strategy_options=STRATEGY.options_of(run["strategy"], values),
+                          task_options=_task_options(run, values))
         cfg.validate()
         return cfg
 
@@ -191,15 +227,19 @@ class TrainConfig:
     # ----- files -------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: dict, source: str = "config") -> TrainConfig:
-        """A config from a mapping of options (a YAML file's, a run's config.json); a ``preset`` there
-        expands over the options the mapping does not set."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
+        """A config from a flat mapping of options (a YAML file's, a run's config.json): the run's own, and
+        the strategy's and the task's by name; a ``preset`` there expands over the options the mapping does
+        not set."""
+        fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("component")}
+        unknown = sorted(name for name in values if name not in fields and side(name) is None)
         if unknown:
-            raise ValueError(f"{source}: unknown option(s) {unknown}; expected a subset of {sorted(names)}")
+            raise ValueError(f"{source}: unknown option(s) {unknown}; expected a subset of "
+                             f"{sorted([*fields, *STRATEGY.names(), *TASK.names()])}")
         values = dict(values)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
         for name, value in values.items():
+            if name not in fields:
+                check_option_type(name, value, source)
+                continue
             check_type(name, value, fields[name].type, source)
             if fields[name].metadata.get("parse") == "auto" and isinstance(value, str) and value != "auto":
                 raise ValueError(f"{source}: option {name!r} must be a number or 'auto'; got {value!r}")
@@ -222,9 +262,8 @@ class TrainConfig:
         values = read_yaml_file(path) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of options; got {type(values).__name__}")
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
         for name, value in values.items():  # YAML 1.1 reads 1e-3 (no dot) as a string
-            if isinstance(value, str) and "float" in types.get(name, ""):
+            if isinstance(value, str) and "float" in option_type(name):
                 try:
                     values[name] = float(value)
                 except ValueError:
@@ -233,14 +272,25 @@ class TrainConfig:
         return values
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        return json.dumps(self.to_dict(), indent=2)
 
     def to_yaml(self) -> str:
         """The options as YAML that ``--config`` reads back (``nesgpu train --print-config``)."""
         import yaml
 
-        values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in self.to_dict().items()}
         return yaml.safe_dump(values, sort_keys=False)
+
+
+def _task_options(run: dict, values: dict):
+    """The task's Options from the config's ``values`` of them, settled for the run's strategy and hidden
+    layers (``for_run``: an RL task's policy_output auto); a task of your own takes none here."""
+    key = task_key(run["task"])
+    if key is None:
+        return NoOptions()
+    options = TASK.options_of(key, values)
+    for_run = getattr(options, "for_run", None)
+    return options if for_run is None else for_run(STRATEGIES.get(run["strategy"]), run["hidden"])
 
 
 def expand_preset(values: dict, given) -> None:
@@ -265,8 +315,8 @@ def labelled(cfg: TrainConfig, task) -> TrainConfig:
     defaults = getattr(task, "defaults", None) or {}
     if not isinstance(defaults, dict):
         raise TypeError(f"a task's defaults must be a dict of TrainConfig options; got {type(defaults).__name__}")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(defaults) - fields)
+    fields = {f.name for f in dataclasses.fields(TrainConfig) if not f.metadata.get("component")}
+    unknown = sorted(name for name in defaults if name not in fields and side(name) is None)
     if unknown:
         raise ValueError(f"task {name!r}: defaults {unknown} are not TrainConfig options")
     # the other side's defaults do not apply to it, nor other strategies' options
@@ -292,6 +342,5 @@ def resolve_for(cfg: TrainConfig, task=None) -> TrainConfig:
     return labelled(cfg, task).resolved()
 
 
-__all__ = ["BACKPROP", "CUSTOM", "STRATEGY_CHOICES", "TASK_DEFAULTS", "TrainConfig", "compiles", "custom_label",
-           "is_supervised",
-           "labelled", "presets", "resolve_for", "torch_env_tasks"]
+__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "TrainConfig", "compiles", "custom_label", "is_supervised", "labelled",
+           "option_names", "option_type", "presets", "resolve_for", "torch_env_tasks"]

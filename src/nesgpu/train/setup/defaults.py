@@ -11,7 +11,6 @@ from .options import BACKPROP, STRATEGY, TASK, task_key
 # the gradient baseline is a strategy name of the config, so a run differs from an ES run by one option; its
 # step size is AdamW's own (its other options are BackpropOptions')
 BACKPROP_DEFAULTS = dict(lr=1e-3)
-STRATEGY_CHOICES = (*sorted(STRATEGIES), BACKPROP)
 # the options of ES runs only (each an error, when set, under backprop); each strategy's own options are its
 # Options' (nesgpu.train.setup.options)
 ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "anchor",
@@ -49,7 +48,7 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
         if strategy == BACKPROP:
             values.update(strategy=strategy, **BACKPROP_DEFAULTS)
         elif strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; expected one of {list(STRATEGY_CHOICES)}")
+            raise ValueError(f"unknown strategy {strategy!r}; expected one of {strategy_choices()}")
         else:
             # a sigma from the probe takes the strategy's own rule for lr (auto); else its own default
             lr = "auto" if values.get("lr") == "auto" else STRATEGIES[strategy].default_lr
@@ -59,10 +58,15 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
     if not getattr(STRATEGIES.get(values["strategy"]), "default_antithetic", True):  # CMA-ES: independent members
         values["antithetic"] = False
     values.update({k: v for k, v in tuned.items() if values["strategy"] == own and k in values})
-    if "observation_clip" in values:  # an RL task's: the strategy's (the gradient baseline clips as OpenAI-ES)
-        es = STRATEGIES.get(values["strategy"])
-        values["observation_clip"] = es.observation_clip if es is not None else 5.0
+    run_defaults = None if task.startswith(CUSTOM) else getattr(task_spec(task).options, "run_defaults", None)
+    if run_defaults is not None:  # the task's defaults that depend on the strategy (RL: its observation clip)
+        values.update(run_defaults(STRATEGIES.get(values["strategy"])))
     return values
+
+
+def strategy_choices() -> list[str]:
+    """The strategy names a config takes: every registered ES strategy, and backprop."""
+    return [*sorted(STRATEGIES), BACKPROP]
 
 
 def tuned_options(task: str) -> dict:
@@ -101,8 +105,9 @@ def compiles(cfg) -> bool:
         return cfg.compile == "on"
     if cfg.task not in torch_env_tasks():
         return False
-    return cfg.steps * cfg.population * cfg.episodes * TASKS[cfg.task].env_steps >= COMPILE_MIN_ENV_STEPS
+    episodes = cfg.task_options.episodes  # a torch environment's task is an RL task
+    return cfg.steps * cfg.population * episodes * TASKS[cfg.task].env_steps >= COMPILE_MIN_ENV_STEPS
 
 
-__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "compiles", "compiling_tasks", "is_supervised", "presets", "torch_env_tasks",
-           "tuned_options"]
+__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "compiles", "compiling_tasks", "is_supervised", "presets",
+           "strategy_choices", "torch_env_tasks", "tuned_options"]

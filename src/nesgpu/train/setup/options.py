@@ -1,39 +1,101 @@
-"""The options the training configuration takes from its components. Every field of a strategy's
-``Options`` (backprop's too) and of a built-in task's becomes a flat option of the configuration, of the CLI
-(``--top-b``, ``--episodes``) and of config files (``top_b:``), owned by the components that declare it; its
-default there is None, "the owner's own". A resolved configuration holds the values of its strategy's and its
-task's options and None for every other's; one set under another owner is an error that names its owners.
+"""The options the training configuration takes from its components: the chosen strategy's ``Options``
+(backprop's too) and the chosen task's. A configuration holds them as two objects, ``strategy_options`` and
+``task_options``, built when it is resolved; config files, config.json and keyword arguments name them flat
+(``top_b: 2``, ``TrainConfig(episodes=3)``), and :func:`side` says which of the two a name belongs to. One
+set under another owner is an error that names its owners.
 
 Adding a strategy or a task with options of its own touches nothing here: its ``Options`` are read from the
-registries (``nesgpu.strategies.STRATEGIES``, ``nesgpu.tasks.TASKS``).
+registries (``nesgpu.strategies.STRATEGIES``, ``nesgpu.tasks.TASKS``) at each call.
 """
 
 from __future__ import annotations
 
-from ...options import Owners
+import dataclasses
+
+from ...options import Owners, check_type, values
 from ...strategies import STRATEGIES
-from ...tasks import TASK_OPTIONS, TASKS
+from ...tasks import TASK_OPTIONS, task_key
 from ..steps.backprop import BackpropOptions
 
 # the gradient baseline: not an ES strategy (no population, no noise) but a strategy name of the config
 BACKPROP = "backprop"
 
-
 # every strategy's options, by the strategy's config name; every built-in task's, by its registry key
-STRATEGY = Owners("strategy", {**{name: cls.Options for name, cls in STRATEGIES.items()}, BACKPROP: BackpropOptions})
+STRATEGY = Owners("strategy", lambda: {**{name: cls.Options for name, cls in STRATEGIES.items()},
+                                       BACKPROP: BackpropOptions})
 TASK = TASK_OPTIONS
 
 
-def task_key(task: str) -> str | None:
-    """The registry key that owns a task name's options ("gym" for gym:<id>; None for a task of your own)."""
-    if task.startswith("gym:"):
-        return "gym"
-    return task if task in TASKS else None
+def side(name: str) -> Owners | None:
+    """The owners (STRATEGY or TASK) of option ``name``; None when no component declares it. A name declared
+    by a strategy and by a task could not be told apart in a config file: a TypeError."""
+    sides = [owners for owners in (STRATEGY, TASK) if owners.owners(name)]
+    if len(sides) > 1:
+        raise TypeError(f"option {name!r} is declared by strategy {STRATEGY.owners(name)} and by task "
+                        f"{TASK.owners(name)}; rename one")
+    return sides[0] if sides else None
+
+
+def check_option_type(name: str, value, source: str) -> None:
+    """``value`` fits a component option's type as some owner declares it, or is None: unset, the owner's
+    default (the owner's Options check the rest when the config is resolved)."""
+    if value is None:
+        return
+    fields = [f for options in side(name).registry.values() for f in dataclasses.fields(options)
+              if f.name == name]
+    errors = []
+    for f in fields:
+        try:
+            return check_type(name, value, f.type, source)
+        except ValueError as e:
+            errors.append(e)
+    raise errors[0]
+
+
+def by_side(named: dict, where: str = "TrainConfig") -> tuple[dict, dict]:
+    """Options given flat (``top_b=2, episodes=3``), split into the strategy's and the task's; a name no
+    component declares is a TypeError."""
+    sides: tuple[dict, dict] = ({}, {})
+    for name, value in named.items():
+        owners = side(name)
+        if owners is None:
+            raise TypeError(f"{where} got an unknown option {name!r}; expected a run option or an option of a "
+                            f"strategy ({', '.join(STRATEGY.names())}) or a task ({', '.join(TASK.names())})")
+        sides[owners is TASK][name] = value
+    return sides
+
+
+def as_values(options) -> dict:
+    """A component's options by name, whether given as a mapping or built (an Options object)."""
+    if options is None:
+        return {}
+    if isinstance(options, dict):
+        return dict(options)
+    if dataclasses.is_dataclass(options) and not isinstance(options, type):
+        return values(options)
+    raise TypeError(f"component options must be a dict of options or an Options object; got "
+                    f"{type(options).__name__}")
+
+
+def with_named(options, named: dict):
+    """``options`` (a dict, an Options object or None) with the ``named`` values set: the object itself when
+    there are none, else a dict (the config is resolved from it)."""
+    if not named and options is not None:
+        return options
+    return {**as_values(options), **named}
+
+
+def read(options, name: str):
+    """Option ``name`` of a config's strategy or task options (None: not set, or not the component's)."""
+    if isinstance(options, dict):
+        return options.get(name)
+    return getattr(options, name, None)
 
 
 def own_only(values: dict, strategy: str, task: str) -> dict:
-    """``values`` with the options neither ``strategy`` nor ``task`` takes set to None."""
+    """``values`` without the options neither ``strategy`` nor ``task`` takes."""
     return TASK.own_only(STRATEGY.own_only(values, strategy), task_key(task))
 
 
-__all__ = ["BACKPROP", "STRATEGY", "TASK", "Owners", "own_only", "task_key"]
+__all__ = ["BACKPROP", "STRATEGY", "TASK", "Owners", "as_values", "by_side", "check_option_type", "own_only", "read",
+           "side", "task_key", "with_named"]

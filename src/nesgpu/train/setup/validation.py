@@ -11,17 +11,20 @@ from ...layers import KINDS
 from ...layers.lowbit import check_low_bit_options
 from ...options import check_type
 from ...strategies import STRATEGIES
-from ...tasks import SUPERVISED, task_spec
 from ...tasks import TASKS as TASKS_BY_NAME
+from ...tasks import supervised_tasks, task_spec
 from .defaults import BACKPROP, CUSTOM, ES_ONLY, compiling_tasks, is_supervised
-from .options import STRATEGY, TASK, task_key
+from .options import STRATEGY
 
 
 def validate(cfg) -> None:
     """Check every value of a resolved config (a :class:`~nesgpu.train.setup.config.TrainConfig`)."""
     for f in dataclasses.fields(cfg):
+        if f.metadata.get("component"):  # the strategy's and task's Options, checked when they were built
+            continue
         check_type(f.name, getattr(cfg, f.name), f.type, "config")
         choices = f.metadata.get("choices")
+        choices = choices() if callable(choices) else choices
         if choices and getattr(cfg, f.name) is not None and getattr(cfg, f.name) not in choices:
             raise ValueError(f"{f.name} must be one of {list(choices)}; got {getattr(cfg, f.name)!r}")
     custom = cfg.task.startswith(CUSTOM)
@@ -93,7 +96,7 @@ def _check_es(cfg) -> None:
     if cfg.antithetic and cfg.population % 2:
         raise ValueError(f"population must be even with antithetic sampling (pairs of +/- members); "
                          f"got {cfg.population}")
-    options = STRATEGY.options_of(cfg.strategy, vars(cfg))  # the strategy's options check themselves
+    options = cfg.strategy_options
     strategy = STRATEGIES.get(cfg.strategy)
     if strategy is not None:
         strategy.check_options(options, cfg.directions)
@@ -130,8 +133,7 @@ def _check_low_bit(cfg, custom: bool) -> None:
 
 
 def _check_task_options(cfg) -> None:
-    """The task's options (they check themselves), and compile where the task has no compiled path."""
-    TASK.options_of(task_key(cfg.task), vars(cfg))
+    """Compile where the task has no compiled path (the task's options checked themselves when built)."""
     if cfg.compile == "on" and cfg.task not in compiling_tasks():
         raise ValueError(f"compile='on' applies to the built-in torch environments and generation tasks "
                          f"{compiling_tasks()}; task {cfg.task!r} runs eagerly (use --compile auto or off)")
@@ -139,7 +141,7 @@ def _check_task_options(cfg) -> None:
 
 def _check_backprop_task(strategy: str, task: str) -> None:
     if strategy == BACKPROP and not task.startswith(CUSTOM) and not is_supervised(task):
-        raise ValueError(f"strategy 'backprop' trains supervised tasks {sorted(SUPERVISED)}; task "
+        raise ValueError(f"strategy 'backprop' trains supervised tasks {supervised_tasks()}; task "
                          f"{task!r} has no differentiable loss (use an ES strategy)")
 
 

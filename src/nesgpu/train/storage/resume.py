@@ -3,7 +3,6 @@ step object's state is restored and the options a resume may change take effect 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from pathlib import Path
@@ -24,7 +23,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
     """Load ``out``'s last checkpoint into ``stepper`` and its model; returns the run's progress so far.
     ``supervised`` says which defaults an older nesgpu's run had (:func:`rundir.legacy`); a ``task`` whose
     data the checkpoint fingerprinted must hold the same data."""
-    new = dataclasses.asdict(cfg)
+    new = cfg.to_dict()
 
     def check(state):
         old = state.get("config", {}) if isinstance(state, dict) else {}

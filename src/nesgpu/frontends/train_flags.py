@@ -1,0 +1,247 @@
+"""The flags of ``nesgpu train`` (and ``tune``) for the components in hand: the command line is read for
+``--task``, ``--strategy``, ``--layer`` and ``--model`` first (or a ``--config`` file's, or a resumed run's),
+then the parser gets the run's options that apply to them, with their defaults, and exactly those
+components' own options. Another component's option still parses, unlisted, so that it is refused by name
+(``train_cli._check_sides``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+from ..layers import KINDS
+from ..options import annotation_text
+from ..tasks import TASKS, task_key
+from ..train.setup.config import TrainConfig, presets
+from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks, is_supervised
+from ..train.setup.options import STRATEGY, TASK
+
+
+class Formatter(argparse.HelpFormatter):
+    """Help with room for a flag and its value before the text."""
+
+    def __init__(self, prog: str, **kwargs):
+        super().__init__(prog, max_help_position=26, **kwargs)
+
+
+class Chosen(NamedTuple):
+    """The components a command line names: its task, strategy (None: the task's own), layer and model."""
+
+    task: str = "digits"
+    strategy: str | None = None
+    layer: str = "lowrank"
+    model: str | None = None
+
+
+def chosen(argv: list[str]) -> Chosen:
+    """The components ``argv`` (a train command's arguments) names: its flags, else its ``--config`` file's,
+    else its ``--resume`` run's, else the defaults. A file that cannot be read leaves the defaults (the run
+    itself names the error)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("task", "strategy", "layer", "model", "config", "resume"):
+        p.add_argument(f"--{name}")
+    args, _ = p.parse_known_args(argv)
+    found: dict = {}
+    for file, read in ((args.resume and Path(args.resume) / "config.json", lambda f: json.loads(f.read_text())),
+                       (args.config, TrainConfig.read_yaml)):
+        try:
+            values = read(file) if file else {}
+        except (OSError, ValueError, TypeError):
+            values = {}
+        found.update({k: v for k, v in values.items() if isinstance(v, str)} if isinstance(values, dict) else {})
+    found.update({k: v for k, v in vars(args).items() if v is not None})
+    return Chosen(**{k: found[k] for k in Chosen._fields if k in found})
+
+
+def shown(name: str, c: Chosen) -> bool:
+    """Whether the run option ``name`` applies to the chosen components (else its flag is left out of
+    ``--help``; set, it is still checked, and refused where it does not apply)."""
+    spec = TASKS.get(task_key(c.task) or "")
+    model = c.model or (spec.models[0] if spec else "mlp")
+    if c.strategy == BACKPROP and name in ES_ONLY:
+        return False
+    if name in ("bits", "noise_on"):
+        return is_supervised(c.task) and model in ("mlp", "cnn")
+    if name == "act_bits":
+        return is_supervised(c.task) and model == "mlp"
+    if name == "preset":
+        return c.task.startswith("gym:")
+    if name == "compile":
+        return c.task in compiling_tasks()
+    if name == "hidden":
+        return spec is None or spec.model_prefix is None
+    return True
+
+
+def hidden_sizes(text: str) -> tuple[int, ...]:
+    """"64" or "64,64"; "0" or "" for none (a linear policy)."""
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer sizes like 64,64; got {text!r}") from None
+    if sizes in ((), (0,)):
+        return ()
+    if any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"layer sizes must be >= 1 (or a lone 0 for none); got {text!r}")
+    return sizes
+
+
+def _or_auto(parse, expected: str):
+    """A flag's parser: ``parse(text)``, or the text "auto"."""
+    def parser(text: str):
+        if text == "auto":
+            return text
+        try:
+            return parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected} or 'auto'; got {text!r}") from None
+    return parser
+
+
+def _count(text: str) -> int | float:
+    """A count (an int) or a fraction (a float)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a count (int) or a fraction (float); got {text!r}") from None
+
+
+def scalar_type(annotation: str):
+    for name, parse in (("int | float", _count), ("int", int), ("float", float), ("str", str)):
+        if annotation.startswith(name):
+            return parse
+    raise TypeError(f"no command-line parser for annotation {annotation!r}")  # a new field type: add it here
+
+
+def _or_text(parse):
+    """``parse``, or the text as it is (another component's option: refused by name, whatever its value)."""
+    def parser(text: str):
+        try:
+            return parse(text)
+        except (ValueError, argparse.ArgumentTypeError):
+            return text
+    return parser
+
+
+PARSERS = {"chunk": _or_auto(int, "a number of directions"), "auto": _or_auto(float, "a number")}
+METAVARS = {int: "N", float: "X", _count: "N|X", hidden_sizes: "N,N"}
+
+
+def _shown_default(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "0"
+    return "none" if value is None else str(value)
+
+
+def _add(p, name: str, f: dataclasses.Field, default, help: str | None = None, parse=None) -> None:
+    """The flag ``--name`` of field ``f`` (a run option's or a component's), its default in the help; with
+    ``parse``, an unlisted flag of another component (no choices: it is refused by name)."""
+    meta, text = f.metadata, annotation_text(f.type)
+    doc = meta.get("help", "")
+    if help is None:
+        help = doc + (f" (default: {default})" if default not in ("", "none") and "default" not in doc else "")
+    kwargs: dict = dict(dest=name, default=None, help=help)
+    flag = "--" + name.replace("_", "-")
+    if text.split(" | ")[0] == "bool":
+        p.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        return
+    kwargs["type"] = parse or PARSERS.get(meta.get("parse")) or (hidden_sizes if text.startswith("tuple[int")
+                                                                 else scalar_type(text))
+    choices = meta.get("choices")
+    if choices and parse is None:
+        kwargs["choices"] = choices() if callable(choices) else choices
+    if "choices" not in kwargs:
+        kwargs["metavar"] = meta.get("metavar") or METAVARS.get(kwargs["type"], "TEXT")
+    p.add_argument(flag, **kwargs)
+
+
+def _run_default(f: dataclasses.Field, defaults: dict) -> str:
+    if f.metadata.get("per_task"):
+        return _shown_default(defaults[f.name]) if f.name in defaults else "the task's"
+    if f.default_factory is not dataclasses.MISSING:
+        return ""
+    return _shown_default(f.default)
+
+
+def _model_help(task: str, default: str) -> str:
+    """The model flag's help for ``task``: its architectures, or the location its model is loaded from."""
+    spec = TASKS[task_key(task)]
+    if spec.model_prefix is not None:
+        return f"{spec.models[0]}: a local Hugging Face model directory"
+    return f"architecture: {' | '.join(spec.models)} (default: {default})"
+
+
+def _component_fields(owners, owner) -> list[dataclasses.Field]:
+    options = owners.registry.get(owner)
+    return list(dataclasses.fields(options)) if options is not None else []
+
+
+def add_config_arguments(p: argparse.ArgumentParser, c: Chosen) -> None:
+    """The flags of the chosen components (``--batch-size`` for ``batch_size``): the run's options that
+    apply to them, the chosen strategy's and task's options, and the chosen layer kind's, each typed from its
+    annotation, with its doc and default in ``--help``. Unset flags stay None, so a config file or a resumed
+    run's options are not overridden by defaults."""
+    try:
+        defaults = presets(c.task, c.model, c.strategy)
+    except ValueError:  # an unknown task, model or strategy: named when the config is resolved
+        defaults = {}
+    strategy = c.strategy or defaults.get("strategy")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name != "layer_options" and not f.metadata.get("component"):
+            help = None if shown(f.name, c) else argparse.SUPPRESS
+            if f.name == "model" and defaults:
+                help = _model_help(c.task, defaults["model"])
+            _add(p, f.name, f, _run_default(f, defaults), help)
+    mine: set[str] = set()
+    for owners, owner, title in ((STRATEGY, strategy, f"strategy {strategy}"), (TASK, task_key(c.task),
+                                                                             f"task {c.task}")):
+        fields = _component_fields(owners, owner)
+        group = p.add_argument_group(f"{title} options") if fields else None
+        for f in fields:
+            _add(group, f.name, f, _shown_default(defaults.get(f.name, f.default)))
+            mine.add(f.name)
+    for owners in (STRATEGY, TASK):  # every other component's, unlisted: refused by name, whatever the value
+        for name in owners.names():
+            if name not in mine:
+                _add_unlisted(p, name, owners.field(name))
+    _add_layer_flags(p, c.layer if shown("layer_options", c) else None)
+
+
+def _add_unlisted(p, name: str, f: dataclasses.Field) -> None:
+    text = annotation_text(f.type)
+    parse = None if text.split(" | ")[0] == "bool" else _or_text(scalar_type(text))
+    _add(p, name, f, "", argparse.SUPPRESS, parse)
+
+
+def layer_option_flags() -> dict[str, tuple[str, dataclasses.Field]]:
+    """``--rank``, ``--in-sparsity``, ... : every option of every layer kind, as {flag: (kind, field)}. A
+    name that is short or shared by two kinds is prefixed with its kind (``--sparse-k``)."""
+    names = [f.name for kind in KINDS.values() for f in dataclasses.fields(kind)]
+    flags = {}
+    for kind_name, kind in sorted(KINDS.items()):
+        for f in dataclasses.fields(kind):
+            bare = f.name if len(f.name) > 1 and names.count(f.name) == 1 else f"{kind_name}_{f.name}"
+            flags["--" + bare.replace("_", "-")] = (kind_name, f)
+    return flags
+
+
+def _add_layer_flags(p, layer: str | None) -> None:
+    """A flag per option of the chosen layer kind (None: none listed; the other kinds' parse, unlisted: they
+    fill layer_options, which the kind checks)."""
+    group = p.add_argument_group(f"layer {layer} options") if layer else p
+    for flag, (kind, f) in layer_option_flags().items():
+        doc = f.metadata.get("help", "")
+        kwargs = dict(dest=f"layer_option:{f.name}", default=None, type=scalar_type(f.type),
+                      help=doc + ("" if "default" in doc else f" (default: {f.default})") if kind == layer
+                      else argparse.SUPPRESS)
+        if f.metadata.get("choices"):
+            kwargs["choices"] = f.metadata["choices"]
+        else:
+            kwargs["metavar"] = METAVARS.get(kwargs["type"], "TEXT")
+        (group if kind == layer else p).add_argument(flag, **kwargs)
