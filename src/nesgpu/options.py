@@ -23,12 +23,15 @@ from collections.abc import Callable, Mapping
 
 
 def option(default, help: str, *, choices: tuple | None = None, at_least: float | None = None,
-           above: float | None = None, at_most: float | None = None, arg: str | None = None):
+           above: float | None = None, at_most: float | None = None, arg: str | None = None,
+           defines: bool = False):
     """A field of an options dataclass: its default and doc; ``choices`` and bounds (``at_least``, or
-    ``above`` for a strict minimum; ``at_most``) that :func:`check_options` enforces, and ``arg``, the name
-    of the constructor argument it sets when that differs from the option's name."""
+    ``above`` for a strict minimum; ``at_most``) that :func:`check_options` enforces; ``arg``, the name of
+    the constructor argument it sets when that differs from the option's name; and ``defines``: whether it
+    defines a run (a resume that changes it is refused: the checkpoint would be another run's)."""
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "at_least": at_least,
-                                                        "above": above, "at_most": at_most, "arg": arg})
+                                                        "above": above, "at_most": at_most, "arg": arg,
+                                                        "defines": defines})
 
 
 def annotation_text(annotation) -> str:

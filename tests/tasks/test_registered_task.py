@@ -1,6 +1,7 @@
 """A task with an option of its own, written outside the package: its file plus one registry line, made after
 ``nesgpu.train`` is imported. Its option is a flag of ``nesgpu train --task toy`` (in its --help, with its
-default), a key of a YAML config and of config.json, and an error under another task."""
+default), a key of a YAML config and of config.json, an error under another task, and (declared so) an
+option a resume cannot change."""
 
 import json
 import subprocess
@@ -15,7 +16,7 @@ from nesgpu.tasks import TaskSpec, digits
 
 @dataclass(frozen=True)
 class ToyOptions:
-    samples: int = option(16, "samples per member per step", at_least=1)
+    samples: int = option(16, "samples per member per step", at_least=1, defines=True)
 
     def __post_init__(self):
         check_options(self, "toy")
@@ -63,6 +64,9 @@ def test_a_task_with_an_option_is_its_own_file_plus_one_registry_line(tmp_path):
     assert json.loads((tmp_path / "yaml_run" / "config.json").read_text())["samples"] == 7
     resumed = nesgpu("--resume", str(run), "--steps", "3")
     assert resumed.returncode == 0 and "toy samples 5" in resumed.stdout, resumed.stderr
+    changed = nesgpu("--resume", str(run), "--steps", "4", "--samples", "6")  # it defines the run, it says
+    assert changed.returncode == 2 and "options that define the run differ from its checkpoint (samples: 5 -> 6)" \
+        in changed.stderr
     bad = nesgpu("--task", "toy", "--samples", "0", "--print-config")
     assert bad.returncode == 2 and "toy: option 'samples' must be >= 1; got 0" in bad.stderr
     other = nesgpu("--task", "cartpole", "--samples", "5", "--print-config")

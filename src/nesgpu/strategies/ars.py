@@ -19,9 +19,9 @@ from .shaping import top_directions
 
 @dataclass(frozen=True)
 class ARSOptions:
-    top_b: int | None = option(None, "directions used per step (default: all)", at_least=1)
+    top_b: int | None = option(None, "directions used per step (default: all)", at_least=1, defines=True)
     ars_version: str = option("v2", "v1 (raw observations) or v2 (running observation statistics)",
-                              choices=("v1", "v2"), arg="version")
+                              choices=("v1", "v2"), arg="version", defines=True)
 
     def __post_init__(self):
         check_options(self, "ars")

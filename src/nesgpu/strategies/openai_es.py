@@ -16,7 +16,7 @@ from .shaping import SHAPINGS, centered_per_repeat, get_shaping
 
 @dataclass(frozen=True)
 class OpenAIESOptions:
-    shaping: str = option("centered_ranks", "fitness shaping", choices=tuple(SHAPINGS))
+    shaping: str = option("centered_ranks", "fitness shaping", choices=tuple(SHAPINGS), defines=True)
     weight_decay: float = option(0.0, "L2 coefficient added to the gradient (the paper: 0.005)", at_least=0)
 
     def __post_init__(self):

@@ -30,7 +30,7 @@ from .shaping import SHAPINGS, get_shaping
 
 @dataclass(frozen=True)
 class PGPEOptions:
-    shaping: str = option("centered_ranks", "fitness shaping", choices=tuple(SHAPINGS))
+    shaping: str = option("centered_ranks", "fitness shaping", choices=tuple(SHAPINGS), defines=True)
     sigma_lr: float = option(0.1, "step size of sigma's adaptation (0: sigma stays fixed)", at_least=0)
     max_sigma_change: float = option(0.2, "cap on the relative change of sigma per step, in (0, 1)", above=0)
     max_speed: float | None = option(None, "ClipUp's speed cap (default: 2 * lr)", above=0)

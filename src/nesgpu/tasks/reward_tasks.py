@@ -203,7 +203,7 @@ def _maker(problems, verifier, max_new_tokens: int):
 class PromptOptions:
     """The options of a reward task over a pretrained language model (``--task generation`` has these too)."""
 
-    batch_size: int = option(8, "prompts per step", at_least=1, at_most=MAX_COUNT)
+    batch_size: int = option(8, "prompts per step", at_least=1, at_most=MAX_COUNT, defines=True)
     temperature: float = option(0.0, "0: greedy completions; above: sampled at this temperature", at_least=0)
     generations: int = option(1, "completions per prompt, their mean reward the fitness (above 1 needs "
                                  "--temperature)", at_least=1, at_most=MAX_COUNT)

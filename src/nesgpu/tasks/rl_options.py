@@ -17,17 +17,18 @@ START_STATES = ("shared", "independent")
 class RLOptions:
     """The options of an RL task (the built-in environments and gym:<id>)."""
 
-    episodes: int = option(1, "episodes (start states) per member per step", at_least=1, at_most=MAX_COUNT)
+    episodes: int = option(1, "episodes (start states) per member per step", at_least=1, at_most=MAX_COUNT,
+                           defines=True)
     eval_episodes: int = option(10, "episodes of each evaluation of the plain policy", at_least=1, at_most=MAX_COUNT)
     reward_shift: float = option(0.0, "subtracted from each training reward, not evaluations' (ARS's survival-"
-                                      "bonus shift)")
+                                      "bonus shift)", defines=True)
     start_states: str = option("shared", "shared (a step's rollouts start from the same states) or independent "
-                                         "(as ARS)", choices=START_STATES)
+                                         "(as ARS)", choices=START_STATES, defines=True)
     policy_output: str = option("auto", "continuous actions: tanh or linear (as ARS); auto: linear for ars with "
                                         "--hidden 0",
-                                choices=("auto", *POLICY_OUTPUTS))
+                                choices=("auto", *POLICY_OUTPUTS), defines=True)
     observation_clip: float = option(5.0, "clip standardised observations to +-this; 0: none (default: 5; ars: "
-                                          "none, as the paper)", at_least=0)
+                                          "none, as the paper)", at_least=0, defines=True)
 
     def __post_init__(self):
         check_options(self, "RL task")

@@ -19,7 +19,7 @@ MAX_COUNT = 1 << 40
 class BatchOptions:
     """The options of a task that trains on minibatches (the supervised and sequence tasks)."""
 
-    batch_size: int = option(64, "samples per member per step", at_least=1, at_most=MAX_COUNT)
+    batch_size: int = option(64, "samples per member per step", at_least=1, at_most=MAX_COUNT, defines=True)
 
     def __post_init__(self):
         check_options(self, "supervised task")

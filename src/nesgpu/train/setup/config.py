@@ -342,5 +342,5 @@ def resolve_for(cfg: TrainConfig, task=None) -> TrainConfig:
     return labelled(cfg, task).resolved()
 
 
-__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "TrainConfig", "compiles", "custom_label", "is_supervised", "labelled",
-           "option_names", "option_type", "presets", "resolve_for", "torch_env_tasks"]
+__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "TrainConfig", "compiles", "custom_label", "is_supervised",
+           "labelled", "option_names", "option_type", "presets", "resolve_for", "torch_env_tasks"]

@@ -92,10 +92,17 @@ def read(options, name: str):
     return getattr(options, name, None)
 
 
+def defining_options() -> list[str]:
+    """The strategies' and tasks' options that define a run (``option(..., defines=True)``), by name."""
+    return list(dict.fromkeys(f.name for owners in (STRATEGY, TASK) for options in owners.registry.values()
+                              for f in dataclasses.fields(options) if f.metadata.get("defines")))
+
+
 def own_only(values: dict, strategy: str, task: str) -> dict:
     """``values`` without the options neither ``strategy`` nor ``task`` takes."""
     return TASK.own_only(STRATEGY.own_only(values, strategy), task_key(task))
 
 
-__all__ = ["BACKPROP", "STRATEGY", "TASK", "Owners", "as_values", "by_side", "check_option_type", "own_only", "read",
+__all__ = ["BACKPROP", "STRATEGY", "TASK", "Owners", "as_values", "by_side", "check_option_type", "defining_options",
+           "own_only", "read",
            "side", "task_key", "with_named"]

@@ -53,13 +53,14 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
 class BackpropOptions:
     """The options of ``--strategy backprop`` (the configuration offers each as an option of its own)."""
 
-    optimizer: str = option("adamw", "a torch.optim optimizer by name (adamw, adam, sgd, ...)")
+    optimizer: str = option("adamw", "a torch.optim optimizer by name (adamw, adam, sgd, ...)", defines=True)
     weight_decay: float = option(0.01, "the optimizer's weight decay (its own decoupled or L2 form)", at_least=0)
     accumulate: int = option(1, "micro-batches of batch_size per step, their gradients accumulated", at_least=1)
     activation_checkpointing: bool = option(False, "recompute each block's activations in the backward pass "
                                                    "instead of storing them (torch.utils.checkpoint)")
     shard: bool = option(False, "under torchrun: shard parameters, gradients and optimizer state over the "
-                                "processes (FSDP2 fully_shard, ZeRO-3) instead of replicating them (DDP)")
+                                "processes (FSDP2 fully_shard, ZeRO-3) instead of replicating them (DDP)",
+                         defines=True)
 
     def __post_init__(self):
         check_options(self, "backprop")

@@ -30,7 +30,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
         old = own_only({**rundir.legacy(supervised), **old}, cfg.strategy, cfg.task)  # what an older nesgpu's run did
         if old.get("task") != cfg.task:
             raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
-        changed = rundir.differences(old, new, rundir.DEFINING)
+        changed = rundir.differences(old, new, rundir.defining())
         if changed:
             raise ValueError(f"cannot resume {out}: options that define the run differ from its checkpoint "
                              f"({'; '.join(changed)}); start a new run to change them")
@@ -49,7 +49,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
     # a new schedule (or a new --steps, which stretches one) applies from the next step: say where it jumps
     jumps = [f"{name} {before:.4g} -> {after:.4g}" for name, before, after in scheduled_values(old, cfg, stepper.step)
              if not math.isclose(before, after, rel_tol=1e-9)]
-    changed = rundir.differences(old, new, [n for n in new if n not in rundir.DEFINING and n != "out"])
+    changed = rundir.differences(old, new, [n for n in new if n not in rundir.defining() and n != "out"])
     log(f"resuming {out} at step {stepper.step} of {cfg.steps}"
         + (f"; from step {stepper.step + 1}: {'; '.join(changed)}" if changed else "")
         + (f" (at that step {', '.join(jumps)})" if jumps else ""))

@@ -18,11 +18,12 @@ import socket
 import warnings
 from pathlib import Path
 
-# options that define a run: changing them would make the checkpoint another run's
+from ..setup.options import defining_options
+
+# the run options that define a run: changing them would make the checkpoint another run's (a strategy's or a
+# task's own options say so themselves: ``option(..., defines=True)``; see :func:`defining`)
 DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "antithetic", "seed", "strategy",
-            "batch_size", "episodes", "shaping", "ars_version", "top_b", "shard", "reward_shift", "start_states",
-            "policy_output", "observation_clip", "bits", "noise_on", "act_bits", "dtype", "init", "optimizer",
-            "evolve")
+            "bits", "noise_on", "act_bits", "dtype", "init", "evolve")
 
 
 # the values of options newer than a run (its config.json lacks them) that its nesgpu used: every run had float
@@ -30,6 +31,11 @@ DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "
 # clipped at 5, rollouts shared start states, unshifted
 LEGACY = {"bits": None, "noise_on": "latent", "act_bits": None, "dtype": None, "init": "default", "evolve": "all"}
 LEGACY_RL = {"policy_output": "tanh", "observation_clip": 5.0, "start_states": "shared", "reward_shift": 0.0}
+
+
+def defining() -> list[str]:
+    """Every option that defines a run: the run's own (DEFINING) and the components' declared so."""
+    return [*DEFINING, *defining_options()]
 
 
 def legacy(supervised: bool) -> dict:

@@ -109,7 +109,7 @@ def _check_saved_with(cfg: TrainConfig, metadata: dict, directory: Path) -> None
     except (KeyError, ValueError):
         return  # weights saved without nesgpu's metadata: only their names, shapes and dtypes can be checked
     saved = own_only(saved, cfg.strategy, cfg.task)
-    differ = rundir.differences(saved, cfg.to_dict(), rundir.DEFINING)
+    differ = rundir.differences(saved, cfg.to_dict(), rundir.defining())
     if differ:
         raise ValueError(f"{directory}: config.json does not describe the run that saved model.safetensors "
                          f"({'; '.join(differ)}, from the weights' own record to config.json); restore the run's "
