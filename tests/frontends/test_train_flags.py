@@ -61,6 +61,9 @@ def test_a_config_file_or_a_resumed_run_names_the_components(tmp_path):
     assert chosen(["--resume", str(tmp_path / "run")]) == Chosen("acrobot", None, "gaussian")
     assert chosen(["--config", str(tmp_path / "missing.yaml")]) == Chosen()  # named when the run starts
     assert "--episodes" in flags(helped("--config", str(tmp_path / "c.yaml")))
+    # a preset's strategy and layer, where the command line does not name them
+    assert chosen(["--task", "gym:Hopper-v5", "--preset", "ars-paper"]) == Chosen("gym:Hopper-v5", "ars", "gaussian")
+    assert chosen(["--task", "gym:Hopper-v5", "--preset", "ars-paper", "--strategy", "pgpe"]).strategy == "pgpe"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -69,6 +72,8 @@ def test_a_config_file_or_a_resumed_run_names_the_components(tmp_path):
     (["--task", "digits", "--top-b", "4"], "option 'top_b' (= 4) applies to strategy 'ars', not to strategy "
                                            "'openai_es'"),
     (["--task", "cartpole", "--no-kl"], "option 'kl' (= False) applies to task 'arithmetic' or"),
+    (["--task", "gym:Hopper-v5", "--preset", "ars-paper", "--shaping", "raw"], "option 'shaping' (= 'raw') applies "
+                                                                               "to strategy 'openai_es' or 'pgpe'"),
 ])
 def test_another_components_option_is_one_line_naming_its_owner(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:

@@ -14,6 +14,7 @@ import pytest
 
 from nesgpu.options import NoOptions, check_options, option
 from nesgpu.strategies import ARS, PGPE, STRATEGIES, OpenAIES
+from nesgpu.tasks.rl_options import RLOptions
 from nesgpu.train import TrainConfig
 from nesgpu.train.setup.options import STRATEGY, TASK, side
 
@@ -32,8 +33,20 @@ def test_every_component_option_is_taken_by_name_and_held_by_its_own_side():
     resolved = cfg.resolved()
     assert resolved.strategy_options == ARS.Options(top_b=2) and resolved.task_options.episodes == 3
     assert (resolved.top_b, resolved.episodes, resolved.shaping) == (2, 3, None)  # read by name; not ars's: None
-    resolved.episodes = 4  # set by name: into the task's options, resolved again
+    resolved.episodes = 4  # set by name: into the task's Options (checked), and resolved again the same
+    assert resolved.task_options == RLOptions(episodes=4, policy_output="tanh", observation_clip=0.0)
     assert resolved.resolved().task_options.episodes == 4
+    changed = dataclasses.replace(resolved, top_b=1)  # a resolved config changed stays usable as it is
+    changed.validate()
+    assert changed.strategy_options == ARS.Options(top_b=1)
+    with pytest.raises(ValueError, match="RL task: option 'episodes' must be >= 1"):
+        resolved.episodes = 0
+    assert TrainConfig(task="cartpole", episodes=None) == TrainConfig(task="cartpole")  # None: unset
+    for given, message in [(dict(task_options={"episode": 3}), r"\['episode'\] are not options of a task"),
+                           (dict(task_options={"steps": 5}), r"\['steps'\] are not options of a task"),
+                           (dict(strategy_options={"episodes": 5}), "are not options of a strategy")]:
+        with pytest.raises(TypeError, match=message):
+            TrainConfig(task="cartpole", **given)
     with pytest.raises(TypeError, match="TrainConfig got an unknown option 'top_k'"):
         TrainConfig(top_k=2)
     with pytest.raises(AttributeError, match="no attribute 'top_k'"):

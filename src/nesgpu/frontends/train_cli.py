@@ -14,7 +14,7 @@ from pathlib import Path
 from ..train.setup.config import TrainConfig, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
 from ..train.setup.options import STRATEGY, TASK, task_key
-from .train_flags import Formatter, add_config_arguments, chosen
+from .train_flags import Formatter, add_config_arguments, chosen, preset_components
 
 USAGE = "nesgpu train [--task TASK] [--strategy STRATEGY] [--layer KIND] [options]"
 
@@ -79,7 +79,10 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
     fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(STRATEGY.names()) | set(TASK.names())
     flags = {key: value for key, value in vars(args).items() if key in fields and value is not None}
     # a flag of the other side is refused even at its default (a config file lists every option: --print-config)
-    _check_sides(flags, flags.get("strategy", values.get("strategy")), flags.get("task", values.get("task", "digits")))
+    task = flags.get("task", values.get("task", "digits"))
+    preset = flags.get("preset", values.get("preset"))
+    strategy = flags.get("strategy", values.get("strategy"))
+    _check_sides(flags, strategy or (preset_components(preset, task).get("strategy") if preset else None), task)
     values.update(flags)
     options = {key.split(":", 1)[1]: value for key, value in vars(args).items()
                if key.startswith("layer_option:") and value is not None}

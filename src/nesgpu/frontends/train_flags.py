@@ -15,6 +15,7 @@ from typing import NamedTuple
 from ..layers import KINDS
 from ..options import annotation_text
 from ..tasks import TASKS, task_key
+from ..train.setup.ars_paper import preset_values
 from ..train.setup.config import TrainConfig, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks, is_supervised
 from ..train.setup.options import STRATEGY, TASK
@@ -41,7 +42,7 @@ def chosen(argv: list[str]) -> Chosen:
     else its ``--resume`` run's, else the defaults. A file that cannot be read leaves the defaults (the run
     itself names the error)."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in ("task", "strategy", "layer", "model", "config", "resume"):
+    for name in ("task", "strategy", "layer", "model", "preset", "config", "resume"):
         p.add_argument(f"--{name}")
     args, _ = p.parse_known_args(argv)
     found: dict = {}
@@ -53,7 +54,19 @@ def chosen(argv: list[str]) -> Chosen:
             values = {}
         found.update({k: v for k, v in values.items() if isinstance(v, str)} if isinstance(values, dict) else {})
     found.update({k: v for k, v in vars(args).items() if v is not None})
+    if found.get("preset"):  # what the preset sets, where the command line and files do not
+        found = {**preset_components(found["preset"], found.get("task", "digits")), **found}
     return Chosen(**{k: found[k] for k in Chosen._fields if k in found})
+
+
+def preset_components(preset: str, task: str) -> dict:
+    """The strategy and layer ``preset`` sets for ``task`` (none, for a preset or task it does not know: the
+    run names that error)."""
+    try:
+        values = preset_values(preset, task)
+    except ValueError:
+        return {}
+    return {k: values[k] for k in ("strategy", "layer") if k in values}
 
 
 def shown(name: str, c: Chosen) -> bool:

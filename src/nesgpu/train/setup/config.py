@@ -71,8 +71,8 @@ def _options_by_name(cls):
     def __init__(self, *args, strategy_options=None, task_options=None, **kwargs):
         run = {f.name for f in dataclasses.fields(cls)}
         strategy, task = by_side({k: kwargs.pop(k) for k in list(kwargs) if k not in run})
-        init(self, *args, strategy_options=with_named(strategy_options, strategy),
-             task_options=with_named(task_options, task), **kwargs)
+        init(self, *args, strategy_options=with_named(strategy_options, strategy, STRATEGY),
+             task_options=with_named(task_options, task, TASK), **kwargs)
 
     cls.__init__ = __init__
     return cls
@@ -149,10 +149,10 @@ class TrainConfig:
     init: str = opt("default", "initial Linear and Conv weights: torch's (default), he or xavier; biases zero",
                     choices=INITS)
     dist_timeout: float = opt(300.0, "torchrun: seconds before a hung collective fails")
-    strategy_options: object = opt(dict, "the strategy's options: a dict of them by name, or its Options (built "
-                                   "when the config is resolved)", component=True)
-    task_options: object = opt(dict, "the task's options: a dict of them by name, or its Options (built when the "
-                               "config is resolved)", component=True)
+    strategy_options: object = opt(dict, "the strategy's options: a dict of those given, by name, or its Options "
+                                   "(taken whole; built when the config is resolved)", component=True)
+    task_options: object = opt(dict, "the task's options: a dict of those given, by name, or its Options (taken "
+                               "whole; built when the config is resolved)", component=True)
 
     def __getattr__(self, name: str):
         """A component option by name (``cfg.top_b``): the strategy's or the task's value, None when it is not
@@ -167,13 +167,13 @@ class TrainConfig:
         if name in self.__dataclass_fields__ or name.startswith("_") or side(name) is None:
             return object.__setattr__(self, name, value)
         where = "strategy_options" if side(name) is STRATEGY else "task_options"
-        object.__setattr__(self, where, {**as_values(getattr(self, where)), name: value})
+        object.__setattr__(self, where, with_named(getattr(self, where), {name: value}, side(name)))
 
     def __eq__(self, other) -> bool:
-        """Equal options, whether the components' are given by name or built."""
+        """Equal options, whether the components' are given by name or built (one given as None is unset)."""
         if not isinstance(other, TrainConfig):
             return NotImplemented
-        return self.to_dict() == other.to_dict()
+        return _set(self) == _set(other)
 
     def to_dict(self) -> dict:
         """The options flat, by name, as config files and config.json hold them: the run's, then the
@@ -280,6 +280,12 @@ class TrainConfig:
 
         values = {k: list(v) if isinstance(v, tuple) else v for k, v in self.to_dict().items()}
         return yaml.safe_dump(values, sort_keys=False)
+
+
+def _set(cfg: TrainConfig) -> dict:
+    """The options of ``cfg``: the run's, and the components' that are not None (unset)."""
+    run = cfg.to_dict()
+    return {k: v for k, v in run.items() if v is not None or k in cfg.__dataclass_fields__}
 
 
 def _task_options(run: dict, values: dict):

@@ -77,11 +77,20 @@ def as_values(options) -> dict:
                     f"{type(options).__name__}")
 
 
-def with_named(options, named: dict):
-    """``options`` (a dict, an Options object or None) with the ``named`` values set: the object itself when
-    there are none, else a dict (the config is resolved from it)."""
+def with_named(options, named: dict, owners: Owners):
+    """``options`` of ``owners``' side (a dict of given values, an Options object, or None) with the ``named``
+    values set: an Options object that takes them all stays one (checked again), else a dict, from which the
+    config is resolved. A key of the dict that is not an option of that side is a TypeError. (An Options
+    object is taken whole: each of its fields is a given value, its defaults included.)"""
+    if isinstance(options, dict):
+        wrong = sorted(name for name in options if side(name) is not owners)
+        if wrong:
+            raise TypeError(f"{owners.kind}_options: {wrong} are not options of a {owners.kind}; expected some of "
+                            f"{owners.names()}")
     if not named and options is not None:
         return options
+    if dataclasses.is_dataclass(options) and set(named) <= set(values(options)):
+        return dataclasses.replace(options, **named)
     return {**as_values(options), **named}
 
 
