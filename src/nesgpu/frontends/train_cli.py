@@ -4,14 +4,13 @@ components' options (:mod:`nesgpu.frontends.train_flags`)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
 import sys
 from pathlib import Path
 
-from ..train.setup.config import TrainConfig, presets
+from ..train.setup.config import TrainConfig, option_names, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
 from ..train.setup.options import STRATEGY, TASK, task_key
 from .train_flags import Formatter, add_config_arguments, chosen, preset_components
@@ -76,7 +75,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
         values["out"] = args.resume
     if args.config:  # the keys the file sets, each type-checked (a value equal to a default still counts)
         values.update(TrainConfig.read_yaml(args.config))
-    fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(STRATEGY.names()) | set(TASK.names())
+    fields = set(option_names())
     flags = {key: value for key, value in vars(args).items() if key in fields and value is not None}
     # a flag of the other side is refused even at its default (a config file lists every option: --print-config)
     task = flags.get("task", values.get("task", "digits"))

@@ -17,8 +17,9 @@ from ..options import annotation_text
 from ..tasks import TASKS, task_key
 from ..train.setup.ars_paper import preset_values
 from ..train.setup.config import TrainConfig, presets
-from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks, is_supervised
+from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks
 from ..train.setup.options import STRATEGY, TASK
+from ..train.setup.validation import act_bits_apply, bits_apply
 
 
 class Formatter(argparse.HelpFormatter):
@@ -77,9 +78,9 @@ def shown(name: str, c: Chosen) -> bool:
     if c.strategy == BACKPROP and name in ES_ONLY:
         return False
     if name in ("bits", "noise_on"):
-        return is_supervised(c.task) and model in ("mlp", "cnn")
+        return bits_apply(c.task, model)
     if name == "act_bits":
-        return is_supervised(c.task) and model == "mlp"
+        return bits_apply(c.task, model) and act_bits_apply(model)
     if name == "preset":
         return c.task.startswith("gym:")
     if name == "compile":

@@ -46,8 +46,8 @@ def task_key(name: str) -> str | None:
 
 def task_spec(name: str) -> TaskSpec:
     """The registry's entry of a task name (``gym:<id>``: the "gym" entry); a ValueError names the tasks."""
-    key = "gym" if name.startswith("gym:") and len(name) > len("gym:") else name
-    if key not in TASKS or name == "gym":
+    key = task_key(name)
+    if key is None or name in ("gym", "gym:"):
         raise ValueError(f"unknown task {name!r}; expected one of {task_names()}")
     return TASKS[key]
 

@@ -62,6 +62,10 @@ def opt(default=None, help: str = "", **cli):
     return field(**factory, metadata={"help": help, **cli})
 
 
+# where a config holds each side's options
+_SIDES = {"strategy": "strategy_options", "task": "task_options"}
+
+
 def _options_by_name(cls):
     """``cls`` whose constructor also takes the strategy's and the task's options by name
     (``TrainConfig(top_b=2)``): each goes into ``strategy_options`` or ``task_options``."""
@@ -157,17 +161,19 @@ class TrainConfig:
     def __getattr__(self, name: str):
         """A component option by name (``cfg.top_b``): the strategy's or the task's value, None when it is not
         set or not theirs."""
-        if name.startswith("__") or name in ("strategy_options", "task_options") or side(name) is None:
+        owners = None if name.startswith("__") or name in _SIDES.values() else side(name)
+        if owners is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return read(self.strategy_options, name) if side(name) is STRATEGY else read(self.task_options, name)
+        return read(getattr(self, _SIDES[owners.kind]), name)
 
     def __setattr__(self, name: str, value) -> None:
-        """A component option set by name (``cfg.episodes = 3``) goes into its side's options (resolved again
-        when the config is)."""
-        if name in self.__dataclass_fields__ or name.startswith("_") or side(name) is None:
+        """A component option set by name (``cfg.episodes = 3``) goes into its side's options (checked again,
+        or resolved again when the config is)."""
+        owners = None if name in self.__dataclass_fields__ or name.startswith("_") else side(name)
+        if owners is None:
             return object.__setattr__(self, name, value)
-        where = "strategy_options" if side(name) is STRATEGY else "task_options"
-        object.__setattr__(self, where, with_named(getattr(self, where), {name: value}, side(name)))
+        where = _SIDES[owners.kind]
+        object.__setattr__(self, where, with_named(getattr(self, where), {name: value}, owners))
 
     def __eq__(self, other) -> bool:
         """Equal options, whether the components' are given by name or built (one given as None is unset)."""
@@ -233,8 +239,7 @@ class TrainConfig:
         fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("component")}
         unknown = sorted(name for name in values if name not in fields and side(name) is None)
         if unknown:
-            raise ValueError(f"{source}: unknown option(s) {unknown}; expected a subset of "
-                             f"{sorted([*fields, *STRATEGY.names(), *TASK.names()])}")
+            raise ValueError(f"{source}: unknown option(s) {unknown}; expected a subset of {sorted(option_names())}")
         values = dict(values)
         for name, value in values.items():
             if name not in fields:

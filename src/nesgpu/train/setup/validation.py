@@ -119,15 +119,25 @@ def _check_es(cfg) -> None:
                          f"noise is shared or structured); use --layer gaussian")
 
 
+def bits_apply(task: str, model: str) -> bool:
+    """Whether ``bits`` applies to a built-in task's model: the supervised tasks' mlp and cnn."""
+    return is_supervised(task) and model in ("mlp", "cnn")
+
+
+def act_bits_apply(model: str) -> bool:
+    """Whether ``act_bits`` applies to a built-in model: mlp's Linear layers."""
+    return model == "mlp"
+
+
 def _check_low_bit(cfg, custom: bool) -> None:
     """The low-bit options: the one place their rules are stated."""
     check_low_bit_options(cfg.bits, cfg.noise_on, cfg.act_bits, hint="add --bits 1 or --bits 8")
     if custom:  # the user's model: convert() refuses what it cannot quantise
         return
-    if cfg.act_bits is not None and cfg.model != "mlp":
+    if cfg.act_bits is not None and not act_bits_apply(cfg.model):
         raise ValueError(f"act_bits={cfg.act_bits} applies to the Linear layers of model mlp; got model "
                          f"{cfg.model!r}")
-    if cfg.bits is not None and (not is_supervised(cfg.task) or cfg.model not in ("mlp", "cnn")):
+    if cfg.bits is not None and not bits_apply(cfg.task, cfg.model):
         raise ValueError(f"bits={cfg.bits} applies to the supervised tasks' models mlp and cnn (Linear and "
                          f"Conv1d layers); got task {cfg.task!r} with model {cfg.model!r}")
 
