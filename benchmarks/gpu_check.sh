@@ -80,3 +80,5 @@ $PY benchmarks/lm_population_scale.py --device cuda --bf16 --shape 0.5b --member
   --compiled --json "$OUT/lm_population_0.5b_cuda.json" | tail -2
 $PY benchmarks/lm_population_scale.py --device cuda --bf16 --shape 1.5b --members 128 --prompts 8 --repeats 3 \
   --json "$OUT/lm_population_1.5b_cuda.json" | tail -1
+# issue 54: an ES step's GPU memory (torch.cuda.max_memory_allocated) against plain inference, Qwen2-0.5B-shaped, bf16
+$PY benchmarks/lm_memory_gpu.py --size 0.5B --out runs/mem_gpu

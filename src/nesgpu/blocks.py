@@ -32,7 +32,8 @@ class Blocks:
     share (so a one-process run with the share as its chunk makes the same computations, and ends
     bit-identical); else the forward's."""
 
-    def __init__(self, pm: PerturbedModel, share: range, distributed: bool, chunk=None, log=print):
+    def __init__(self, pm: PerturbedModel, share: range, distributed: bool, chunk=None, log=print,
+                 first_chunk: int | None = None):
         if chunk is not None and chunk != "auto" and not (isinstance(chunk, int) and 1 <= chunk <= pm.directions):
             raise ValueError(f"chunk must be None, 'auto' or a number of directions in [1, {pm.directions}]; "
                              f"got {chunk!r}")
@@ -41,6 +42,8 @@ class Blocks:
         self.pm, self.share, self.log = pm, share, log
         self.auto = chunk == "auto"
         self.chunk = len(share) if chunk in (None, "auto") else min(chunk, len(share))
+        if self.auto and first_chunk:  # a memory plan's block (nesgpu.train.setup.memory_plan)
+            self.chunk = max(1, min(self.chunk, first_chunk))
         self.update_chunk = chunk if isinstance(chunk, int) else (len(share) if distributed else None)
         self.noise_sizes = (0, 0)  # (bytes all directions share, bytes per direction), once measured
         self.sized = not self.auto  # whether "auto" has counted the task's activations

@@ -25,12 +25,13 @@ class _Master:
 
 class MasterWeights:
     """The masters of the half-precision ones among ``params``; those ``previous`` holds already are kept (an
-    optimizer may hold them)."""
+    optimizer may hold them). ``keep=False``: none (the weights take their update in place), the dtype still read."""
 
-    def __init__(self, params: Iterable[nn.Parameter], previous: MasterWeights | None = None):
+    def __init__(self, params: Iterable[nn.Parameter], previous: MasterWeights | None = None, keep: bool = True):
         old = {} if previous is None else previous._by_id
-        self._by_id = {id(p): old.get(id(p)) or _Master(p) for p in params if p.dtype in HALF}
-        self.dtype = next(iter(self._by_id.values())).param.dtype if self._by_id else None  # the model's half
+        half = [p for p in params if p.dtype in HALF]
+        self._by_id = {id(p): old.get(id(p)) or _Master(p) for p in half} if keep else {}
+        self.dtype = half[0].dtype if half else None  # the model's half precision
         self._updated: dict[int, int] = {}  # each master's version when the last ES estimate went into its .grad
         self._warned = False
 

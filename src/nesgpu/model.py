@@ -58,6 +58,8 @@ class PerturbedModel(ModelScales, ModelCovariance):
         sigma: noise scale.
         antithetic: evaluate each direction with both signs (the input's repeats R must be even).
         seed: noise seed. Direction d's noise depends only on (seed, step, module, d).
+        masters: give half-precision weights float32 masters that an optimizer steps (default); False: none,
+            for an update written into the weights themselves (:meth:`nesgpu.Population.apply`).
 
     Example:
         >>> net = convert(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), "lowrank")
@@ -69,7 +71,7 @@ class PerturbedModel(ModelScales, ModelCovariance):
     """
 
     def __init__(self, model: nn.Module, directions: int, sigma: float = 0.02, antithetic: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, masters: bool = True):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
         if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
@@ -87,9 +89,9 @@ class PerturbedModel(ModelScales, ModelCovariance):
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
             raise ValueError(f"seed must be an int in [0, 2**63); got {seed!r}")
         self.seed = int(seed)
-        self.step = 0
+        self.step, self.keeps_masters = 0, bool(masters)
         self._wire()
-        if self._masters:  # plain calls of the model see the optimizer's latest step, on inputs of its dtype
+        if self._masters.dtype is not None:  # plain calls of the model see the optimizer's latest step, on inputs of its dtype
             this = weakref.ref(self)  # the hook must not keep this object (and its fp32 copy) alive
             handle = model.register_forward_pre_hook(
                 lambda _, args, kwargs: None if this() is None else this()._before_call(args, kwargs), with_kwargs=True)
@@ -129,7 +131,7 @@ class PerturbedModel(ModelScales, ModelCovariance):
         check_kind_options((f"{name}.{slot.name}" if name else slot.name, slot.kind, slot.geometry)
                            for name, layer in self.layers.items() for slot in layer.slots)
         perturbed = (p for layer in self.layers.values() for p in layer.perturbed_parameters().values())
-        self._masters = MasterWeights(perturbed, getattr(self, "_masters", None))
+        self._masters = MasterWeights(perturbed, getattr(self, "_masters", None), keep=self.keeps_masters)
         register_masters(model, self._masters)
 
     @property

@@ -14,10 +14,13 @@ import torch
 
 from .blocks import Blocks
 from .distributed import Ranks
+from .layers import HALF
 from .layers.guard import NeedsFallback
+from .layers.layout import member_weights
 from .memory import out_of_memory
 from .model import PerturbedModel
 from .precision import autocast_dtype, slow_precision_note
+from .rounding import rounding_generator
 
 
 @runtime_checkable
@@ -71,19 +74,20 @@ class Population:
         chunk: directions per block: an int, "auto" (the largest block whose noise fits in half the free
             memory, halved on out-of-memory with the step kept), or None (the whole share at once).
         precision: "fp32", "bf16" or "fp16" (the forward under autocast).
+        first_chunk: with chunk "auto", the block to start from at most (a memory plan's).
 
     A population whose noise cannot fit even in blocks of one direction (or, with a fixed chunk, in blocks
     of that size) is refused when this is built, with the memory it would need.
     """
 
     def __init__(self, pm: PerturbedModel, ranks: Ranks | None = None, chunk=None, precision: str = "fp32",
-                 log=print):
+                 log=print, first_chunk: int | None = None):
         if not isinstance(pm, PerturbedModel):
             raise TypeError(f"pm must be a PerturbedModel; got {type(pm).__name__}")
         self.pm, self.log = pm, log
         self.ranks = ranks or Ranks()
         self.share = self.ranks.share(pm.directions)
-        self.blocks = Blocks(pm, self.share, self.ranks.distributed, chunk, log)
+        self.blocks = Blocks(pm, self.share, self.ranks.distributed, chunk, log, first_chunk)
         self.step = 0  # the step last evaluated, whose noise the update uses
         self._protocols: tuple = (None, ())  # (task, which optional protocols it meets): see _meets
         self.device = device = next(pm.model.parameters()).device
@@ -98,11 +102,14 @@ class Population:
     def directions(self) -> int:
         return self.pm.directions
 
+    def parameters_of_layers(self) -> list[torch.nn.Parameter]:
+        """The perturbed parameters themselves (a half-precision one, not its master), module by module."""
+        return [p for layer in self.pm.layers.values() for p in layer.perturbed_parameters().values()]
+
     def parameters(self) -> list[torch.nn.Parameter]:
         """The model's parameters in its own order (an optimizer's state is saved by that order), each
         half-precision one replaced by its float32 master: what the update writes ``.grad`` into."""
-        perturbed = [p for layer in self.pm.layers.values() for p in layer.perturbed_parameters().values()]
-        masters = {id(p): value for p, value in zip(perturbed, self.pm.parameters())}
+        masters = {id(p): value for p, value in zip(self.parameters_of_layers(), self.pm.parameters())}
         return [masters.get(id(p), p) for p in self.pm.model.parameters()]
 
     def free_memory(self) -> None:
@@ -194,6 +201,25 @@ class Population:
         another one replaced it. The weights' finiteness is not checked here (a host read per block): the
         trainer refuses non-finite fitness before shaping (:func:`~nesgpu.strategies.base.fitness_statistics`)."""
         self.update_scaled(weights, sigma)
+
+    def apply(self, weights: torch.Tensor, sigma: float, lr: float, l2: float = 0.0) -> None:
+        """``theta -= lr * (g + l2 * theta)``: the ES estimate of the last evaluated step with ``weights`` (R, D) or (D,) over all
+        directions (lower is better), written into the weights in place (seed replay: no ``.grad``, no float32
+        master), layer by layer. The noise of every direction is drawn at once, whatever the chunk or the
+        processes, so every run computes the same update; half-precision weights take it by stochastic rounding
+        seeded by (seed, step, parameter)."""
+        pm, step = self.pm, self.step
+        if pm.keeps_masters and any(p.dtype in HALF for p in self.parameters_of_layers()):
+            raise ValueError("Population.apply writes the update into the weights, but this half-precision model "
+                             "has float32 masters that an optimizer steps; build PerturbedModel(..., masters=False)")
+        self._draw(step, range(pm.directions), sigma)
+        coef = member_weights(weights, pm.directions, pm.antithetic, None, check_finite=False)
+        coef = coef * (-float(lr) / (pm.directions * float(sigma)))
+        for layer in pm.layers.values():
+            if layer.perturbs:
+                key = layer.layer_key
+                layer.apply_update_(coef, lambda slot, device, key=key: rounding_generator(
+                    device, pm.seed, step, key, slot), keep=1.0 - float(lr) * float(l2))
 
     def update_scaled(self, weights: torch.Tensor, sigma: float, scale_weights: torch.Tensor | None = None,
                       means: bool = False) -> tuple[dict, dict]:

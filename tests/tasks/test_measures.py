@@ -25,7 +25,7 @@ EVAL = ("eval_reward_mean", "eval_reward_std", "eval_rewards/ones/mean", "eval_r
 def run(out, steps, chunk=None, resume=False, **options):
     from nesgpu.train import TrainConfig, train
 
-    options = {"eval_generations": 3, "drift_texts": DRIFT, **options}
+    options = {"eval_generations": 3, "drift_texts": DRIFT, "kl": True, **options}
     task = dataset_task(ROWS, char_tokenizer(), [ones, short], reward_weights=[1.0, 0.5], max_new_tokens=3,
                         prompts_per_step=2, correct_at=1.0, **options)  # greedy: chunks evaluate the same completions
     cfg = TrainConfig(task="generation", population=4, sigma=0.2, lr=0.05, steps=steps, chunk_size=chunk,
@@ -46,9 +46,21 @@ def test_kl_and_the_evaluation_columns_chunked_resumed_and_from_the_start(tmp_pa
         assert float(row["eval_pass@3"]) >= float(row["eval_pass@1"])
         assert float(row["drift_nll"]) - float(row["drift_nll_change"]) == pytest.approx(float(whole[0]["drift_nll"]),
                                                                                           abs=2e-5)
-    assert run(tmp_path / "chunked", 3, chunk=1) == whole
+    # the same weights (tests/tasks/test_inplace_generation.py compares them bit for bit), measured in forwards of
+    # other batch shapes: a CPU's kernels may round those apart (seen: 3e-7 in drift_nll_change on an Intel Xeon)
+    assert close_rows(run(tmp_path / "chunked", 3, chunk=1), whole)
     run(tmp_path / "split", 2)
-    assert run(tmp_path / "split", 3, resume=True) == whole  # the start and its drift come from the checkpoint
+    assert close_rows(run(tmp_path / "split", 3, resume=True), whole)  # the start and its drift from the checkpoint
+
+
+def close_rows(rows, expected, rel=1e-5, abs=1e-6):
+    """The same rows and columns, each number within ``rel`` (or ``abs`` near zero) of the expected one."""
+    assert len(rows) == len(expected) and all(a.keys() == b.keys() for a, b in zip(rows, expected))
+    for a, b in zip(rows, expected):
+        for key in a:
+            if a[key] != b[key]:
+                assert float(a[key]) == pytest.approx(float(b[key]), rel=rel, abs=abs), (a["step"], key)
+    return True
 
 
 def test_without_kl_or_drift_nothing_is_kept_or_logged(tmp_path):
@@ -81,7 +93,8 @@ def test_the_cli_logs_kl_pass_at_k_and_drift(tmp_path):
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS))
     (tmp_path / "rw.py").write_text(REWARDS)
     (tmp_path / "drift.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in DRIFT))
-    done = cli(tmp_path, "--correct-at", "1", "--eval-generations", "3", "--drift-text", "drift.jsonl", "--out", "run")
+    done = cli(tmp_path, "--kl", "--correct-at", "1", "--eval-generations", "3", "--drift-text", "drift.jsonl",
+               "--out", "run")
     assert done.returncode == 0, done.stderr[-2000:]
     with open(tmp_path / "run" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))

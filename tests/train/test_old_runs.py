@@ -31,7 +31,10 @@ def test_an_old_run_directory_loads_evaluates_and_resumes(name, strategy, task, 
     cfg = TrainConfig.from_dict(old).resolved()
     assert strategy in repr(cfg.strategy_options) and task in repr(cfg.task_options)
     assert load_run(run, "cpu").config == dataclasses.replace(cfg, device="cpu")
-    assert evaluate_run(run, "cpu")["value"] == json.loads((run / "summary.json").read_text())["value"]
+    # the summary was written on another CPU: float32 rollouts (a pendulum's 200 steps) round there in other vector
+    # kernels (seen: 2e-9 relative on an Intel Xeon against the AMD EPYC that wrote it); same weights, same episodes
+    stored = json.loads((run / "summary.json").read_text())["value"]
+    assert evaluate_run(run, "cpu")["value"] == pytest.approx(stored, rel=1e-6)
     steps = old["steps"] + 2
     assert main(["train", "--resume", str(run), "--steps", str(steps)]) == 0
     summary = json.loads(capsys.readouterr().out)

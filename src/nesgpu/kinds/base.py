@@ -178,6 +178,11 @@ class Kind:
         """sum_d coef_d z_d, in the parameter's shape."""
         raise NotImplementedError
 
+    def grad_rows(self, noise: Noise, coef: torch.Tensor, rows: slice) -> torch.Tensor | None:
+        """Rows ``rows`` of :meth:`grad` of a matrix, computed without the rest; None where this kind has no cheaper
+        way than the whole (the caller then takes :meth:`grad`)."""
+        return None
+
     def dense(self, noise: Noise) -> torch.Tensor:
         """z_d of every direction, (D, *shape)."""
         raise NotImplementedError

@@ -285,6 +285,14 @@ class LowRank(Kind):
         grad = torch.einsum("dgok,dgkf->gof", a * coef.view(d, 1, 1, 1), b.flatten(3))
         return grad.reshape(g.shape)
 
+    def grad_rows(self, noise, coef, rows):
+        a, b, g = noise["a"], noise["b"], noise.geometry
+        if not g.is_matrix:
+            return None
+        d = coef.shape[0]  # (D, r, out) sliced to the rows' A factors: the same GEMM, only those rows
+        part = a[:, :, rows] * coef.view(d, 1, 1)
+        return part.reshape(d * self.rank, -1).t() @ b.reshape(d * self.rank, g.in_)
+
     def dense(self, noise):
         a, b, g = noise["a"], noise["b"], noise.geometry
         if g.is_matrix:

@@ -21,7 +21,8 @@ from torch import nn
 
 from ..kinds import KINDS, Gaussian, Geometry, Kind, Noise, Op
 from ..noise import NoiseSource
-from .drawing import HALF, draw_noise
+from .drawing import draw_noise
+from .estimate import accumulate_grad, apply_update
 from .layout import Cached, Population, RowLayout, check_rows, repeat_scale, tokens_per_row
 from .plan import MAX_PLANS, CallPlan, call_key
 from .products import LinearProducts
@@ -198,21 +199,12 @@ class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
 
     # ----- estimator ---------------------------------------------------------------------------------
     def accumulate_grad(self, coef: torch.Tensor, into: dict[str, torch.Tensor] | None = None) -> None:
-        """Add ``sum_d coef_d z_d`` (the noise as evaluated: S o z_d with a scale) to ``.grad`` of every perturbed
-        parameter (created if None), or of the tensor ``into`` gives for it (a float32 master of a half one)."""
-        noise = self._require_noise()
-        if coef.shape != (self.local_directions,):
-            raise ValueError(f"coef must have shape ({self.local_directions},); got {tuple(coef.shape)}")
-        for slot in self._slots:
-            p = (into or {}).get(slot.name)
-            p = self.get_parameter(slot.name) if p is None else p
-            exact = torch.float32 if p.dtype in HALF else p.dtype  # half-precision noise is drawn in float32
-            g = slot.kind.grad(noise[slot.name], coef.to(device=p.device, dtype=exact)).to(p.dtype)
-            g = self._as_stored(slot.name, g.reshape(1, *noise[slot.name].shape))[0].contiguous()
-            if p.grad is None:  # grad returns a fresh tensor, so it can become .grad as is
-                p.grad = g
-            else:
-                p.grad.add_(g)
+        """Add ``sum_d coef_d z_d`` (the noise as evaluated) to ``.grad``: see :func:`.estimate.accumulate_grad`."""
+        accumulate_grad(self, coef, into)
+
+    def apply_update_(self, coef: torch.Tensor, generator, keep: float = 1.0) -> None:
+        """``p = keep * p + sum_d coef_d z_d`` in every perturbed parameter: see :func:`.estimate.apply_update`."""
+        apply_update(self, coef, generator, keep)
 
     def noise_sq_norms(self) -> torch.Tensor:
         """||z_d||^2 (of S o z_d with a scale) over every perturbed parameter of each local direction, shape (D,)."""
@@ -223,10 +215,10 @@ class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
         """The noise z_d of every local direction as evaluated (S o z_d with a scale) as dense tensors, for tests
         and inspection: ``{"weight": (D, *weight.shape), "bias": (D, out), ...}``."""
         noise = self._require_noise()
-        return {slot.name: self._as_stored(slot.name, slot.kind.dense(noise[slot.name]).reshape(
+        return {slot.name: self.as_stored(slot.name, slot.kind.dense(noise[slot.name]).reshape(
             self.local_directions, *noise[slot.name].shape)) for slot in self._slots}
 
-    def _as_stored(self, name: str, t: torch.Tensor) -> torch.Tensor:
+    def as_stored(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """t (N, *noise shape) in the layout the parameter is stored in, (N, *param shape): a transposed
         matrix (Conv1D) is transposed back, a bank of matrices (MoE experts) reshaped to (E, out, in) (and each
         matrix transposed back where the bank stores them (in, out): GPT-OSS's)."""
@@ -236,6 +228,10 @@ class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
         if name in self._transposed:
             return t.transpose(1, 2)
         return t.reshape(t.shape[0], *shape)
+
+    def stored_as_drawn(self, name: str) -> bool:
+        """Whether parameter ``name`` is stored in its noise's layout (no transpose, no bank of matrices)."""
+        return name not in self._transposed and name not in self._banks
 
     # ----- population forward ------------------------------------------------------------------------
     @contextmanager

@@ -147,7 +147,7 @@ class ScaledNoise:
             like = next(iter(record.tensors.values()))
             w = weights.to(device=like.device, dtype=like.dtype)
             stat = slot.kind.scale_statistic(record, scale, w, first)
-            out[slot.name] = self._as_stored(slot.name, stat.unsqueeze(0))[0].contiguous()
+            out[slot.name] = self.as_stored(slot.name, stat.unsqueeze(0))[0].contiguous()
         return out
 
 

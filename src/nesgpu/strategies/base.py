@@ -203,6 +203,11 @@ class Strategy:
     def regularize(self, parameters) -> None:
         """Called with the parameters after the update wrote ``.grad`` (e.g. OpenAI-ES's L2 decay): none."""
 
+    @property
+    def l2(self) -> float:
+        """The L2 coefficient :meth:`regularize` adds to the gradient (an in-place update applies it itself)."""
+        return 0.0
+
     # ----- what a strategy builds on -----------------------------------------------------------------
     def weights(self, fitness: torch.Tensor, sigma: float) -> torch.Tensor:
         """The update's weights of a checked fitness at the step's ``sigma``: what a strategy whose state

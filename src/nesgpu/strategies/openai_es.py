@@ -61,6 +61,10 @@ class OpenAIES(Strategy):
         shaped = self.shaping(fitness)
         return -(shaped if self.antithetic else centered_per_repeat(shaped))
 
+    @property
+    def l2(self) -> float:
+        return self.weight_decay
+
     def regularize(self, parameters) -> None:
         if self.weight_decay:
             for p in parameters:

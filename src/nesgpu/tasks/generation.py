@@ -232,16 +232,20 @@ class GenerationTask(Evaluating):
         logits of every new token and one more, twice, for their log-softmax) (0 for a model without a
         ``transformers`` config)."""
         config = getattr(pm.model, "config", None)
+        return self.activation_bytes_of(config, next(pm.model.parameters()).element_size(), pm.antithetic)
+
+    def activation_bytes_of(self, config, size: int, antithetic: bool) -> int:
+        """:meth:`activation_bytes` from a ``transformers`` config and the weights' bytes per entry ``size``, before
+        the model is loaded (the memory plan's)."""
         if config is None or not hasattr(config, "num_hidden_layers"):
             return 0
         heads, hidden = config.num_attention_heads, config.hidden_size
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or hidden // heads
-        size = next(pm.model.parameters()).element_size()
         tokens = self._longest_prompt() + self.max_new_tokens
         cache = 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * size
         layer = tokens * (4 * hidden + 2 * (getattr(config, "intermediate_size", None) or 4 * hidden)) * size
-        rows = (2 if pm.antithetic else 1) * self.prompts_per_step * self.generations
+        rows = (2 if antithetic else 1) * self.prompts_per_step * self.generations
         positions = self.max_new_tokens + 1 if self.fitness_kind == "likelihood" else 1
         return rows * (cache + layer + 2 * positions * config.vocab_size * 4)
 

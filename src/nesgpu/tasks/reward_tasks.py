@@ -69,6 +69,11 @@ def _code_files(auto_map) -> list[str]:
     return sorted({f"{str(v).split('--')[-1].rpartition('.')[0]}.py" for v in names if isinstance(v, str) and "." in v})
 
 
+SHARD = "256MB"
+"""The shards of a saved model: ``save_pretrained`` builds each shard's file in memory before writing it, so a larger
+shard is a larger copy of the model at the end of a run (a tensor larger than this is a shard of its own)."""
+
+
 def load_causal_lm(directory: Path, **options) -> nn.Module:
     """The causal LM of a local directory, in eval mode, with the parameters its architecture keeps fixed
     frozen again (``from_pretrained`` makes every parameter trainable: RoFormer's sinusoidal table)."""
@@ -168,7 +173,7 @@ class PretrainedGenerationTask(GenerationTask):
 
     def save(self, model: nn.Module, directory: Path) -> None:
         """``model`` and the tokenizer in ``directory`` (save_pretrained), for ``from_pretrained``."""
-        model.save_pretrained(directory)
+        model.save_pretrained(directory, max_shard_size=SHARD)  # safetensors holds a shard's bytes in memory
         self.tokenizer.save_pretrained(directory)
 
 
@@ -209,7 +214,7 @@ class PromptOptions:
                                  "--temperature)", at_least=1, at_most=MAX_COUNT)
     fitness: str = option("reward", "reward: each member's reward on its completions; likelihood: its expected "
                                     "reward on sampled ones (no population generate)", choices=FITNESSES)
-    kl: bool = option(True, "log kl and eval_kl: TRL's per-token KL estimate from the start")
+    kl: bool = option(False, "log kl and eval_kl: TRL's per-token KL from the start (a copy of the start)")
     eval_generations: int = option(0, "K > 0: sample K completions per held-out prompt: eval_pass@K",
                                    at_least=0, at_most=MAX_COUNT)
     drift_text: str | None = option(None, "a file of texts (lines, or JSON lines with 'text'): each evaluation "
@@ -219,11 +224,12 @@ class PromptOptions:
         check_options(self, "reward task")
 
 
-# fine-tuning a pretrained small model (OpenAI-ES + Adam on low-rank noise); sigma from the model's own response
-# (nesgpu.probe) and lr from sigma (OpenAIES.lr_for_sigma), decaying as 1 / sqrt(step) after 100 steps: no fixed
-# sigma holds across models, and a constant lr that suits 100 steps unlearns over 2,000 (BENCHMARKS.md, issue 43);
-# batch_size = prompts per step
-DEFAULTS = dict(population=32, sigma="auto", lr="auto", lr_schedule="rsqrt", steps=1000, hidden=(), batch_size=8)
+# fine-tuning a pretrained small model (OpenAI-ES on low-rank noise, plain SGD written into the weights: the memory
+# of inference, issue 54); sigma from the model's own response (nesgpu.probe) and lr from sigma
+# (InPlaceSGD.lr_for_sigma), decaying as 1 / sqrt(step) after 100 steps: no fixed sigma holds across models, and a
+# constant lr that suits 100 steps unlearns over 2,000 (BENCHMARKS.md, issue 43); batch_size = prompts per step
+DEFAULTS = dict(population=32, sigma="auto", lr="auto", lr_schedule="rsqrt", steps=1000, hidden=(), batch_size=8,
+                update="sgd")
 TASKS = {
     "arithmetic": TaskSpec(_maker(arithmetic_problems, arithmetic_reward, 6), DEFAULTS, models=("hf:DIR",),
                            model_prefix=HF, options=PromptOptions),

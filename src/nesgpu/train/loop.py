@@ -315,10 +315,18 @@ def non_finite(tensors: list) -> list[str]:
     """The names among (name, tensor) pairs whose tensor holds NaN or infinity, in one host read."""
     if not tensors:
         return []
-    finite = torch.stack([torch.isfinite(t).all().to(tensors[0][1].device) for _, t in tensors])
+    finite = torch.stack([_finite(t).to(tensors[0][1].device) for _, t in tensors])
     if bool(finite.all()):  # the names only when something is wrong
         return []
     return [n for (n, _), ok in zip(tensors, finite.tolist()) if not ok]
+
+
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    """Whether every entry of ``t`` is finite, as a tensor: its largest and smallest entries are (both reductions
+    propagate NaN), read without a temporary the size of ``t`` (``isfinite(t)`` would hold a bool per entry)."""
+    if not t.numel():
+        return torch.ones((), dtype=torch.bool, device=t.device)
+    return torch.stack([t.amax(), t.amin()]).isfinite().all()
 
 
 def check_start_finite(model) -> None:

@@ -20,11 +20,13 @@ from ...population import Population
 from ...strategies import STRATEGIES, Schedule, Strategy
 from ...tasks import make_task
 from ...tasks.protocol import ModelMaker, check_differentiable, check_task
+from ...tasks.reward_tasks import HF, hf_directory
 from ..steps.activations import checkpoint_blocks
 from ..steps.backprop import Backprop, BackpropStep, shard_model
 from ..steps.evolution import AUTO, UNPROBED, EvolutionStep, Stepper
 from .config import BACKPROP, TrainConfig, compiles
 from .initialization import init_weights
+from .memory_plan import MemoryPlan, check_fits, plan_run
 
 
 class Built(NamedTuple):
@@ -70,6 +72,18 @@ def make_strategy(cfg: TrainConfig, pm: PerturbedModel) -> Strategy:
 
 def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def planned(cfg: TrainConfig, task, device: torch.device, log) -> MemoryPlan | None:
+    """An ES run of a model directory (hf:DIR): its memory plan, logged, and refused in one line where it cannot
+    fit, before the weights are loaded."""
+    if cfg.strategy == BACKPROP or not str(cfg.model).startswith(HF):
+        return None
+    plan = plan_run(cfg, hf_directory(cfg.model), task, device)
+    if plan is not None:
+        log(plan.describe())
+        check_fits(plan, device, f"--model {cfg.model} with --update {cfg.update}")
+    return plan
 
 
 def make_backprop(cfg: TrainConfig, task, model: nn.Module, ranks: Ranks | None = None) -> Backprop:
@@ -161,6 +175,7 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None, mo
     ranks = ranks or Ranks()
     check_own(cfg, model, task)
     task = config_task(cfg, device) if task is None else check_task(task)
+    plan = planned(cfg, task, device, log) if model is None else None
     model = initial_model(cfg, task, model)
     if cfg.strategy == BACKPROP:
         bp = make_backprop(cfg, check_differentiable(task), model.to(device), ranks)
@@ -168,10 +183,12 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None, mo
                                                                  cfg.strategy_options.accumulate))
     model = held_in(perturbed(cfg, model).to(device), cfg.dtype)
     start = UNPROBED if cfg.sigma == AUTO else cfg.sigma  # auto: the probe sets it before the first step
-    pm = PerturbedModel(model, cfg.directions, sigma=start, antithetic=cfg.antithetic, seed=cfg.seed)
-    population = Population(pm, ranks, cfg.chunk_size, cfg.precision, log)
+    in_place = cfg.update == "sgd"  # the update written into the weights: no masters, no .grad
+    pm = PerturbedModel(model, cfg.directions, sigma=start, antithetic=cfg.antithetic, seed=cfg.seed,
+                        masters=not in_place)
+    population = Population(pm, ranks, cfg.chunk_size, cfg.precision, log, first_chunk=plan and plan.chunk)
     step = EvolutionStep(task, population, make_strategy(cfg, pm), cfg.sigma, lr=cfg.lr,
-                         lr_schedule=schedule(cfg, "lr"), anchor=cfg.anchor)
+                         lr_schedule=schedule(cfg, "lr"), anchor=cfg.anchor, in_place=in_place)
     return Built(task, model, pm, step)
 
 

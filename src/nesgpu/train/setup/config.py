@@ -16,6 +16,7 @@ from ...options import NoOptions, annotation_text, check_type
 from ...precision import DTYPES, PRECISIONS
 from ...quantize import BITS
 from ...strategies import STRATEGIES
+from ...strategies.inplace import UPDATES
 from ...strategies.schedules import KINDS as SCHEDULES
 from .ars_paper import PRESETS, preset_values
 from .defaults import (
@@ -143,8 +144,9 @@ class TrainConfig:
     chunk_size: int | str | None = opt(help="evaluate N directions at a time (auto: the most that fit; default: "
                                        "all)", metavar="N|auto", parse="chunk")
     precision: str = opt("fp32", "population forward under autocast", choices=tuple(PRECISIONS))
-    dtype: str | None = opt(help="the weights' dtype (default: the model's); below float32, float32 masters step",
-                            choices=DTYPES)
+    dtype: str | None = opt(help="the weights' dtype (default: the model's)", choices=DTYPES)
+    update: str | None = opt(help="sgd: in place (no .grad, master or state); strategy: its optimizer",
+                             choices=UPDATES, per_task=True)
     preset: str | None = opt(help="a published setting: ars-paper (ARS V2-t's alpha, N, b, nu, shift and "
                              "threshold for gym:HalfCheetah/Hopper/Walker2d/Ant/Humanoid-v5); it expands into the "
                              "options it sets, except those given explicitly", choices=PRESETS)
@@ -197,6 +199,8 @@ class TrainConfig:
             defaults = field_defaults()
             expand_preset(values, {name for name, value in values.items() if value != defaults.get(name)})
         defaults = presets(values["task"], values["model"], values["strategy"])
+        if values.get("update") not in (None, defaults.get("update")) and values.get("lr") is None:
+            values["lr"] = "auto"  # the task's step size was tuned for its own optimizer: the other's rule
         check_hidden_applies(values)
         check_strategy_options(values, defaults["strategy"], field_defaults(), defaults, tuned_options(values["task"]))
         # what RL runs resolve to (a printed config of one) and ars's clip, which older runs recorded for every task

@@ -14,9 +14,10 @@ BACKPROP_DEFAULTS = dict(lr=1e-3)
 # the options of ES runs only (each an error, when set, under backprop); each strategy's own options are its
 # Options' (nesgpu.train.setup.options)
 ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "anchor",
-           "evolve", "sigma_schedule", "sigma_final", "chunk_size", "compile", "dtype")
+           "evolve", "sigma_schedule", "sigma_final", "chunk_size", "compile", "dtype", "update")
 # what neither the task nor its model sets
-GLOBAL_DEFAULTS = dict(strategy="openai_es", lr_schedule="constant", lr_final=1.0, antithetic=True)
+GLOBAL_DEFAULTS = dict(strategy="openai_es", lr_schedule="constant", lr_final=1.0, antithetic=True,
+                       update="strategy")
 # a task of the user's own (``train(cfg, task=...)``) is labelled "custom:<name>"; it starts from these where
 # neither the config nor the task's own ``defaults`` mapping sets an option
 CUSTOM = "custom:"

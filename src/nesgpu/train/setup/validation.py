@@ -109,6 +109,8 @@ def _check_es(cfg) -> None:
     if isinstance(cfg.anchor, bool) or not isinstance(cfg.anchor, (int, float)) or not 0 <= cfg.anchor < 1:
         raise ValueError(f"anchor must be a number in [0, 1) (the share of the way back to the starting weights "
                          f"each step); got {cfg.anchor!r}")
+    if cfg.update == "sgd" and strategy is not None:
+        check_in_place(cfg.strategy, strategy, options)
     if strategy is not None and strategy.adapts_sigma and cfg.sigma_schedule != "constant":
         raise ValueError(f"strategy {cfg.strategy!r} adapts sigma itself; a sigma_schedule does not apply to it")
     outer = strategy is not None and strategy.outer_scales and KINDS[cfg.layer].outer_scale  # SNES on low-rank
@@ -117,6 +119,14 @@ def _check_es(cfg) -> None:
         what = "a covariance" if strategy.adapts_covariance else "a sigma per parameter"
         raise ValueError(f"strategy {cfg.strategy!r} adapts {what}, which layer {cfg.layer!r} cannot carry (its "
                          f"noise is shared or structured); use --layer gaussian")
+
+
+def check_in_place(name: str, strategy, options) -> None:
+    """``--update sgd`` writes the plain ES estimate into the weights: not for a strategy that adapts a sigma
+    per parameter or a covariance from the same pass."""
+    if strategy.adapts_scales or strategy.adapts_covariance:
+        raise ValueError(f"--update sgd writes the plain ES estimate into the weights; strategy {name!r} adapts "
+                         f"its noise from the update's pass: use --update strategy")
 
 
 def bits_apply(task: str, model: str) -> bool:

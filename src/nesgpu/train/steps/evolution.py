@@ -19,6 +19,7 @@ from ...population import Population
 from ...probe import Probe, probe_line, probe_sigma
 from ...strategies import Strategy
 from ...strategies.base import fitness_statistics
+from ...strategies.inplace import InPlaceSGD
 from ...strategies.schedules import Schedule, StepSizes
 from ...tasks.protocol import ComparesToStart
 from .anchor import StartingWeights
@@ -67,6 +68,8 @@ class EvolutionStep:
         lr: the optimizer's step size, or ``"auto"``: the strategy's rule from sigma
             (:meth:`~nesgpu.strategies.Strategy.lr_for_sigma`).
         lr_schedule: the factor of every group's lr per step (None: constant).
+        in_place: step by :class:`~nesgpu.strategies.inplace.InPlaceSGD`: the update written into the weights
+            (:meth:`~nesgpu.population.Population.apply`: no ``.grad``, no masters; ``lr="auto"`` its own rule).
         anchor: after each step, pull the weights this share of the way back to the starting ones (0: off).
             The starting weights (:class:`~nesgpu.train.steps.anchor.StartingWeights`) are kept for it, and for
             a task that measures from them (:class:`~nesgpu.tasks.protocol.ComparesToStart`).
@@ -77,7 +80,7 @@ class EvolutionStep:
 
     def __init__(self, task, population: Population, strategy: Strategy, sigma: float | str,
                  optimizer: torch.optim.Optimizer | None = None, lr: float | str | None = None,
-                 lr_schedule: Schedule | None = None, anchor: float = 0.0):
+                 lr_schedule: Schedule | None = None, anchor: float = 0.0, in_place: bool = False):
         if strategy.directions != population.directions:
             raise ValueError(f"the strategy was built for {strategy.directions} directions; the population has "
                              f"{population.directions}")
@@ -86,8 +89,14 @@ class EvolutionStep:
         self.probe: Probe | None = None  # what --sigma auto measured
         self.probing, self.auto_lr = sigma == AUTO, lr == AUTO
         start = UNPROBED if self.probing else sigma
-        lr = strategy.lr_for_sigma(start) if self.auto_lr else lr
-        self.optimizer = optimizer or strategy.make_optimizer(population.parameters(), lr)
+        self.in_place = in_place and check_in_place(strategy, optimizer)
+        self.lr_rule = (lambda s: InPlaceSGD.lr_for_sigma(s, population.directions)) if in_place else \
+            strategy.lr_for_sigma
+        lr = self.lr_rule(start) if self.auto_lr else lr
+        if in_place:
+            self.optimizer = InPlaceSGD(population.parameters(), strategy.default_lr if lr is None else lr)
+        else:
+            self.optimizer = optimizer or strategy.make_optimizer(population.parameters(), lr)
         self.lrs = StepSizes(self.optimizer, lr_schedule)
         self.state = strategy.init(start)
         self.lrs.apply(self.state.step)
@@ -132,7 +141,8 @@ class EvolutionStep:
         self.optimizer.zero_grad(set_to_none=True)
         if not stats["no_signal"]:  # else no .grad at all: the optimizer skips the step (weight decay, momentum)
             self._update(weights, sigma, state, result.fitness)
-            strategy.regularize(self.population.parameters())
+            if not self.in_place:  # an L2 term on .grad (an in-place update applies strategy.l2 itself)
+                strategy.regularize(self.population.parameters())
         self.optimizer.step()
         if self.anchor:
             self.start.pull(self.anchor)
@@ -169,6 +179,9 @@ class EvolutionStep:
         """The population's update into ``.grad``; a strategy with a sigma per parameter or a covariance also
         takes its new scales or factor from the statistics the same pass sums (in place: no host read)."""
         strategy, pm = self.strategy, self.population.pm
+        if self.in_place:
+            self.population.apply(weights, sigma, self.optimizer.param_groups[0]["lr"], strategy.l2)
+            return
         if strategy.adapts_covariance:
             first, second = self.population.update_covariance(weights, sigma, strategy.scale_weights(state, fitness),
                                                               natural=strategy.natural_statistics)
@@ -197,7 +210,7 @@ class EvolutionStep:
         self.probing, self.probe = False, probe
         self.state = dataclasses.replace(self.state, sigma=probe.sigma, sigma0=probe.sigma)
         if self.auto_lr:
-            self.lrs.set_base(self.strategy.lr_for_sigma(probe.sigma), self.state.step)
+            self.lrs.set_base(self.lr_rule(probe.sigma), self.state.step)
         self.population.log(probe_line(probe) + f"; lr {self.lrs.bases[0]:.3g}"
                             + (" (auto: from sigma)" if self.auto_lr else ""))
 
@@ -263,7 +276,7 @@ class EvolutionStep:
         elif sigma_changed:
             self.state = dataclasses.replace(self.state, sigma=cfg.sigma, sigma0=cfg.sigma)
         if old.get("lr") != cfg.lr or (cfg.lr == AUTO and sigma_changed and cfg.sigma != AUTO):
-            lr = self.strategy.lr_for_sigma(self.state.sigma) if cfg.lr == AUTO else cfg.lr
+            lr = self.lr_rule(self.state.sigma) if cfg.lr == AUTO else cfg.lr
             self.lrs.set_base(lr, self.state.step)
 
     def summary(self, cfg) -> dict:
@@ -279,6 +292,16 @@ class EvolutionStep:
         self.population.free_memory()
         if self.compares:
             self.task.compare_to(None)
+
+
+def check_in_place(strategy: Strategy, optimizer) -> bool:
+    """An in-place step: the strategy's plain estimate, no optimizer of the caller's (True), else a ValueError."""
+    if optimizer is not None:
+        raise ValueError("in_place=True steps by InPlaceSGD; pass no optimizer")
+    if strategy.adapts_scales or strategy.adapts_covariance:
+        raise ValueError(f"in_place=True writes the plain ES estimate into the weights; strategy {strategy.name!r} "
+                         f"adapts its noise from the update's pass (use its optimizer over .grad)")
+    return True
 
 
 __all__ = ["EvolutionStep", "Stepper"]

@@ -21,18 +21,25 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .tensor_file import batches, described, write_tensors
+
 WEIGHTS, STATE = "model.safetensors", "state.pt"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename."""
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write(path: Path, write) -> None:
+    """``write(f)`` into a temporary binary file beside ``path``, then synced and renamed over it."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600: run files are for everyone to read
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                write(f)
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
@@ -68,9 +75,7 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
     """The plain model's state (parameters and buffers) as safetensors, atomically, with string ``metadata``
     (a run's weights carry its configuration as JSON under "nesgpu_config"). A tensor shared by several names
     (tied embeddings: GPT-2's, Qwen2's, Gemma's) is stored once, under its first name; the metadata names the
-    others, and :func:`load_weights` ties them again."""
-    from safetensors.torch import save
-
+    others, and :func:`load_weights` ties them again. Written tensor by tensor: no copy of the model in memory."""
     tensors, tied, seen, storages = {}, {}, {}, set()
     for name, value in model.state_dict().items():
         value = value.detach()
@@ -82,11 +87,11 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
         seen[key] = name
         overlaps = value.numel() and storage in storages  # another view of a stored tensor: a copy of its own
         storages.add(storage)
-        tensors[name] = value.contiguous().cpu().clone() if overlaps else value.contiguous().cpu()
+        tensors[name] = value.contiguous().clone() if overlaps else value.contiguous()
     meta = {**(metadata or {}), MODEL_CLASS: class_name(model)}
     if tied:
         meta[TIED] = json.dumps(tied)
-    atomic_write_bytes(Path(path), save(tensors, metadata=meta or None))
+    atomic_write(Path(path), lambda f: write_tensors(f, tensors, meta))
 
 
 def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
@@ -97,29 +102,48 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
     try:
         with safe_open(str(path), "pt") as f:
             metadata = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            sources = _sources(model, path, f, metadata)
+            names = list(sources)
+            for batch in batches(f, names, sources):  # the model takes each batch: no second copy of it
+                model.load_state_dict(batch, strict=False)
+    except ValueError:
+        raise
+    except RuntimeError as e:
+        raise ValueError(f"weights {path} do not match the model: {e}") from e
     except Exception as e:
         raise ValueError(f"cannot read weights {path}: the file is corrupt or not safetensors ({e})") from e
+    return metadata
+
+
+def _sources(model: nn.Module, path: Path, f, metadata: dict) -> dict[str, str]:
+    """Each of ``model``'s state names and the tensor of the open file ``f`` it loads from (a tied name: the one
+    stored), once the file's names, dtypes and shapes are checked against the model's."""
     saved_from = metadata.get(MODEL_CLASS)  # older files did not say
     if saved_from is not None and saved_from != class_name(model):  # the same names can hide another network
         raise ValueError(f"weights {path} were saved from a {saved_from}; got a {class_name(model)} to load them into "
                          f"(pass the model class the run trained)")
     try:
         tied = json.loads(metadata.get(TIED, "{}"))
-        tensors.update({name: tensors[first] for name, first in tied.items()})
+        stored = set(f.keys())
+        sources = {name: name for name in stored} | {name: first for name, first in tied.items() if first in stored}
+        if set(tied) - set(sources):
+            raise KeyError(sorted(set(tied) - set(sources))[0])
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"cannot read weights {path}: its tied-weights record is damaged ({e})") from e
     own = model.state_dict()
-    other = [f"{name}: {tensor.dtype} in the file, {own[name].dtype} in the model" for name, tensor in tensors.items()
-             if name in own and tensor.dtype != own[name].dtype]
-    if other:
-        raise ValueError(f"weights {path} do not match the model's dtypes ({other[0]}); they were saved by another "
-                         f"model or configuration")
-    try:
-        model.load_state_dict(tensors)
-    except RuntimeError as e:
-        raise ValueError(f"weights {path} do not match the model: {e}") from e
-    return metadata
+    missing, unexpected = sorted(set(own) - set(sources)), sorted(set(sources) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"weights {path} do not match the model: missing {missing[:5]}, unexpected "
+                         f"{unexpected[:5]}")
+    for name, source in sources.items():
+        dtype, shape = described(f, source)
+        if dtype != own[name].dtype:
+            raise ValueError(f"weights {path} do not match the model's dtypes ({name}: {dtype} in the file, "
+                             f"{own[name].dtype} in the model); they were saved by another model or configuration")
+        if shape != tuple(own[name].shape):
+            raise ValueError(f"weights {path} do not match the model: {name} has shape {shape} in the file, "
+                             f"{tuple(own[name].shape)} in the model")
+    return sources
 
 
 def save_checkpoint(directory: Path, model: nn.Module, state: dict) -> None:

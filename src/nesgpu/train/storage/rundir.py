@@ -23,13 +23,14 @@ from ..setup.options import defining_options
 # the run options that define a run: changing them would make the checkpoint another run's (a strategy's or a
 # task's own options say so themselves: ``option(..., defines=True)``; see :func:`defining`)
 DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "antithetic", "seed", "strategy",
-            "bits", "noise_on", "act_bits", "dtype", "init", "evolve")
+            "bits", "noise_on", "act_bits", "dtype", "init", "evolve", "update")
 
 
 # the values of options newer than a run (its config.json lacks them) that its nesgpu used: every run had float
 # weights in the model's own dtype; RL policies were squashed by tanh and their standardised observations
-# clipped at 5, rollouts shared start states, unshifted
-LEGACY = {"bits": None, "noise_on": "latent", "act_bits": None, "dtype": None, "init": "default", "evolve": "all"}
+# clipped at 5, rollouts shared start states, unshifted; the strategy's optimizer stepped .grad
+LEGACY = {"bits": None, "noise_on": "latent", "act_bits": None, "dtype": None, "init": "default", "evolve": "all",
+          "update": "strategy"}
 LEGACY_RL = {"policy_output": "tanh", "observation_clip": 5.0, "start_states": "shared", "reward_shift": 0.0}
 
 

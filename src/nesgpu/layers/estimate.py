@@ -1,0 +1,103 @@
+"""The ES estimate of one perturbed module, ``sum_d coef_d z_d`` per parameter (the noise as evaluated), taken
+two ways:
+
+- :func:`accumulate_grad` adds it to ``.grad`` (or a float32 master's), for a ``torch.optim`` optimizer to step;
+- :func:`apply_update` adds it to the weights themselves, in place (seed replay: no ``.grad``, no master). A
+  matrix whose kind gives its estimate by rows (low-rank: a sum of D outer products) is written in slices of
+  :data:`SLICE` entries, so the workspace stays a few slices however large the matrix (a 151,936-row tied
+  embedding); any other parameter's estimate is one temporary of its size. A half-precision weight takes the sum
+  by stochastic rounding (:func:`nesgpu.rounding.stochastic_round_`), from a generator per parameter that the
+  caller seeds, so the result is the same wherever and however the directions were evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..rounding import stochastic_round_
+from .drawing import HALF
+
+SLICE = 1 << 22
+"""Entries of a weight written at a time by :func:`apply_update`: its workspace is a few float32 tensors of this
+many entries (16 MiB each). Part of the rounding's definition: a generator's draws follow the slices."""
+
+
+def accumulate_grad(layer, coef: torch.Tensor, into: dict[str, torch.Tensor] | None = None) -> None:
+    """Add ``sum_d coef_d z_d`` to ``.grad`` of every perturbed parameter of ``layer`` (created if None), or of the
+    tensor ``into`` gives for it (a float32 master of a half one)."""
+    _check_coef(layer, coef)
+    for slot in layer.slots:
+        p = (into or {}).get(slot.name)
+        p = layer.get_parameter(slot.name) if p is None else p
+        g = _estimate(layer, slot, coef, p)
+        if p.grad is None:  # a fresh tensor, so it can become .grad as is
+            p.grad = g
+        else:
+            p.grad.add_(g)
+
+
+@torch.no_grad()
+def apply_update(layer, coef: torch.Tensor, generator: Callable[[int, torch.device], torch.Generator],
+                 keep: float = 1.0) -> None:
+    """``p = keep * p + sum_d coef_d z_d`` for every perturbed parameter ``p`` of ``layer``, in place (``keep``: an
+    L2 decay's factor). ``generator(i, device)`` gives the rounding generator of the module's i-th perturbed
+    parameter (asked only for half-precision ones)."""
+    _check_coef(layer, coef)
+    for index, slot in enumerate(layer.slots):
+        p = layer.get_parameter(slot.name)
+        gen = generator(index, p.device) if p.dtype in HALF else None
+        noise, exact = layer.noise_record(slot.name), _exact(p)
+        c = coef.to(device=p.device, dtype=exact)
+        rows = max(1, SLICE // max(1, p[0].numel())) if p.dim() else 1
+        first = (slot.kind.grad_rows(noise, c, slice(0, min(rows, len(p)))) if layer.stored_as_drawn(slot.name)
+                 and p.dim() == 2 and p.is_contiguous() else None)
+        if first is not None:  # by rows: the estimate of one slice at a time
+            _add_(p[:rows], first, gen, keep)
+            for start in range(rows, len(p), rows):
+                part = slice(start, min(start + rows, len(p)))
+                _add_(p[part], slot.kind.grad_rows(noise, c, part), gen, keep)
+            continue
+        delta = _estimate(layer, slot, coef, p, exact).reshape(-1)
+        flat = p.view(-1) if p.is_contiguous() else None
+        if flat is None:  # a strided parameter: one pass over the whole
+            _add_(p, delta.view(p.shape), gen, keep)
+            continue
+        for start in range(0, flat.numel(), SLICE):
+            part = slice(start, min(start + SLICE, flat.numel()))
+            _add_(flat[part], delta[part], gen, keep)
+
+
+def _check_coef(layer, coef: torch.Tensor) -> None:
+    if coef.shape != (layer.local_directions,):
+        raise ValueError(f"coef must have shape ({layer.local_directions},); got {tuple(coef.shape)}")
+
+
+def _exact(p: torch.Tensor) -> torch.dtype:
+    """The dtype the estimate of ``p`` is computed in: float32 for a half-precision parameter (its noise's)."""
+    return torch.float32 if p.dtype in HALF else p.dtype
+
+
+def _estimate(layer, slot, coef: torch.Tensor, p: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``sum_d coef_d z_d`` of ``slot`` in the layout ``p`` is stored in, in ``dtype`` (default: ``p``'s)."""
+    noise = layer.noise_record(slot.name)
+    g = slot.kind.grad(noise, coef.to(device=p.device, dtype=_exact(p))).to(dtype or p.dtype)
+    return layer.as_stored(slot.name, g.reshape(1, *noise.shape))[0].contiguous()
+
+
+def _add_(target: torch.Tensor, delta: torch.Tensor, generator: torch.Generator | None, keep: float) -> None:
+    """``target = keep * target + delta``: in ``target``'s dtype, or for a half-precision target in float32,
+    stochastically rounded back."""
+    if generator is None:
+        if keep != 1.0:
+            target.mul_(keep)
+        target.add_(delta.to(target.dtype))
+        return
+    value = target.float()
+    if keep != 1.0:
+        value.mul_(keep)
+    target.copy_(stochastic_round_(value.add_(delta), target.dtype, generator))
+
+
+__all__ = ["SLICE", "accumulate_grad", "apply_update"]

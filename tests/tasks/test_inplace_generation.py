@@ -1,0 +1,64 @@
+"""A language model's run with ``update="sgd"`` (the update written into the weights): no ``.grad`` and no float32
+master at any step, a checkpoint of the weights alone, and chunked and resumed runs bit-identical to the whole
+run, in bfloat16 (stochastic rounding) and float32."""
+
+import pytest
+import torch
+from conftest import char_tokenizer
+from safetensors.torch import load_file
+from test_generation import tiny_llama
+from test_reward_stats import ROWS, ones, short
+
+from nesgpu.tasks.reward_data import dataset_task
+from nesgpu.train import TrainConfig, train
+from nesgpu.train.setup.build import build
+from nesgpu.train.setup.config import resolve_for
+from nesgpu.train.storage.checkpoint import find_checkpoint
+
+
+def task():
+    return dataset_task(ROWS, char_tokenizer(), [ones, short], reward_weights=[1.0, 0.5], max_new_tokens=3,
+                        prompts_per_step=2, kl=False)
+
+
+def config(out, steps, dtype, chunk=None):
+    return TrainConfig(task="generation", population=4, sigma=0.05, lr=1e-3, steps=steps, chunk_size=chunk,
+                       dtype=dtype, update="sgd", checkpoint_every=1, out=str(out), log="none")
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+def test_a_step_makes_no_grad_and_no_master(tmp_path):
+    own = task()
+    cfg = resolve_for(config(tmp_path / "r", 2, "bfloat16"), own)
+    built = build(cfg, torch.device("cpu"), model=tiny_llama(), task=own, log=quiet)
+    start = {name: p.detach().clone() for name, p in built.model.named_parameters()}
+    for _ in range(2):
+        built.step.run()
+        assert all(p.grad is None for p in built.model.parameters())
+    params = list(built.model.parameters())
+    assert all(p.dtype == torch.bfloat16 for p in params)
+    assert built.pm.master_state() == {} and built.step.optimizer.state_dict()["state"] == {}
+    assert all(a is b for a, b in zip(built.step.population.parameters(), params))  # the weights themselves step
+    assert any(not torch.equal(p, start[name]) for name, p in built.model.named_parameters())
+    assert "masters" not in built.step.state_dict()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_chunked_and_resumed_runs_are_bit_identical_to_the_whole_run(tmp_path, dtype):
+    train(config(tmp_path / "whole", 3, dtype), model=tiny_llama(), task=task(), log=quiet)
+    whole = load_file(tmp_path / "whole" / "model.safetensors")
+    train(config(tmp_path / "chunked", 3, dtype, chunk=1), model=tiny_llama(), task=task(), log=quiet)
+    train(config(tmp_path / "split", 2, dtype), model=tiny_llama(), task=task(), log=quiet)
+    train(config(tmp_path / "split", 3, dtype), model=tiny_llama(), task=task(), resume=True, log=quiet)
+    state = torch.load(find_checkpoint(tmp_path / "split" / "checkpoint") / "state.pt", weights_only=True)
+    assert "masters" not in state["strategy"] and state["strategy"]["optimizer"]["state"] == {}
+    for run in ("chunked", "split"):
+        other = load_file(tmp_path / run / "model.safetensors")
+        assert other.keys() == whole.keys()
+        for name in whole:
+            assert torch.equal(whole[name], other[name]), (run, name)
+    assert any(not torch.equal(whole[name], p.detach().to(whole[name].dtype))
+               for name, p in tiny_llama().named_parameters())  # it trained
