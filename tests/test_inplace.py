@@ -12,7 +12,7 @@ from nesgpu import PerturbedModel, convert
 from nesgpu.layers import estimate
 from nesgpu.population import Population
 from nesgpu.rounding import rounding_generator, stochastic_round_
-from nesgpu.strategies.inplace import InPlaceSGD
+from nesgpu.inplace import InPlaceAdam, InPlaceSGD
 
 KINDS = ["lowrank", "gaussian", "sparse", "permuted", "flipout"]
 SIGMA, LR = 0.1, 0.5
@@ -58,7 +58,7 @@ def test_apply_is_the_grad_estimate_stepped_by_sgd_in_float64(kind):
     grads = {n: p.grad.clone() for n, p in net.named_parameters()}
     for p in net.parameters():
         p.grad = None
-    population.apply(weights, SIGMA, LR)
+    population.apply(weights, SIGMA, InPlaceSGD(net.parameters(), lr=LR))
     for name, p in net.named_parameters():
         assert p.grad is None
         torch.testing.assert_close(p.detach(), before[name] - LR * grads[name], rtol=0, atol=1e-12, msg=name)
@@ -74,7 +74,7 @@ def test_apply_with_l2_decays_the_weights_as_sgd_with_weight_decay():
     grads = {n: p.grad.clone() for n, p in net.named_parameters()}
     for p in net.parameters():
         p.grad = None
-    population.apply(weights, SIGMA, LR, l2=0.01)
+    population.apply(weights, SIGMA, InPlaceSGD(net.parameters(), lr=LR, l2=0.01))
     for name, p in net.named_parameters():
         expected = before[name] - LR * (grads[name] + 0.01 * before[name])
         torch.testing.assert_close(p.detach(), expected, rtol=0, atol=1e-12, msg=name)
@@ -88,7 +88,7 @@ def test_row_slices_give_the_whole_update(monkeypatch):
         net = _net("lowrank")
         population = _population(net)
         population.evaluate(SumTask(torch.randint(0, 40, (8,), generator=torch.Generator().manual_seed(0))), 1, SIGMA)
-        population.apply(weights, SIGMA, LR)
+        population.apply(weights, SIGMA, InPlaceSGD(net.parameters(), lr=LR))
         results.append({n: p.detach().clone() for n, p in net.named_parameters()})
     for name in results[0]:
         torch.testing.assert_close(results[0][name], results[1][name], rtol=0, atol=1e-13, msg=name)
@@ -128,14 +128,15 @@ def test_stochastic_rounding_is_reproducible_from_its_seed():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
-def _bf16_steps(chunk, steps=3):
+def _bf16_steps(chunk, steps=3, rule=InPlaceSGD):
     net = _net("lowrank", torch.bfloat16, seed=4)
     population = _population(net, chunk=chunk, masters=False)
+    optimizer = rule(net.parameters(), lr=1e-3)
     task = SumTask(torch.randint(0, 40, (8,), generator=torch.Generator().manual_seed(2)))
     weights = torch.randn(steps, 2, 4, generator=torch.Generator().manual_seed(5))
     for step in range(1, steps + 1):  # the weights fixed: a forward in blocks may round the fitness otherwise
         population.evaluate(task, step, SIGMA)
-        population.apply(weights[step - 1], SIGMA, 1e-3)
+        population.apply(weights[step - 1], SIGMA, optimizer)
     return net, population
 
 
@@ -149,9 +150,10 @@ def test_a_half_precision_model_takes_the_update_in_place_with_no_grad_and_no_ma
     assert len(moved) == len(list(net.parameters()))  # far below bf16's resolution, yet every weight moved
 
 
-def test_the_update_is_the_same_bit_for_bit_whatever_blocks_the_forward_ran_in():
-    whole, _ = _bf16_steps(None)
-    chunked, _ = _bf16_steps(1)
+@pytest.mark.parametrize("rule", [InPlaceSGD, InPlaceAdam])
+def test_the_update_is_the_same_bit_for_bit_whatever_blocks_the_forward_ran_in(rule):
+    whole, _ = _bf16_steps(None, rule=rule)
+    chunked, _ = _bf16_steps(1, rule=rule)
     for (name, a), b in zip(whole.named_parameters(), chunked.parameters()):
         assert torch.equal(a, b), name
 
@@ -160,7 +162,7 @@ def test_apply_refuses_a_half_model_with_masters():
     population = _population(_net("lowrank", torch.bfloat16), masters=True)
     population.evaluate(SumTask(torch.randint(0, 40, (8,))), 1, SIGMA)
     with pytest.raises(ValueError, match="masters=False"):
-        population.apply(torch.randn(4), SIGMA, LR)
+        population.apply(torch.randn(4), SIGMA, InPlaceSGD([torch.nn.Parameter(torch.zeros(1))], lr=LR))
 
 
 def test_in_place_sgd_holds_the_step_size_and_refuses_a_grad():
@@ -174,3 +176,37 @@ def test_in_place_sgd_holds_the_step_size_and_refuses_a_grad():
     for bad in (0, -1.0, math.nan, "0.1", True):
         with pytest.raises(ValueError, match="lr"):
             InPlaceSGD([p], lr=bad)
+
+
+@pytest.mark.parametrize("kind", ["lowrank", "gaussian"])
+def test_in_place_adam_is_torch_adam_over_the_grad_estimate_in_float64(kind):
+    nets = [_net(kind), _net(kind)]
+    populations = [_population(net) for net in nets]
+    adam = torch.optim.Adam(nets[0].parameters(), lr=0.01, weight_decay=0.001)
+    in_place = InPlaceAdam(nets[1].parameters(), lr=0.01, l2=0.001)
+    task = SumTask(torch.randint(0, 40, (8,), generator=torch.Generator().manual_seed(1)))
+    for step in range(1, 4):
+        weights = torch.randn(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(step))
+        populations[0].evaluate(task, step, SIGMA)
+        adam.zero_grad()
+        populations[0].update(weights, SIGMA)
+        adam.step()
+        populations[1].evaluate(task, step, SIGMA)
+        populations[1].apply(weights, SIGMA, in_place)
+    for (name, a), b in zip(nets[0].named_parameters(), nets[1].parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=1e-12, msg=name)
+        assert b.grad is None
+    assert in_place.param_groups[0]["step"] == 3
+
+
+def test_in_place_adam_keeps_half_precision_moments_and_resumes_from_its_state():
+    net, population = _bf16_steps(None, rule=InPlaceAdam)
+    optimizer = InPlaceAdam(net.parameters(), lr=1e-3)
+    population.evaluate(SumTask(torch.randint(0, 40, (8,))), 4, SIGMA)
+    population.apply(torch.randn(4), SIGMA, optimizer)
+    state = optimizer.state_dict()
+    assert state["param_groups"][0]["step"] == 1
+    assert all(v.dtype == torch.bfloat16 for st in state["state"].values() for v in st.values())
+    again = InPlaceAdam(net.parameters(), lr=1e-3)
+    again.load_state_dict(state)
+    assert again.param_groups[0]["step"] == 1 and len(again.state) == len(optimizer.state)

@@ -202,24 +202,26 @@ class Population:
         trainer refuses non-finite fitness before shaping (:func:`~nesgpu.strategies.base.fitness_statistics`)."""
         self.update_scaled(weights, sigma)
 
-    def apply(self, weights: torch.Tensor, sigma: float, lr: float, l2: float = 0.0) -> None:
-        """``theta -= lr * (g + l2 * theta)``: the ES estimate of the last evaluated step with ``weights`` (R, D) or (D,) over all
-        directions (lower is better), written into the weights in place (seed replay: no ``.grad``, no float32
-        master), layer by layer. The noise of every direction is drawn at once, whatever the chunk or the
-        processes, so every run computes the same update; half-precision weights take it by stochastic rounding
-        seeded by (seed, step, parameter)."""
+    def apply(self, weights: torch.Tensor, sigma: float, rule) -> None:
+        """Step the weights in place by ``rule`` (:class:`~nesgpu.inplace.InPlaceSGD`, :class:`~nesgpu.inplace.
+        InPlaceAdam`) from the ES estimate of the last evaluated step, ``g = 1/(D sigma) sum_d w_d z_d`` with
+        ``weights`` (R, D) or (D,) over all directions (lower is better): seed replay, layer by layer and slice by
+        slice, no ``.grad`` and no float32 master. The noise of every direction is drawn at once, whatever the
+        chunk or the processes, so every run computes the same update; half-precision weights (and Adam's moments)
+        take it by stochastic rounding seeded by (seed, step, parameter)."""
         pm, step = self.pm, self.step
         if pm.keeps_masters and any(p.dtype in HALF for p in self.parameters_of_layers()):
             raise ValueError("Population.apply writes the update into the weights, but this half-precision model "
                              "has float32 masters that an optimizer steps; build PerturbedModel(..., masters=False)")
         self._draw(step, range(pm.directions), sigma)
         coef = member_weights(weights, pm.directions, pm.antithetic, None, check_finite=False)
-        coef = coef * (-float(lr) / (pm.directions * float(sigma)))
+        coef = coef / (pm.directions * float(sigma))
+        rule.begin()
         for layer in pm.layers.values():
             if layer.perturbs:
                 key = layer.layer_key
                 layer.apply_update_(coef, lambda slot, device, key=key: rounding_generator(
-                    device, pm.seed, step, key, slot), keep=1.0 - float(lr) * float(l2))
+                    device, pm.seed, step, key, slot), rule)
 
     def update_scaled(self, weights: torch.Tensor, sigma: float, scale_weights: torch.Tensor | None = None,
                       means: bool = False) -> tuple[dict, dict]:

@@ -202,9 +202,10 @@ class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
         """Add ``sum_d coef_d z_d`` (the noise as evaluated) to ``.grad``: see :func:`.estimate.accumulate_grad`."""
         accumulate_grad(self, coef, into)
 
-    def apply_update_(self, coef: torch.Tensor, generator, keep: float = 1.0) -> None:
-        """``p = keep * p + sum_d coef_d z_d`` in every perturbed parameter: see :func:`.estimate.apply_update`."""
-        apply_update(self, coef, generator, keep)
+    def apply_update_(self, coef: torch.Tensor, generator, rule) -> None:
+        """Every perturbed parameter stepped in place by ``rule`` from ``sum_d coef_d z_d``: see
+        :func:`.estimate.apply_update`."""
+        apply_update(self, coef, generator, rule)
 
     def noise_sq_norms(self) -> torch.Tensor:
         """||z_d||^2 (of S o z_d with a scale) over every perturbed parameter of each local direction, shape (D,)."""

@@ -2,7 +2,8 @@
 two ways:
 
 - :func:`accumulate_grad` adds it to ``.grad`` (or a float32 master's), for a ``torch.optim`` optimizer to step;
-- :func:`apply_update` adds it to the weights themselves, in place (seed replay: no ``.grad``, no master). A
+- :func:`apply_update` steps the weights themselves by a :class:`Rule` (plain SGD, Adam), in place (seed
+  replay: no ``.grad``, no master). A
   matrix whose kind gives its estimate by rows (low-rank: a sum of D outer products) is written in slices of
   :data:`SLICE` entries, so the workspace stays a few slices however large the matrix (a 151,936-row tied
   embedding); any other parameter's estimate is one temporary of its size. A half-precision weight takes the sum
@@ -13,6 +14,7 @@ two ways:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -38,12 +40,24 @@ def accumulate_grad(layer, coef: torch.Tensor, into: dict[str, torch.Tensor] | N
             p.grad.add_(g)
 
 
+class Rule(Protocol):
+    """How an in-place update turns a slice of the estimate into new weights (plain SGD, Adam: see
+    :mod:`nesgpu.inplace`)."""
+
+    def step_(self, value: torch.Tensor, g: torch.Tensor, param: torch.Tensor, view: Callable,
+              generator: torch.Generator | None) -> None:
+        """``value`` (a slice of ``param``, float32 for a half-precision one) becomes the slice's new weights, in
+        place, from ``g``, the same slice of the estimate; ``view(t)`` is that slice of any tensor shaped like
+        ``param`` (its state), ``generator`` the parameter's rounding generator (None: full precision)."""
+        ...
+
+
 @torch.no_grad()
 def apply_update(layer, coef: torch.Tensor, generator: Callable[[int, torch.device], torch.Generator],
-                 keep: float = 1.0) -> None:
-    """``p = keep * p + sum_d coef_d z_d`` for every perturbed parameter ``p`` of ``layer``, in place (``keep``: an
-    L2 decay's factor). ``generator(i, device)`` gives the rounding generator of the module's i-th perturbed
-    parameter (asked only for half-precision ones)."""
+                 rule: Rule) -> None:
+    """Every perturbed parameter ``p`` of ``layer`` stepped in place by ``rule`` from the estimate
+    ``g = sum_d coef_d z_d``, slice by slice. ``generator(i, device)`` gives the rounding generator of the module's
+    i-th perturbed parameter (asked only for half-precision ones)."""
     _check_coef(layer, coef)
     for index, slot in enumerate(layer.slots):
         p = layer.get_parameter(slot.name)
@@ -54,19 +68,18 @@ def apply_update(layer, coef: torch.Tensor, generator: Callable[[int, torch.devi
         first = (slot.kind.grad_rows(noise, c, slice(0, min(rows, len(p)))) if layer.stored_as_drawn(slot.name)
                  and p.dim() == 2 and p.is_contiguous() else None)
         if first is not None:  # by rows: the estimate of one slice at a time
-            _add_(p[:rows], first, gen, keep)
-            for start in range(rows, len(p), rows):
+            for start in range(0, len(p), rows):
                 part = slice(start, min(start + rows, len(p)))
-                _add_(p[part], slot.kind.grad_rows(noise, c, part), gen, keep)
+                g = first if start == 0 else slot.kind.grad_rows(noise, c, part)
+                _step_(rule, p, lambda t, part=part: t[part], g, gen)
             continue
-        delta = _estimate(layer, slot, coef, p, exact).reshape(-1)
-        flat = p.view(-1) if p.is_contiguous() else None
-        if flat is None:  # a strided parameter: one pass over the whole
-            _add_(p, delta.view(p.shape), gen, keep)
+        g = _estimate(layer, slot, coef, p, exact).reshape(-1)
+        if not p.is_contiguous():  # a strided parameter: one pass over the whole
+            _step_(rule, p, lambda t: t, g.view(p.shape), gen)
             continue
-        for start in range(0, flat.numel(), SLICE):
-            part = slice(start, min(start + SLICE, flat.numel()))
-            _add_(flat[part], delta[part], gen, keep)
+        for start in range(0, p.numel(), SLICE):
+            part = slice(start, min(start + SLICE, p.numel()))
+            _step_(rule, p, lambda t, part=part: t.view(-1)[part], g[part], gen)
 
 
 def _check_coef(layer, coef: torch.Tensor) -> None:
@@ -86,18 +99,17 @@ def _estimate(layer, slot, coef: torch.Tensor, p: torch.Tensor, dtype: torch.dty
     return layer.as_stored(slot.name, g.reshape(1, *noise.shape))[0].contiguous()
 
 
-def _add_(target: torch.Tensor, delta: torch.Tensor, generator: torch.Generator | None, keep: float) -> None:
-    """``target = keep * target + delta``: in ``target``'s dtype, or for a half-precision target in float32,
-    stochastically rounded back."""
+def _step_(rule: Rule, param: torch.Tensor, view: Callable, g: torch.Tensor,
+           generator: torch.Generator | None) -> None:
+    """One slice of ``param`` stepped by ``rule``: in place in its own dtype, or for a half-precision parameter in
+    float32, stochastically rounded back."""
+    target = view(param)
     if generator is None:
-        if keep != 1.0:
-            target.mul_(keep)
-        target.add_(delta.to(target.dtype))
+        rule.step_(target, g.to(target.dtype), param, view, None)
         return
     value = target.float()
-    if keep != 1.0:
-        value.mul_(keep)
-    target.copy_(stochastic_round_(value.add_(delta), target.dtype, generator))
+    rule.step_(value, g, param, view, generator)
+    target.copy_(stochastic_round_(value, target.dtype, generator))
 
 
-__all__ = ["SLICE", "accumulate_grad", "apply_update"]
+__all__ = ["SLICE", "Rule", "accumulate_grad", "apply_update"]

@@ -183,12 +183,12 @@ def build(cfg: TrainConfig, device: torch.device, ranks: Ranks | None = None, mo
                                                                  cfg.strategy_options.accumulate))
     model = held_in(perturbed(cfg, model).to(device), cfg.dtype)
     start = UNPROBED if cfg.sigma == AUTO else cfg.sigma  # auto: the probe sets it before the first step
-    in_place = cfg.update == "sgd"  # the update written into the weights: no masters, no .grad
+    in_place = cfg.update != "strategy"  # the update written into the weights: no masters, no .grad
     pm = PerturbedModel(model, cfg.directions, sigma=start, antithetic=cfg.antithetic, seed=cfg.seed,
                         masters=not in_place)
     population = Population(pm, ranks, cfg.chunk_size, cfg.precision, log, first_chunk=plan and plan.chunk)
     step = EvolutionStep(task, population, make_strategy(cfg, pm), cfg.sigma, lr=cfg.lr,
-                         lr_schedule=schedule(cfg, "lr"), anchor=cfg.anchor, in_place=in_place)
+                         lr_schedule=schedule(cfg, "lr"), anchor=cfg.anchor, update=cfg.update)
     return Built(task, model, pm, step)
 
 

@@ -16,7 +16,7 @@ from ...options import NoOptions, annotation_text, check_type
 from ...precision import DTYPES, PRECISIONS
 from ...quantize import BITS
 from ...strategies import STRATEGIES
-from ...strategies.inplace import UPDATES
+from ...inplace import UPDATES
 from ...strategies.schedules import KINDS as SCHEDULES
 from .ars_paper import PRESETS, preset_values
 from .defaults import (
@@ -145,7 +145,7 @@ class TrainConfig:
                                        "all)", metavar="N|auto", parse="chunk")
     precision: str = opt("fp32", "population forward under autocast", choices=tuple(PRECISIONS))
     dtype: str | None = opt(help="the weights' dtype (default: the model's)", choices=DTYPES)
-    update: str | None = opt(help="sgd: in place (no .grad, master or state); strategy: its optimizer",
+    update: str | None = opt(help="sgd, adam: in place (no .grad or master); strategy: its optimizer",
                              choices=UPDATES, per_task=True)
     preset: str | None = opt(help="a published setting: ars-paper (ARS V2-t's alpha, N, b, nu, shift and "
                              "threshold for gym:HalfCheetah/Hopper/Walker2d/Ant/Humanoid-v5); it expands into the "

@@ -4,9 +4,10 @@ weights are loaded: printed at the start of the run, and a run that cannot fit i
 What each part counts (bytes):
 
 - weights: every tensor of the directory's safetensors files, in the run's dtype (tied weights are stored once);
-- masters, gradient, optimizer state: ``--update strategy`` only: a float32 master of each half-precision weight, a
+- masters, gradient, optimizer state: ``--update strategy``: a float32 master of each half-precision weight, a
   float32 ``.grad``, and the strategy's optimizer state (Adam: 8 bytes a parameter), measured on one parameter;
-  ``--update sgd`` writes the update into the weights and holds none of them;
+  ``--update sgd`` writes the update into the weights and holds none of them, ``--update adam`` two moments in the
+  weights' dtype;
 - starting weights: a copy of the weights, kept for ``--anchor``, ``kl`` or a drift text;
 - noise: the directions a block evaluates (``sgd``: the update draws every direction's at once), float32: low-rank
   factors of a matrix exactly, one value an entry for the other kinds (exact for IID Gaussian, an upper bound else);
@@ -98,11 +99,12 @@ def plan_run(cfg, directory: Path, task, device: torch.device) -> MemoryPlan | N
     numel = sum(_count(shape) for shape, _ in floats)
     half = sum(_count(shape) for shape, dtype in floats if dtype in (torch.float16, torch.bfloat16))
     weights = sum(_count(shape) * dtype.itemsize for shape, dtype in floats)
-    in_place, directions = cfg.update == "sgd", cfg.directions
+    in_place, directions = cfg.update != "strategy", cfg.directions
     per_direction = sum(_noise(cfg, shape) for shape, _ in floats)
     per_block = _task_bytes(task, directory, floats[0][1].itemsize, cfg.antithetic)
     fixed = dict(weights=weights, masters=0 if in_place else 4 * half,
-                 grad=0 if in_place else 4 * numel, optimizer=0 if in_place else optimizer_bytes(cfg) * numel,
+                 grad=0 if in_place else 4 * numel,
+                 optimizer=(2 * weights if cfg.update == "adam" else 0) if in_place else optimizer_bytes(cfg) * numel,
                  start=weights if _keeps_start(cfg, task) else 0,
                  workspace=_workspace(cfg, floats, in_place), runtime=RUNTIME_CPU if device.type == "cpu" else 0)
     update_noise = per_direction * directions if in_place else 0  # the in-place update draws every direction
@@ -119,7 +121,7 @@ def check_fits(plan: MemoryPlan, device: torch.device, where: str) -> None:
     """A ValueError, in one line, where the plan needs more than ``device`` has free."""
     free = free_memory(device)
     if free is not None and plan.total > free:
-        hint = ("--update sgd holds no masters, .grad or optimizer state" if plan.grad else
+        hint = ("--update sgd holds no masters, .grad or optimizer state" if plan.grad or plan.optimizer else
                 "a smaller --chunk-size or --population, or a device with more memory")
         raise ValueError(f"{where} needs {gib(plan.total)} but {device} has {gib(free)} free; "
                          f"{plan.describe().split(': ', 1)[1]}; {hint}")

@@ -109,7 +109,7 @@ def _check_es(cfg) -> None:
     if isinstance(cfg.anchor, bool) or not isinstance(cfg.anchor, (int, float)) or not 0 <= cfg.anchor < 1:
         raise ValueError(f"anchor must be a number in [0, 1) (the share of the way back to the starting weights "
                          f"each step); got {cfg.anchor!r}")
-    if cfg.update == "sgd" and strategy is not None:
+    if cfg.update != "strategy" and strategy is not None:
         check_in_place(cfg.strategy, strategy, options)
     if strategy is not None and strategy.adapts_sigma and cfg.sigma_schedule != "constant":
         raise ValueError(f"strategy {cfg.strategy!r} adapts sigma itself; a sigma_schedule does not apply to it")
@@ -122,11 +122,11 @@ def _check_es(cfg) -> None:
 
 
 def check_in_place(name: str, strategy, options) -> None:
-    """``--update sgd`` writes the plain ES estimate into the weights: not for a strategy that adapts a sigma
-    per parameter or a covariance from the same pass."""
+    """``--update sgd`` or ``adam`` writes the plain ES estimate into the weights: not for a strategy that adapts a
+    sigma per parameter or a covariance from the same pass."""
     if strategy.adapts_scales or strategy.adapts_covariance:
-        raise ValueError(f"--update sgd writes the plain ES estimate into the weights; strategy {name!r} adapts "
-                         f"its noise from the update's pass: use --update strategy")
+        raise ValueError(f"--update sgd and adam write the plain ES estimate into the weights; strategy {name!r} "
+                         f"adapts its noise from the update's pass: use --update strategy")
 
 
 def bits_apply(task: str, model: str) -> bool:

@@ -19,7 +19,7 @@ from ...population import Population
 from ...probe import Probe, probe_line, probe_sigma
 from ...strategies import Strategy
 from ...strategies.base import fitness_statistics
-from ...strategies.inplace import InPlaceSGD
+from ...inplace import IN_PLACE, UPDATES
 from ...strategies.schedules import Schedule, StepSizes
 from ...tasks.protocol import ComparesToStart
 from .anchor import StartingWeights
@@ -68,7 +68,8 @@ class EvolutionStep:
         lr: the optimizer's step size, or ``"auto"``: the strategy's rule from sigma
             (:meth:`~nesgpu.strategies.Strategy.lr_for_sigma`).
         lr_schedule: the factor of every group's lr per step (None: constant).
-        in_place: step by :class:`~nesgpu.strategies.inplace.InPlaceSGD`: the update written into the weights
+        update: "strategy" (its optimizer over ``.grad``), or "sgd" / "adam": the update written into the weights
+            by :class:`~nesgpu.inplace.InPlaceSGD` / :class:`~nesgpu.inplace.InPlaceAdam`
             (:meth:`~nesgpu.population.Population.apply`: no ``.grad``, no masters; ``lr="auto"`` its own rule).
         anchor: after each step, pull the weights this share of the way back to the starting ones (0: off).
             The starting weights (:class:`~nesgpu.train.steps.anchor.StartingWeights`) are kept for it, and for
@@ -80,7 +81,7 @@ class EvolutionStep:
 
     def __init__(self, task, population: Population, strategy: Strategy, sigma: float | str,
                  optimizer: torch.optim.Optimizer | None = None, lr: float | str | None = None,
-                 lr_schedule: Schedule | None = None, anchor: float = 0.0, in_place: bool = False):
+                 lr_schedule: Schedule | None = None, anchor: float = 0.0, update: str = "strategy"):
         if strategy.directions != population.directions:
             raise ValueError(f"the strategy was built for {strategy.directions} directions; the population has "
                              f"{population.directions}")
@@ -89,12 +90,14 @@ class EvolutionStep:
         self.probe: Probe | None = None  # what --sigma auto measured
         self.probing, self.auto_lr = sigma == AUTO, lr == AUTO
         start = UNPROBED if self.probing else sigma
-        self.in_place = in_place and check_in_place(strategy, optimizer)
-        self.lr_rule = (lambda s: InPlaceSGD.lr_for_sigma(s, population.directions)) if in_place else \
+        in_place = check_update(update, strategy, optimizer)
+        self.in_place = in_place is not None
+        self.lr_rule = (lambda s: in_place.lr_for_sigma(s, population.directions)) if in_place else \
             strategy.lr_for_sigma
         lr = self.lr_rule(start) if self.auto_lr else lr
         if in_place:
-            self.optimizer = InPlaceSGD(population.parameters(), strategy.default_lr if lr is None else lr)
+            self.optimizer = in_place(population.parameters(), strategy.default_lr if lr is None else lr,
+                                      l2=strategy.l2)
         else:
             self.optimizer = optimizer or strategy.make_optimizer(population.parameters(), lr)
         self.lrs = StepSizes(self.optimizer, lr_schedule)
@@ -141,7 +144,7 @@ class EvolutionStep:
         self.optimizer.zero_grad(set_to_none=True)
         if not stats["no_signal"]:  # else no .grad at all: the optimizer skips the step (weight decay, momentum)
             self._update(weights, sigma, state, result.fitness)
-            if not self.in_place:  # an L2 term on .grad (an in-place update applies strategy.l2 itself)
+            if not self.in_place:  # an L2 term on .grad (an in-place step adds strategy.l2 itself)
                 strategy.regularize(self.population.parameters())
         self.optimizer.step()
         if self.anchor:
@@ -180,7 +183,7 @@ class EvolutionStep:
         takes its new scales or factor from the statistics the same pass sums (in place: no host read)."""
         strategy, pm = self.strategy, self.population.pm
         if self.in_place:
-            self.population.apply(weights, sigma, self.optimizer.param_groups[0]["lr"], strategy.l2)
+            self.population.apply(weights, sigma, self.optimizer)
             return
         if strategy.adapts_covariance:
             first, second = self.population.update_covariance(weights, sigma, strategy.scale_weights(state, fitness),
@@ -294,14 +297,19 @@ class EvolutionStep:
             self.task.compare_to(None)
 
 
-def check_in_place(strategy: Strategy, optimizer) -> bool:
-    """An in-place step: the strategy's plain estimate, no optimizer of the caller's (True), else a ValueError."""
+def check_update(update: str, strategy: Strategy, optimizer) -> type | None:
+    """The in-place optimizer class of ``update`` (None: "strategy", the optimizer over ``.grad``); a ValueError for
+    another name, a caller's optimizer beside an in-place step, or a strategy that adapts its noise."""
+    if update == "strategy":
+        return None
+    if update not in IN_PLACE:
+        raise ValueError(f"update must be one of {UPDATES}; got {update!r}")
     if optimizer is not None:
-        raise ValueError("in_place=True steps by InPlaceSGD; pass no optimizer")
+        raise ValueError(f"update={update!r} steps in place by its own optimizer; pass no optimizer")
     if strategy.adapts_scales or strategy.adapts_covariance:
-        raise ValueError(f"in_place=True writes the plain ES estimate into the weights; strategy {strategy.name!r} "
-                         f"adapts its noise from the update's pass (use its optimizer over .grad)")
-    return True
+        raise ValueError(f"update={update!r} writes the plain ES estimate into the weights; strategy "
+                         f"{strategy.name!r} adapts its noise from the update's pass (use update='strategy')")
+    return IN_PLACE[update]
 
 
 __all__ = ["EvolutionStep", "Stepper"]
