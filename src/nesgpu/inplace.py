@@ -64,11 +64,16 @@ class InPlaceSGD(InPlace):
     def __init__(self, params, lr: float, l2: float = 0.0):
         super().__init__(params, {"lr": lr, "l2": l2})
 
-    def step_(self, value, g, param, view, generator) -> None:
+    @property
+    def coef_factor(self) -> float:
+        return -self.param_groups[0]["lr"]  # the estimate arrives as the step itself: -lr g
+
+    def step_(self, target, g, param, view, generator):
         group = self.param_groups[0]
-        if group["l2"]:
-            value.mul_(1 - group["lr"] * group["l2"])
-        value.add_(g, alpha=-group["lr"])
+        keep = 1 - group["lr"] * group["l2"]
+        if generator is None:  # full precision: in place
+            return (target.mul_(keep) if keep != 1 else target).add_(g)
+        return g.add_(target, alpha=keep)  # float32 += the half-precision slice: no copy of the slice
 
     @staticmethod
     def lr_for_sigma(sigma: float, directions: int) -> float:
@@ -93,11 +98,14 @@ class InPlaceAdam(InPlace):
     def begin(self) -> None:
         self.param_groups[0]["step"] += 1
 
-    def step_(self, value, g, param, view, generator) -> None:
+    coef_factor = 1.0  # the estimate itself
+
+    def step_(self, target, g, param, view, generator):
         group = self.param_groups[0]
         (beta1, beta2), t = group["betas"], group["step"]
+        value = target if generator is None else target.float()
         if group["l2"]:
-            g = g.add(value, alpha=group["l2"])
+            g = g.add_(value, alpha=group["l2"])
         state = self.state[param]
         if not state:
             state.update(exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
@@ -105,11 +113,12 @@ class InPlaceAdam(InPlace):
         m32, v32 = (m, v) if generator is None else (m.float(), v.float())
         m32.lerp_(g, 1 - beta1)
         v32.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = (v32.sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
-        value.addcdiv_(m32, denom, value=-group["lr"] / (1 - beta1 ** t))
+        denom = v32.sqrt().div_(math.sqrt(1 - beta2 ** t))
+        value.addcdiv_(m32, denom.add_(group["eps"]), value=-group["lr"] / (1 - beta1 ** t))
         if generator is not None:  # the moments' rounding, then the weight's, from the weight's generator
             m.copy_(stochastic_round_(m32, m.dtype, generator))
             v.copy_(stochastic_round_(v32, v.dtype, generator))
+        return value
 
     @staticmethod
     def lr_for_sigma(sigma: float, directions: int) -> float:

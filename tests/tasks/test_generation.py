@@ -225,7 +225,7 @@ def test_torchrun_two_processes_bit_identical_to_one(tmp_path, fitness):
     fitness, every rank draws the step's completions alike)."""
     hf = saved_model(tmp_path / "tiny")
     args = ["train", "--task", "arithmetic", "--model", f"hf:{hf}", "--population", "8", "--steps", "2",
-            "--batch-size", "2", "--eval-every", "2", "--eval-generations", "2", "--device", "cpu", *fitness]
+            "--batch-size", "2", "--eval-every", "2", "--eval-generations", "2", "--kl", "--device", "cpu", *fitness]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
                           "nesgpu", *args, "--out", str(tmp_path / "two")], capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]

@@ -44,11 +44,14 @@ class Rule(Protocol):
     """How an in-place update turns a slice of the estimate into new weights (plain SGD, Adam: see
     :mod:`nesgpu.inplace`)."""
 
-    def step_(self, value: torch.Tensor, g: torch.Tensor, param: torch.Tensor, view: Callable,
-              generator: torch.Generator | None) -> None:
-        """``value`` (a slice of ``param``, float32 for a half-precision one) becomes the slice's new weights, in
-        place, from ``g``, the same slice of the estimate; ``view(t)`` is that slice of any tensor shaped like
-        ``param`` (its state), ``generator`` the parameter's rounding generator (None: full precision)."""
+    coef_factor: float  # what the estimate is multiplied by before step_ sees it (SGD: -lr, so g is the step)
+
+    def step_(self, target: torch.Tensor, g: torch.Tensor, param: torch.Tensor, view: Callable,
+              generator: torch.Generator | None) -> torch.Tensor:
+        """The new weights of ``target`` (a slice of ``param``) from ``g``, the same slice of ``coef_factor`` times
+        the estimate (float32, the rule's to overwrite): ``target`` itself updated in place where no ``generator``
+        is given (full precision), else a float32 tensor to round (``target`` unchanged). ``view(t)`` is the same
+        slice of any tensor shaped like ``param`` (its state); ``generator`` the parameter's rounding generator."""
         ...
 
 
@@ -59,6 +62,7 @@ def apply_update(layer, coef: torch.Tensor, generator: Callable[[int, torch.devi
     ``g = sum_d coef_d z_d``, slice by slice. ``generator(i, device)`` gives the rounding generator of the module's
     i-th perturbed parameter (asked only for half-precision ones)."""
     _check_coef(layer, coef)
+    coef = coef * rule.coef_factor
     for index, slot in enumerate(layer.slots):
         p = layer.get_parameter(slot.name)
         gen = generator(index, p.device) if p.dtype in HALF else None
@@ -107,9 +111,7 @@ def _step_(rule: Rule, param: torch.Tensor, view: Callable, g: torch.Tensor,
     if generator is None:
         rule.step_(target, g.to(target.dtype), param, view, None)
         return
-    value = target.float()
-    rule.step_(value, g, param, view, generator)
-    target.copy_(stochastic_round_(value, target.dtype, generator))
+    target.copy_(stochastic_round_(rule.step_(target, g, param, view, generator), target.dtype, generator))
 
 
 __all__ = ["SLICE", "Rule", "accumulate_grad", "apply_update"]

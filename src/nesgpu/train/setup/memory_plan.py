@@ -59,8 +59,9 @@ class MemoryPlan:
         """One line: the total, then each part that is not zero."""
         parts = [("weights", self.weights), ("float32 masters", self.masters), (".grad", self.grad),
                  ("optimizer state", self.optimizer), ("starting weights", self.start),
-                 (f"noise of {self.chunk} directions", self.noise), (f"KV cache of {self.chunk} directions", self.cache),
-                 ("workspace", self.workspace), ("runtime", self.runtime)]
+                 (f"noise of {self.chunk} directions", self.noise),
+                 (f"KV cache of {self.chunk} directions", self.cache), ("workspace", self.workspace),
+                 ("runtime", self.runtime)]
         shown = ", ".join(f"{name} {gib(value)}" for name, value in parts if value)
         return f"memory plan: {gib(self.total)} for {self.parameters / 1e9:.3g}B parameters ({shown})"
 
