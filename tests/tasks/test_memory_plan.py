@@ -83,3 +83,13 @@ def test_chunk_auto_takes_the_plan_s_block(tmp_path, monkeypatch):
     per_direction = whole.noise // cfg.directions  # the in-place update draws every direction's noise
     monkeypatch.setenv("NESGPU_FREE_MEMORY", str(whole.total + 3 * per_direction))
     assert plan_run(cfg, hf, None, torch.device("cpu")).chunk == 3  # what is left beside the update's noise
+
+
+def test_another_strategy_steps_by_its_own_optimizer_and_is_planned_so(tmp_path):
+    hf, _ = model_dir(tmp_path / "m")
+    cfg = config(hf, strategy="snes", layer="gaussian").resolved()
+    assert cfg.update == "strategy"  # the in-place default was the task's own strategy's
+    plan = plan_run(cfg, hf, None, torch.device("cpu"))  # snes reads the population's size: given the count
+    assert plan.grad == 4 * plan.parameters and plan.optimizer == 0  # plain SGD over .grad: no state
+    with pytest.raises(ValueError, match="--update strategy"):
+        config(hf, strategy="snes", layer="gaussian", update="sgd").resolved()

@@ -32,8 +32,8 @@ COMPILE_MIN_ENV_STEPS = 20_000_000
 
 def presets(task: str, model: str | None = None, strategy: str | None = None) -> dict:
     """The defaults a run of ``task`` (with ``model`` and ``strategy``, None: the task's own) starts from:
-    global defaults < the task's < its model's. The task's tuned step size holds for its own strategy;
-    another strategy starts from that strategy's ``default_lr`` (its optimizer has another scale). A custom
+    global defaults < the task's < its model's. The task's tuned step size and update hold for its own strategy;
+    another strategy starts from its own optimizer (``update="strategy"``) and ``default_lr``. A custom
     task starts from ``CUSTOM_DEFAULTS`` (its own defaults are set in the config first: ``labelled``)."""
     if task.startswith(CUSTOM):
         values = {**GLOBAL_DEFAULTS, **CUSTOM_DEFAULTS}
@@ -53,7 +53,7 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
         else:
             # a sigma from the probe takes the strategy's own rule for lr (auto); else its own default
             lr = "auto" if values.get("lr") == "auto" else STRATEGIES[strategy].default_lr
-            values.update(strategy=strategy, lr=lr)
+            values.update(strategy=strategy, lr=lr, update="strategy")  # its own optimizer, as its own lr
     # the strategy's options: its own defaults, less what the task tuned for it (for its own strategy only)
     values.update(STRATEGY.defaults_of(values["strategy"]))
     if not getattr(STRATEGIES.get(values["strategy"]), "default_antithetic", True):  # CMA-ES: independent members

@@ -62,8 +62,14 @@ class MemoryPlan:
                  (f"noise of {self.chunk} directions", self.noise),
                  (f"KV cache of {self.chunk} directions", self.cache), ("workspace", self.workspace),
                  ("runtime", self.runtime)]
-        shown = ", ".join(f"{name} {gib(value)}" for name, value in parts if value)
-        return f"memory plan: {gib(self.total)} for {self.parameters / 1e9:.3g}B parameters ({shown})"
+        shown = ", ".join(f"{name} {_bytes(value)}" for name, value in parts if value)
+        count = f"{self.parameters / 1e9:.3g}B" if self.parameters >= 1e9 else f"{self.parameters / 1e6:.3g}M"
+        return f"memory plan: {_bytes(self.total)} for {count} parameters ({shown})"
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes in GiB, or in MiB below one GiB."""
+    return gib(n) if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def tensor_shapes(directory: Path) -> list[tuple[tuple[int, ...], torch.dtype | None]]:
@@ -105,7 +111,8 @@ def plan_run(cfg, directory: Path, task, device: torch.device) -> MemoryPlan | N
     per_block = _task_bytes(task, directory, floats[0][1].itemsize, cfg.antithetic)
     fixed = dict(weights=weights, masters=0 if in_place else 4 * half,
                  grad=0 if in_place else 4 * numel,
-                 optimizer=(2 * weights if cfg.update == "adam" else 0) if in_place else optimizer_bytes(cfg) * numel,
+                 optimizer=(2 * weights if cfg.update == "adam" else 0) if in_place
+                 else optimizer_bytes(cfg, numel) * numel,
                  start=weights if _keeps_start(cfg, task) else 0,
                  workspace=_workspace(cfg, floats, in_place), runtime=RUNTIME_CPU if device.type == "cpu" else 0)
     update_noise = per_direction * directions if in_place else 0  # the in-place update draws every direction
@@ -128,18 +135,17 @@ def check_fits(plan: MemoryPlan, device: torch.device, where: str) -> None:
                          f"{plan.describe().split(': ', 1)[1]}; {hint}")
 
 
-def optimizer_bytes(cfg) -> int:
-    """Bytes of the strategy's optimizer state per parameter, measured by one step on a float32 parameter (8 where
-    the strategy cannot be built alone: Adam's)."""
+def optimizer_bytes(cfg, parameters: int) -> int:
+    """Bytes of the strategy's optimizer state per parameter (of ``parameters`` perturbed), measured by one step on
+    a float32 parameter."""
     from ...options import arguments
     from ...strategies import STRATEGIES
 
+    cls = STRATEGIES[cfg.strategy]
+    of_population = {name: parameters for name in cls.population_options}  # num_perturbed: the one read today
     p = torch.nn.Parameter(torch.zeros(4))
-    try:
-        optimizer = STRATEGIES[cfg.strategy](cfg.directions, cfg.antithetic, **arguments(cfg.strategy_options)
-                                             ).make_optimizer([p], 1e-3)
-    except TypeError:  # a strategy that reads the population (a covariance's size)
-        return 8
+    optimizer = cls(cfg.directions, cfg.antithetic, **of_population, **arguments(cfg.strategy_options)
+                    ).make_optimizer([p], 1e-3)
     p.grad = torch.ones(4)
     optimizer.step()
     state = optimizer.state.get(p, {})
