@@ -93,3 +93,19 @@ def test_another_strategy_steps_by_its_own_optimizer_and_is_planned_so(tmp_path)
     assert plan.grad == 4 * plan.parameters and plan.optimizer == 0  # plain SGD over .grad: no state
     with pytest.raises(ValueError, match="--update strategy"):
         config(hf, strategy="snes", layer="gaussian", update="sgd").resolved()
+
+
+@pytest.mark.parametrize("parts, advice", [
+    (dict(masters=4, grad=4, optimizer=8), "--update sgd"),
+    (dict(start=20), "starting weights"),
+    (dict(weights=100), "the weights alone do not fit"),
+    (dict(noise=100), "a smaller --population or --chunk-size"),
+])
+def test_a_run_that_cannot_fit_is_told_what_would_help(monkeypatch, parts, advice):
+    from nesgpu.train.setup.memory_plan import MemoryPlan, check_fits
+
+    sizes = dict(parameters=1, weights=2, masters=0, grad=0, optimizer=0, start=0, noise=0, cache=0, workspace=0,
+                 runtime=0, chunk=1)
+    monkeypatch.setenv("NESGPU_FREE_MEMORY", "10")
+    with pytest.raises(ValueError, match=advice):
+        check_fits(MemoryPlan(**{**sizes, **parts}), torch.device("cpu"), "this run")

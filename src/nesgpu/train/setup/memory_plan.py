@@ -126,13 +126,24 @@ def plan_run(cfg, directory: Path, task, device: torch.device) -> MemoryPlan | N
 
 
 def check_fits(plan: MemoryPlan, device: torch.device, where: str) -> None:
-    """A ValueError, in one line, where the plan needs more than ``device`` has free."""
+    """A ValueError, in one line, where the plan needs more than ``device`` has free, with what would help most."""
     free = free_memory(device)
-    if free is not None and plan.total > free:
-        hint = ("--update sgd holds no masters, .grad or optimizer state" if plan.grad or plan.optimizer else
-                "a smaller --chunk-size or --population, or a device with more memory")
-        raise ValueError(f"{where} needs {gib(plan.total)} but {device} has {gib(free)} free; "
-                         f"{plan.describe().split(': ', 1)[1]}; {hint}")
+    if free is None or plan.total <= free:
+        return
+    raise ValueError(f"{where} needs {gib(plan.total)} but {device} has {gib(free)} free; "
+                     f"{plan.describe().split(': ', 1)[1]}; {_advice(plan, free)}")
+
+
+def _advice(plan: MemoryPlan, free: int) -> str:
+    """What would free the most of ``plan`` for a device with ``free`` bytes."""
+    if plan.masters or plan.grad or plan.optimizer:
+        return "--update sgd holds no masters, .grad or optimizer state"
+    if plan.start:
+        return "kl, --anchor and drift texts keep a copy of the starting weights: drop them"
+    if plan.weights + plan.workspace + plan.runtime > free:
+        return ("the weights alone do not fit: a device with more memory, or a LoRA adapter over a frozen base "
+                "(docs/hf_models.md)")
+    return "a smaller --population or --chunk-size (auto fits the block to the memory)"
 
 
 def optimizer_bytes(cfg, parameters: int) -> int:
