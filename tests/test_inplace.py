@@ -210,3 +210,14 @@ def test_in_place_adam_keeps_half_precision_moments_and_resumes_from_its_state()
     again = InPlaceAdam(net.parameters(), lr=1e-3)
     again.load_state_dict(state)
     assert again.param_groups[0]["step"] == 1 and len(again.state) == len(optimizer.state)
+
+
+def test_random_halves_are_uniform_16_bit_values():
+    from nesgpu.rounding import random_halves
+
+    values = random_halves(300_001, torch.Generator().manual_seed(3), torch.device("cpu"))
+    assert values.shape == (300_001,) and values.dtype == torch.int32
+    assert int(values.min()) >= 0 and int(values.max()) < 1 << 16
+    # each of the 16 bits is set half the time, within 5 standard deviations of 300,001 draws
+    shares = torch.stack([(values >> bit) & 1 for bit in range(16)]).double().mean(1)
+    assert ((shares - 0.5).abs() < 5 * 0.5 / 300_001 ** 0.5).all(), shares

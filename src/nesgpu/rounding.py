@@ -20,15 +20,15 @@ def stochastic_round_(value: torch.Tensor, dtype: torch.dtype, generator: torch.
     """``value`` (float32, overwritten: it serves as the workspace) in ``dtype``, rounded up or down at random in
     proportion to its distance from each neighbour (unbiased). Exact values and infinities stay, NaN stays NaN.
 
-    bfloat16 is float32's upper half: 16 random bits added to the lower half carry into the upper one with
-    probability (lower half) / 2^16, and the lower half is then cut off (an infinity's lower half is zero, so it
-    stays; a NaN keeps its upper-half mantissa bits, as every NaN of arithmetic or of a bfloat16 has). float16 takes
-    its two neighbours."""
+    bfloat16 is float32's upper half: 16 random bits (:func:`random_halves`) added to the lower half carry into the
+    upper one with probability (lower half) / 2^16, and the lower half is then cut off (an infinity's lower half is
+    zero, so it stays; a NaN keeps its upper-half mantissa bits, as every NaN of arithmetic or of a bfloat16 has).
+    float16 takes its two neighbours."""
     if value.dtype != torch.float32:
         raise TypeError(f"value must be float32; got {value.dtype}")
     if dtype == torch.bfloat16:
         bits = value.view(torch.int32)  # sign and magnitude: a carry moves away from zero, a cut toward it
-        bits.add_(torch.randint(0, 1 << 16, value.shape, generator=generator, device=value.device, dtype=torch.int32))
+        bits.add_(random_halves(value.numel(), generator, value.device).view(value.shape))
         return bits.bitwise_and_(-65536).view(torch.float32).to(dtype)  # exact: the lower half is zero
     near = value.to(dtype)
     near32 = near.float()
@@ -39,6 +39,18 @@ def stochastic_round_(value: torch.Tensor, dtype: torch.dtype, generator: torch.
     return torch.where(draw < chance, other, near)
 
 
+def random_halves(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """``n`` uniform 16-bit values (int32, in [0, 2^16)), three from each 48-bit draw of ``generator``: a third of
+    the draws of one per value (CPU generators draw one value at a time)."""
+    m = (n + 2) // 3
+    draws = torch.empty(m, dtype=torch.int64, device=device).random_(0, 1 << 48, generator=generator)
+    out = torch.empty(3, m, dtype=torch.int32, device=device)
+    out[0] = draws & 0xFFFF
+    out[1] = (draws >> 16) & 0xFFFF
+    out[2] = draws >> 32
+    return out.view(-1)[:n]
+
+
 def rounding_generator(device: torch.device, seed: int, step: int, layer: int, slot: int) -> torch.Generator:
     """The generator that rounds parameter ``slot`` of layer ``layer`` at ``step`` of a run of ``seed``."""
     generator = torch.Generator(device=device)
@@ -46,4 +58,4 @@ def rounding_generator(device: torch.device, seed: int, step: int, layer: int, s
     return generator
 
 
-__all__ = ["rounding_generator", "stochastic_round_"]
+__all__ = ["random_halves", "rounding_generator", "stochastic_round_"]
