@@ -112,10 +112,12 @@ def test_stochastic_rounding_is_unbiased(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_stochastic_rounding_keeps_exact_values_and_non_finite_ones(dtype):
-    value = torch.tensor([1.0, -2.5, 0.0, math.inf, -math.inf, math.nan])
-    out = stochastic_round_(value.clone(), dtype, torch.Generator().manual_seed(1))
+    value = torch.tensor([1.0, -2.5, 0.0, math.inf, -math.inf, math.nan, math.nan, math.nan, math.nan])
+    for i, bits in zip(range(6, 9), (0x7FFFFFFF, -1, 0x7F800001)):  # NaNs with their lower half set (CUDA's first)
+        value.view(torch.int32)[i] = bits
+    out = stochastic_round_(value.clone().repeat(100), dtype, torch.Generator().manual_seed(1)).view(100, -1)
     assert out.dtype == dtype
-    assert torch.equal(out[:5].float(), value[:5]) and out[5].isnan()
+    assert torch.equal(out[:, :5].float(), value[:5].expand(100, 5)) and out[:, 5:].isnan().all()
     with pytest.raises(TypeError, match="float32"):
         stochastic_round_(value.double(), dtype, torch.Generator())
 
@@ -212,12 +214,22 @@ def test_in_place_adam_keeps_half_precision_moments_and_resumes_from_its_state()
     assert again.param_groups[0]["step"] == 1 and len(again.state) == len(optimizer.state)
 
 
-def test_random_halves_are_uniform_16_bit_values():
+@pytest.mark.parametrize("n", [300_001, 60_001])  # three from a 48-bit draw; one draw each below SMALL
+def test_random_halves_are_uniform_16_bit_values(n):
     from nesgpu.rounding import random_halves
 
-    values = random_halves(300_001, torch.Generator().manual_seed(3), torch.device("cpu"))
-    assert values.shape == (300_001,) and values.dtype == torch.int32
+    values = random_halves(n, torch.Generator().manual_seed(3), torch.device("cpu"))
+    assert values.shape == (n,) and values.dtype == torch.int32
     assert int(values.min()) >= 0 and int(values.max()) < 1 << 16
-    # each of the 16 bits is set half the time, within 5 standard deviations of 300,001 draws
+    # each of the 16 bits is set half the time, within 5 standard deviations of n draws
     shares = torch.stack([(values >> bit) & 1 for bit in range(16)]).double().mean(1)
-    assert ((shares - 0.5).abs() < 5 * 0.5 / 300_001 ** 0.5).all(), shares
+    assert ((shares - 0.5).abs() < 5 * 0.5 / n ** 0.5).all(), shares
+
+
+def test_anchor_with_half_precision_weights_updated_in_place_is_refused():
+    from nesgpu.train import TrainConfig
+
+    with pytest.raises(ValueError, match="--anchor pulls the weights"):
+        TrainConfig(task="digits", update="sgd", dtype="bfloat16", anchor=0.01).resolved()
+    TrainConfig(task="digits", update="sgd", anchor=0.01).resolved()  # float32 weights take the pull exactly
+    TrainConfig(task="digits", update="strategy", dtype="bfloat16", anchor=0.01).resolved()  # masters do

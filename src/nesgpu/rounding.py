@@ -22,14 +22,16 @@ def stochastic_round_(value: torch.Tensor, dtype: torch.dtype, generator: torch.
 
     bfloat16 is float32's upper half: 16 random bits (:func:`random_halves`) added to the lower half carry into the
     upper one with probability (lower half) / 2^16, and the lower half is then cut off (an infinity's lower half is
-    zero, so it stays; a NaN keeps its upper-half mantissa bits, as every NaN of arithmetic or of a bfloat16 has).
+    zero, so it stays; a NaN is put back, whatever its bits).
     float16 takes its two neighbours."""
     if value.dtype != torch.float32:
         raise TypeError(f"value must be float32; got {value.dtype}")
     if dtype == torch.bfloat16:
+        nan = value.isnan()  # a NaN's bits may carry into another number's (CUDA's 0x7FFFFFFF into -0.0)
         bits = value.view(torch.int32)  # sign and magnitude: a carry moves away from zero, a cut toward it
         bits.add_(random_halves(value.numel(), generator, value.device).view(value.shape))
-        return bits.bitwise_and_(-65536).view(torch.float32).to(dtype)  # exact: the lower half is zero
+        out = bits.bitwise_and_(-65536).view(torch.float32).to(dtype)  # exact: the lower half is zero
+        return out.masked_fill_(nan, float("nan"))
     near = value.to(dtype)
     near32 = near.float()
     away = torch.where(near32 > value, float("-inf"), float("inf")).to(dtype)  # toward value's other neighbour
@@ -39,9 +41,15 @@ def stochastic_round_(value: torch.Tensor, dtype: torch.dtype, generator: torch.
     return torch.where(draw < chance, other, near)
 
 
+SMALL = 1 << 16
+"""Below this many values :func:`random_halves` draws one per value, in one call."""
+
+
 def random_halves(n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
     """``n`` uniform 16-bit values (int32, in [0, 2^16)), three from each 48-bit draw of ``generator``: a third of
-    the draws of one per value (CPU generators draw one value at a time)."""
+    the draws of one per value (CPU generators draw one value at a time); fewer than :data:`SMALL`, one each."""
+    if n < SMALL:  # one call: a small tensor's cost is the calls
+        return torch.randint(0, 1 << 16, (n,), generator=generator, device=device, dtype=torch.int32)
     m = (n + 2) // 3
     draws = torch.empty(m, dtype=torch.int64, device=device).random_(0, 1 << 48, generator=generator)
     out = torch.empty(3, m, dtype=torch.int32, device=device)

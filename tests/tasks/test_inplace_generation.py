@@ -69,3 +69,29 @@ def test_chunked_and_resumed_runs_are_bit_identical_to_the_whole_run(tmp_path, d
             assert torch.equal(whole[name], other[name]), (run_name, name)
     assert any(not torch.equal(whole[name], p.detach().to(whole[name].dtype))
                for name, p in tiny_llama().named_parameters())  # it trained
+
+
+def test_a_run_from_before_update_resumes_from_the_command_line_with_its_optimizer(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from test_generation import saved_model
+
+    hf = saved_model(tmp_path / "tiny")
+    args = ["train", "--task", "arithmetic", "--model", f"hf:{hf}", "--population", "4", "--batch-size", "2",
+            "--sigma", "0.05", "--lr", "0.01", "--log", "none", "--out", str(tmp_path / "old")]
+    done = subprocess.run([sys.executable, "-m", "nesgpu", *args, "--steps", "1", "--update", "strategy"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    config = json.loads((tmp_path / "old" / "config.json").read_text())  # as nesgpu wrote it before --update
+    del config["update"]
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    state_path = find_checkpoint(tmp_path / "old" / "checkpoint") / "state.pt"
+    state = torch.load(state_path, weights_only=True)
+    del state["config"]["update"]
+    torch.save(state, state_path)
+    done = subprocess.run([sys.executable, "-m", "nesgpu", "train", "--resume", str(tmp_path / "old"), "--steps",
+                           "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "old" / "config.json").read_text())["update"] == "strategy"

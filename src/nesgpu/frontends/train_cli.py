@@ -72,6 +72,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
             raise ValueError(f"--resume {args.resume}: {path} holds a {type(old).__name__}, not a run's mapping of "
                              f"options")
         values.update(old)
+        if "update" not in old and old.get("strategy") != BACKPROP:  # a run from before --update: .grad, Adam
+            values["update"] = "strategy"
         values["out"] = args.resume
     if args.config:  # the keys the file sets, each type-checked (a value equal to a default still counts)
         values.update(TrainConfig.read_yaml(args.config))

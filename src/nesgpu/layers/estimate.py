@@ -65,6 +65,8 @@ def apply_update(layer, coef: torch.Tensor, generator: Callable[[int, torch.devi
     coef = coef * rule.coef_factor
     for index, slot in enumerate(layer.slots):
         p = layer.get_parameter(slot.name)
+        if not p.numel():
+            continue
         gen = generator(index, p.device) if p.dtype in HALF else None
         noise, exact = layer.noise_record(slot.name), _exact(p)
         c = coef.to(device=p.device, dtype=exact)

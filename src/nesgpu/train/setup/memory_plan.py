@@ -119,7 +119,8 @@ def plan_run(cfg, directory: Path, task, device: torch.device) -> MemoryPlan | N
     chunk = directions if cfg.chunk_size in (None, "auto") else cfg.chunk_size
     free = free_memory(device) if cfg.chunk_size == "auto" else None
     if free is not None:
-        room = free - sum(fixed.values()) - update_noise
+        drawn = 0 if in_place else per_direction * BLOCK  # a block is drawn whole (BLOCK directions), then sliced
+        room = free - sum(fixed.values()) - update_noise - drawn
         chunk = max(1, min(directions, room // max(1, per_direction + per_block)))
     noise = max(update_noise, per_direction * min(directions, chunk + (0 if in_place else BLOCK)))
     return MemoryPlan(parameters=numel, **fixed, noise=noise, cache=per_block * chunk, chunk=chunk)

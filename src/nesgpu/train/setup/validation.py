@@ -111,6 +111,10 @@ def _check_es(cfg) -> None:
                          f"each step); got {cfg.anchor!r}")
     if cfg.update != "strategy" and strategy is not None:
         check_in_place(cfg.strategy, strategy, options)
+    if cfg.update != "strategy" and cfg.anchor and cfg.dtype in ("bfloat16", "float16"):
+        raise ValueError(f"--anchor pulls the weights a share of the way back each step, which {cfg.dtype} weights "
+                         f"updated in place round away (a drift under 1 / (2 anchor) of their resolution stays); use "
+                         f"--update strategy (float32 masters) or float32 weights")
     if strategy is not None and strategy.adapts_sigma and cfg.sigma_schedule != "constant":
         raise ValueError(f"strategy {cfg.strategy!r} adapts sigma itself; a sigma_schedule does not apply to it")
     outer = strategy is not None and strategy.outer_scales and KINDS[cfg.layer].outer_scale  # SNES on low-rank

@@ -103,9 +103,11 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
         with safe_open(str(path), "pt") as f:
             metadata = f.metadata() or {}
             sources = _sources(model, path, f, metadata)
-            names = list(sources)
-            for batch in batches(f, names, sources):  # the model takes each batch: no second copy of it
-                model.load_state_dict(batch, strict=False)
+            if set(sources) == set(model.state_dict()):  # the model's own names: batch by batch, no second copy
+                for batch in batches(f, list(sources), sources):
+                    model.load_state_dict(batch, strict=False)
+            else:  # other names (an older layout a module's own loading converts): whole, and strictly
+                model.load_state_dict({name: f.get_tensor(source) for name, source in sources.items()})
     except ValueError:
         raise
     except RuntimeError as e:
@@ -116,8 +118,8 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
 
 
 def _sources(model: nn.Module, path: Path, f, metadata: dict) -> dict[str, str]:
-    """Each of ``model``'s state names and the tensor of the open file ``f`` it loads from (a tied name: the one
-    stored), once the file's names, dtypes and shapes are checked against the model's."""
+    """Each name of the open file ``f`` (a tied name too) and the tensor it loads from (the one stored), once the
+    dtypes and shapes of the names the model has are checked against the model's."""
     saved_from = metadata.get(MODEL_CLASS)  # older files did not say
     if saved_from is not None and saved_from != class_name(model):  # the same names can hide another network
         raise ValueError(f"weights {path} were saved from a {saved_from}; got a {class_name(model)} to load them into "
@@ -131,11 +133,9 @@ def _sources(model: nn.Module, path: Path, f, metadata: dict) -> dict[str, str]:
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"cannot read weights {path}: its tied-weights record is damaged ({e})") from e
     own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(sources)), sorted(set(sources) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"weights {path} do not match the model: missing {missing[:5]}, unexpected "
-                         f"{unexpected[:5]}")
     for name, source in sources.items():
+        if name not in own:  # for the model's own loading to take or refuse (load_state_dict: strict)
+            continue
         dtype, shape = described(f, source)
         if dtype != own[name].dtype:
             raise ValueError(f"weights {path} do not match the model's dtypes ({name}: {dtype} in the file, "

@@ -17,7 +17,9 @@ import torch
 
 NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-         torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+         torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.complex64: "C64",
+         **{getattr(torch, name): code for name, code in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"))
+            if hasattr(torch, name)}}
 """safetensors' name of each dtype it stores."""
 
 DTYPES = {name: dtype for dtype, name in NAMES.items()}
