@@ -233,3 +233,18 @@ def test_anchor_with_half_precision_weights_updated_in_place_is_refused():
         TrainConfig(task="digits", update="sgd", dtype="bfloat16", anchor=0.01).resolved()
     TrainConfig(task="digits", update="sgd", anchor=0.01).resolved()  # float32 weights take the pull exactly
     TrainConfig(task="digits", update="strategy", dtype="bfloat16", anchor=0.01).resolved()  # masters do
+
+
+def test_in_place_adam_keeps_a_float16_weight_s_moments_in_bfloat16():
+    net = _net("lowrank", torch.float16, seed=4)
+    population = _population(net, masters=False)
+    optimizer = InPlaceAdam(net.parameters(), lr=1e-3)
+    population.evaluate(SumTask(torch.randint(0, 40, (8,))), 1, 1e-4)  # g^2 ~ (0.29 / (2 * 1e-4))^2: past 65504
+    population.apply(torch.randn(2, 4), 1e-4, optimizer)
+    moments = [v for state in optimizer.state.values() for v in state.values()]
+    assert moments and all(v.dtype == torch.bfloat16 and bool(v.float().isfinite().all()) for v in moments)
+    assert all(p.dtype == torch.float16 and bool(p.isfinite().all()) for p in net.parameters())
+    again = InPlaceAdam(net.parameters(), lr=1e-3)
+    again.load_state_dict(optimizer.state_dict())  # torch would cast them to float16 (and to inf)
+    for p in net.parameters():
+        assert all(torch.equal(again.state[p][k], optimizer.state[p][k]) for k in ("exp_avg", "exp_avg_sq"))

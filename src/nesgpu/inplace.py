@@ -82,8 +82,9 @@ class InPlaceSGD(InPlace):
 
 
 class InPlaceAdam(InPlace):
-    """Adam (torch.optim.Adam's arithmetic, ``l2`` as its weight_decay) with both moments in each weight's own dtype,
-    a half-precision one's stochastically rounded by the weight's generator.
+    """Adam (torch.optim.Adam's arithmetic, ``l2`` as its weight_decay) with both moments in each weight's own dtype
+    (bfloat16 for a float16 weight: the same bytes, and the range g^2 needs), a half-precision one's stochastically
+    rounded by the weight's generator.
 
     Args:
         params: the perturbed parameters.
@@ -98,6 +99,14 @@ class InPlaceAdam(InPlace):
     def begin(self) -> None:
         self.param_groups[0]["step"] += 1
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, with each moment kept in its own dtype (torch casts state to the parameter's: a float16
+        weight's bfloat16 moments would overflow)."""
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, state in state_dict["state"].items():
+            self.state[params[int(index)]] = {k: v.to(device=params[int(index)].device) for k, v in state.items()}
+
     coef_factor = 1.0  # the estimate itself
 
     def step_(self, target, g, param, view, generator):
@@ -107,8 +116,9 @@ class InPlaceAdam(InPlace):
         if group["l2"]:
             g = g.add_(value, alpha=group["l2"])
         state = self.state[param]
-        if not state:
-            state.update(exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+        if not state:  # float16's range (65504) is too short for g^2: bfloat16's bytes, float32's range
+            dtype = torch.bfloat16 if param.dtype == torch.float16 else param.dtype
+            state.update(exp_avg=torch.zeros_like(param, dtype=dtype), exp_avg_sq=torch.zeros_like(param, dtype=dtype))
         m, v = view(state["exp_avg"]), view(state["exp_avg_sq"])
         m32, v32 = (m, v) if generator is None else (m.float(), v.float())
         m32.lerp_(g, 1 - beta1)
