@@ -91,7 +91,7 @@ class PerturbedModel(ModelScales, ModelCovariance):
         self.seed = int(seed)
         self.step, self.keeps_masters = 0, bool(masters)
         self._wire()
-        if self._masters.dtype is not None:  # plain calls of the model see the optimizer's latest step, on inputs of its dtype
+        if self._masters.dtype is not None:  # plain calls see the latest step (masters), inputs in the model's dtype
             this = weakref.ref(self)  # the hook must not keep this object (and its fp32 copy) alive
             handle = model.register_forward_pre_hook(
                 lambda _, args, kwargs: None if this() is None else this()._before_call(args, kwargs), with_kwargs=True)

@@ -215,7 +215,7 @@ class Population:
                              "has float32 masters that an optimizer steps; build PerturbedModel(..., masters=False)")
         self._draw(step, range(pm.directions), sigma)
         coef = member_weights(weights, pm.directions, pm.antithetic, None, check_finite=False)
-        coef = coef / (pm.directions * float(sigma))
+        coef = coef * (rule.coef_factor / (pm.directions * float(sigma)))  # SGD's -lr folded in: g is the step
         rule.begin()
         for layer in pm.layers.values():
             if layer.perturbs:

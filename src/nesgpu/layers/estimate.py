@@ -58,11 +58,10 @@ class Rule(Protocol):
 @torch.no_grad()
 def apply_update(layer, coef: torch.Tensor, generator: Callable[[int, torch.device], torch.Generator],
                  rule: Rule) -> None:
-    """Every perturbed parameter ``p`` of ``layer`` stepped in place by ``rule`` from the estimate
-    ``g = sum_d coef_d z_d``, slice by slice. ``generator(i, device)`` gives the rounding generator of the module's
-    i-th perturbed parameter (asked only for half-precision ones)."""
+    """Every perturbed parameter ``p`` of ``layer`` stepped in place by ``rule`` from ``g = sum_d coef_d z_d``
+    (``coef`` already times ``rule.coef_factor``), slice by slice. ``generator(i, device)`` gives the rounding
+    generator of the module's i-th perturbed parameter (asked only for half-precision ones)."""
     _check_coef(layer, coef)
-    coef = coef * rule.coef_factor
     for index, slot in enumerate(layer.slots):
         p = layer.get_parameter(slot.name)
         if not p.numel():
@@ -70,9 +69,9 @@ def apply_update(layer, coef: torch.Tensor, generator: Callable[[int, torch.devi
         gen = generator(index, p.device) if p.dtype in HALF else None
         noise, exact = layer.noise_record(slot.name), _exact(p)
         c = coef.to(device=p.device, dtype=exact)
-        rows = max(1, SLICE // max(1, p[0].numel())) if p.dim() else 1
-        first = (slot.kind.grad_rows(noise, c, slice(0, min(rows, len(p)))) if layer.stored_as_drawn(slot.name)
-                 and p.dim() == 2 and p.is_contiguous() else None)
+        sliced = p.dim() == 2 and p.is_contiguous() and layer.stored_as_drawn(slot.name)
+        rows = max(1, SLICE // p.shape[1]) if sliced else 0
+        first = slot.kind.grad_rows(noise, c, slice(0, min(rows, len(p)))) if sliced else None
         if first is not None:  # by rows: the estimate of one slice at a time
             for start in range(0, len(p), rows):
                 part = slice(start, min(start + rows, len(p)))

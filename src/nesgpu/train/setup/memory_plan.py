@@ -56,15 +56,18 @@ class MemoryPlan:
                 + self.workspace + self.runtime)
 
     def describe(self) -> str:
-        """One line: the total, then each part that is not zero."""
+        """One line: the total, then each part that is not zero (:meth:`breakdown`)."""
+        count = f"{self.parameters / 1e9:.3g}B" if self.parameters >= 1e9 else f"{self.parameters / 1e6:.3g}M"
+        return f"memory plan: {_bytes(self.total)} for {count} parameters ({self.breakdown()})"
+
+    def breakdown(self) -> str:
+        """Each part that is not zero, with its bytes."""
         parts = [("weights", self.weights), ("float32 masters", self.masters), (".grad", self.grad),
                  ("optimizer state", self.optimizer), ("starting weights", self.start),
                  (f"noise of {self.chunk} directions", self.noise),
                  (f"KV cache of {self.chunk} directions", self.cache), ("workspace", self.workspace),
                  ("runtime", self.runtime)]
-        shown = ", ".join(f"{name} {_bytes(value)}" for name, value in parts if value)
-        count = f"{self.parameters / 1e9:.3g}B" if self.parameters >= 1e9 else f"{self.parameters / 1e6:.3g}M"
-        return f"memory plan: {_bytes(self.total)} for {count} parameters ({shown})"
+        return ", ".join(f"{name} {_bytes(value)}" for name, value in parts if value)
 
 
 def _bytes(n: int) -> str:
@@ -131,8 +134,8 @@ def check_fits(plan: MemoryPlan, device: torch.device, where: str) -> None:
     free = free_memory(device)
     if free is None or plan.total <= free:
         return
-    raise ValueError(f"{where} needs {gib(plan.total)} but {device} has {gib(free)} free; "
-                     f"{plan.describe().split(': ', 1)[1]}; {_advice(plan, free)}")
+    raise ValueError(f"{where} needs {gib(plan.total)} ({plan.breakdown()}) but {device} has {gib(free)} free; "
+                     f"{_advice(plan, free)}")
 
 
 def _advice(plan: MemoryPlan, free: int) -> str:

@@ -14,12 +14,12 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from ...inplace import IN_PLACE, UPDATES
 from ...model import MIN_SIGMA
 from ...population import Population
 from ...probe import Probe, probe_line, probe_sigma
 from ...strategies import Strategy
 from ...strategies.base import fitness_statistics
-from ...inplace import IN_PLACE, UPDATES
 from ...strategies.schedules import Schedule, StepSizes
 from ...tasks.protocol import ComparesToStart
 from .anchor import StartingWeights
