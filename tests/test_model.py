@@ -166,14 +166,23 @@ def test_noise_memory_matches_design(kind):
 def test_rows_not_a_multiple_of_directions():
     _, pm = make(LINEAR_CASES[0], 4)
     pm.set_noise()
-    with pytest.raises(ValueError, match=r"input has 6 rows; expected a multiple of directions=4"):
+    with pytest.raises(ValueError, match=r"input has 6 rows; expected a positive multiple of directions=4"):
         pm(torch.randn(6, 6, dtype=torch.float64))
     conv, pmc = make(CONV_CASES[0], 4)
     pmc.set_noise()
-    with pytest.raises(ValueError, match=r"expected a multiple of directions=4"):
+    with pytest.raises(ValueError, match=r"expected a positive multiple of directions=4"):
         pmc(torch.randn(5, 3, 6, 6, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"expected input of shape \(repeats \* directions, 3, 2 spatial dims\)"):
         pmc(torch.randn(4, 2, 6, 6, dtype=torch.float64))
+
+
+def test_no_rows_and_a_call_before_set_noise_are_named():
+    _, pm = make(LINEAR_CASES[0], 4)
+    with pytest.raises(ValueError, match=r"no noise: call set_noise\(\) first \(before a population call"):
+        pm(torch.randn(4, 6, dtype=torch.float64))
+    pm.set_noise()
+    with pytest.raises(ValueError, match=r"input has 0 rows; expected a positive multiple of directions=4"):
+        pm(torch.randn(0, 6, dtype=torch.float64))
 
 
 def test_odd_repeats_with_antithetic():
@@ -205,9 +214,9 @@ def test_weights_of_the_wrong_shape():
 def test_bad_constructor_arguments():
     with pytest.raises(ValueError, match="no perturbed parameters"):
         nesgpu.PerturbedModel(nn.Linear(2, 2), 4)
-    with pytest.raises(ValueError, match="sigma must be a finite number >= 1e-12; got 0"):
+    with pytest.raises(ValueError, match=r"sigma must be a number in \[1e-12, 1e\+18\]; got 0"):
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 4, sigma=0)
-    with pytest.raises(ValueError, match="directions must be a positive int"):
+    with pytest.raises(ValueError, match="directions must be an int in"):
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 0)
     with pytest.raises(ValueError, match="built for directions=3; expected 4"):
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2, directions=3), 4)
@@ -287,9 +296,11 @@ def test_a_parameter_frozen_after_convert_is_an_error_at_the_next_draw():
 
 
 @pytest.mark.parametrize("options, match", [
-    (dict(sigma=float("inf")), "sigma must be a finite number >= 1e-12"),
-    (dict(sigma=float("nan")), "sigma must be a finite number >= 1e-12"),
-    (dict(sigma=1e-45), "sigma must be a finite number >= 1e-12; got 1e-45"),  # 1 / sigma: inf grads
+    (dict(sigma=float("inf")), r"sigma must be a number in \[1e-12, 1e\+18\]"),
+    (dict(sigma=float("nan")), r"sigma must be a number in \[1e-12, 1e\+18\]"),
+    (dict(sigma=1e300), r"sigma must be a number in \[1e-12, 1e\+18\]; got 1e\+300"),  # sigma^2: inf
+    (dict(directions=10**18), "directions must be an int in \\[1, 16,777,216\\]; got 1000000000000000000"),
+    (dict(sigma=1e-45), r"sigma must be a number in \[1e-12, 1e\+18\]; got 1e-45"),  # 1 / sigma: inf grads
     (dict(seed=1.7), r"seed must be an int in \[0, 2\*\*63\)"),
     (dict(seed=-1), "seed must be an int"),
     (dict(seed=2**64), "seed must be an int"),
@@ -298,7 +309,7 @@ def test_a_parameter_frozen_after_convert_is_an_error_at_the_next_draw():
 def test_bad_sigma_and_seed_are_refused(options, match):
     net = nesgpu.convert(nn.Sequential(nn.Linear(3, 4)), "lowrank")
     with pytest.raises(ValueError, match=match):
-        nesgpu.PerturbedModel(net, 4, **options)
+        nesgpu.PerturbedModel(net, **{"directions": 4, **options})
 
 
 def test_antithetic_steps_and_weights_of_the_wrong_kind_are_refused():
@@ -312,7 +323,7 @@ def test_antithetic_steps_and_weights_of_the_wrong_kind_are_refused():
     pm.set_noise(step=3)
     with pytest.raises(TypeError, match=r"weights must be a floating-point torch.Tensor .* got torch.complex64"):
         pm.update(torch.ones(4, dtype=torch.complex64))
-    with pytest.raises(ValueError, match="sigma must be a finite number >= 1e-12"):
+    with pytest.raises(ValueError, match=r"sigma must be a number in \[1e-12, 1e\+18\]"):
         pm.update(torch.ones(4), sigma=1e-45)
 
 

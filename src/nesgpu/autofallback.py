@@ -47,10 +47,11 @@ def fall_back(model: nn.Module, name: str, directions: int | None) -> nn.Module:
     return functional_fallback(plain, directions)
 
 
-def failing_module(model: nn.Module, error: BaseException) -> NeedsFallback | None:
+def failing_module(model: nn.Module, error: BaseException) -> NeedsFallback | ValueError | None:
     """Where ``error``, raised during a population call, comes from the own ``forward`` of a plain module of
     ``model`` (not a perturbed one, not inside the fallback): a :class:`NeedsFallback` for that module, whose
-    code fails on the population's rows; None for any other error (nesgpu's own, a task's, out of memory)."""
+    code fails on the population's rows; None for any other error (nesgpu's own, a task's, out of memory); a
+    ValueError where the input is at fault (an embedding's token id outside its table)."""
     if isinstance(error, NeedsFallback) or not isinstance(error, _ERRORS) or out_of_memory(error):
         return None
     names = {id(m): n for n, m in model.named_modules()}
@@ -68,6 +69,9 @@ def failing_module(model: nn.Module, error: BaseException) -> NeedsFallback | No
     name = names[id(deepest)]
     text = (str(error).splitlines() or [""])[0][:200]
     label = f"{name or 'model'} ({type(deepest).__name__})"
+    if isinstance(deepest, nn.Embedding) and isinstance(error, IndexError):  # the input's fault, not the rows'
+        return ValueError(f"{label}: token ids must be in [0, {deepest.num_embeddings}) (its vocabulary); the "
+                          f"input has an id outside it ({type(error).__name__}: {text})")
     return NeedsFallback(f"{label} fails on the population's rows ({type(error).__name__}: {text}): its code mixes "
                          f"or regroups them; run it through the exact fallback (convert(..., fallback=[{name!r}])) or "
                          f"freeze it", name, f"fails on the population's rows ({type(error).__name__}: {text})")

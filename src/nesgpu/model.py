@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 import warnings
 import weakref
@@ -28,12 +27,14 @@ from .trainable import check_trainable, uncovered_parameters
 # the smallest noise scale taken: below it 1 / (D sigma) overflows float32 for large D, and the noise is lost in
 # the rounding of any weight larger than 1e-5 anyway (float32 keeps 7 digits)
 MIN_SIGMA = 1e-12
+MAX_SIGMA = 1e18  # its square, a variance, stays finite in float32 (3.4e38)
+MAX_DIRECTIONS = 1 << 24  # 16,777,216: 64x the largest populations published (EGGROLL's 262,144)
 
 
 def check_sigma(value) -> float:
-    """``value`` as a float if it is a finite noise scale of at least :data:`MIN_SIGMA`; else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_SIGMA <= value < math.inf:
-        raise ValueError(f"sigma must be a finite number >= {MIN_SIGMA:g}; got {value!r}")
+    """``value`` as a float if it is a noise scale in [:data:`MIN_SIGMA`, :data:`MAX_SIGMA`]; else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_SIGMA <= value <= MAX_SIGMA:
+        raise ValueError(f"sigma must be a number in [{MIN_SIGMA:g}, {MAX_SIGMA:g}]; got {value!r}")
     return float(value)
 
 
@@ -74,8 +75,8 @@ class PerturbedModel(ModelScales, ModelCovariance):
                  seed: int = 0, masters: bool = True):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
-        if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
-            raise ValueError(f"directions must be a positive int; got {directions!r}")
+        if isinstance(directions, bool) or not isinstance(directions, int) or not 1 <= directions <= MAX_DIRECTIONS:
+            raise ValueError(f"directions must be an int in [1, {MAX_DIRECTIONS:,}]; got {directions!r}")
         if any(p.is_meta for p in model.parameters()):
             raise ValueError("the model's parameters are on the meta device (shapes without data); materialise "
                              "them first, e.g. model.to_empty(device=...) and load_state_dict(...)")
@@ -391,7 +392,7 @@ class PerturbedModel(ModelScales, ModelCovariance):
         """How many directions the current noise covers: rows of a population input are R x this."""
         current = self.noise_range
         if current is None:
-            raise ValueError("no noise: call set_noise() before update()")
+            raise ValueError("no noise: call set_noise() first (before a population call or update())")
         return len(current)
 
     def __repr__(self) -> str:

@@ -472,6 +472,14 @@ def test_bad_inputs_name_expected_and_got():
     pm.set_noise()
     with pytest.raises(ValueError, match="need the same rows"):
         pm(torch.randn(2, 3, 4), torch.randn(4, 3, 4), torch.randn(4, 3, 4))
+    for frozen in ([], ["0"]):  # a token id outside the table, with and without the table's noise
+        pm = nesgpu.PerturbedModel(nesgpu.convert(nn.Sequential(nn.Embedding(10, 3), nn.Linear(3, 2)), "lowrank",
+                                                  freeze=frozen), 2)
+        pm.set_noise()
+        for ids in (torch.tensor([[1, 10], [0, 2]]), torch.tensor([[-1, 0], [3, 4]])):
+            with pytest.raises(ValueError, match=r"Embedding\)?: token ids must be in \[0, 10\) \((the|its) "
+                               r"vocabulary\)"):
+                pm(ids)
 
 
 @pytest.mark.parametrize("name", list(ZOO))

@@ -351,5 +351,5 @@ def test_a_converged_search_holds_sigma_at_the_floor_with_one_warning():
     pm = nesgpu.PerturbedModel(nesgpu.convert(vector_model(), "gaussian"), D, sigma=SIGMA, seed=3, antithetic=True)
     step = EvolutionStep(Sphere(), Population(pm, log=lambda *a: None), Shrinking(D, num_perturbed=N), SIGMA)
     with pytest.warns(UserWarning, match="the search has converged as far as noise can resolve") as caught:
-        rows = [step.run() for _ in range(6)]  # without the floor: "sigma must be a finite number >= 1e-12"
+        rows = [step.run() for _ in range(6)]  # without the floor: "sigma must be a number in [1e-12, ..."
     assert rows[-1]["sigma"] == MIN_SIGMA == step.state.sigma and len(caught) == 1

@@ -267,9 +267,9 @@ class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
         if not self.ROW_WISE:
             check_rows(self.__dict__["population_layout"], rows, self.label, self.layer_name)
         d = self.local_directions
-        if rows % d:
-            raise ValueError(f"{type(self).__name__}: input has {rows} rows; expected a multiple of directions={d} "
-                             f"laid out as (repeats, directions, ...)")
+        if rows % d or not rows:
+            raise ValueError(f"{type(self).__name__}: input has {rows} rows; expected a positive multiple of "
+                             f"directions={d} laid out as (repeats, directions, ...)")
         r = rows // d
         if self._active.antithetic and r % 2:
             raise ValueError(f"{type(self).__name__}: antithetic sampling needs an even number of repeats; input "

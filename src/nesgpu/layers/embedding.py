@@ -46,14 +46,23 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
             raise ValueError(f"{type(self).__name__}: expected integer indices of shape (repeats * directions, ...); "
                              f"got {index.dtype} of shape {tuple(index.shape)}")
         noise = self._noise_of("weight", self.weight.dtype)
+        y = self._looked_up(index)
         if noise is None:
-            return F.embedding(index, self.weight, self.padding_idx)
-        y = F.embedding(index, self.weight, self.padding_idx)
+            return y
         pop = self._population(index.shape[0], y.dtype, y.device)
         rows = index.reshape(pop.repeats, pop.directions, -1)
         y4 = y.view(pop.repeats, pop.directions, rows.shape[-1], self.embedding_dim)
         self._slot("weight").kind.embed_(rows, y4, pop.scale, noise)  # the padding row's noise is zero
         return y
+
+    def _looked_up(self, index: torch.Tensor) -> torch.Tensor:
+        """The table's rows for ``index``; an index outside the table is named (torch's IndexError says only
+        "index out of range in self"), at no cost to a good batch."""
+        try:
+            return F.embedding(index, self.weight, self.padding_idx)
+        except IndexError as e:
+            raise ValueError(f"{type(self).__name__}: token ids must be in [0, {self.num_embeddings}) (the "
+                             f"vocabulary); got ids in [{int(index.min())}, {int(index.max())}]") from e
 
     def set_noise(self, seed: int, step: int, start: int = 0, stop: int | None = None) -> None:
         super().set_noise(seed, step, start, stop)
