@@ -104,8 +104,9 @@ def es_result(run: Path) -> dict:
     """A finished ES run's curve (from metrics.csv) and where its model is (RUN/hf)."""
     curve, tokens = [], 0
     with open(run / "metrics.csv", newline="") as f:
-        for r in csv.DictReader(f):  # the tokens each step generated (rows x decoded length), summed
-            tokens += int(float(r["generated_tokens"] or 0))
+        for r in csv.DictReader(f):  # the tokens generated so far (rows x decoded length): TRL's num_tokens
+            old = "num_tokens" not in r  # a run before TRL's names: each step's generated_tokens
+            tokens = tokens + int(float(r["generated_tokens"] or 0)) if old else int(float(r["num_tokens"] or 0))
             if r["accuracy"]:
                 curve.append({"seconds": float(r["seconds"]), "iteration": int(r["step"]),
                               "accuracy": float(r["accuracy"]), "tokens": tokens})

@@ -1,6 +1,16 @@
 """``python -m nesgpu``: the ``nesgpu`` command line."""
 
-from .cli import main
+import os
+import sys
+
+# ``python -m`` puts the working directory first on the import path: inside a run directory someone sent you,
+# its ``gymnasium.py`` or ``tabulate.py`` would be imported in place of the installed module. Take it off, so
+# that ``python -m nesgpu`` imports what the ``nesgpu`` script does (a user's own modules, named by --reward or
+# gym:module:Env-v0, are still found there: see nesgpu.tasks.user_code).
+if sys.path and not getattr(sys.flags, "safe_path", False) and sys.path[0] in ("", os.getcwd()):
+    del sys.path[0]
+
+from .cli import main  # noqa: E402
 
 
 def _run() -> None:

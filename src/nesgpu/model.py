@@ -67,7 +67,7 @@ class PerturbedModel(ModelScales, ModelCovariance):
         >>> pm = PerturbedModel(net, directions=64, sigma=0.05)
         >>> opt = torch.optim.Adam(net.parameters(), lr=1e-2)
         >>> pm.set_noise()
-        >>> losses = loss_fn(pm(x.expand(64, 4)), y)   # shape (64,)
+        >>> losses = loss_fn(pm(x.expand(64, 4)), y)   # shape (64,): lower is better
         >>> opt.zero_grad(); pm.update(losses); opt.step()
     """
 
@@ -363,10 +363,10 @@ class PerturbedModel(ModelScales, ModelCovariance):
         :meth:`set_scales`: the noise as evaluated), ``sigma`` the scale the noise was evaluated at (default:
         :attr:`sigma`); of shape (R, D) it is first reduced to ``w_d = 1/R sum_r s_r w[r, d]``. D here is the
         number of directions the current noise covers; the scale always uses the whole population, so chunks'
-        updates add up to the full one. With ``weights = losses``, ``optimizer.step()`` descends. ``check_finite``
-        (default True): a NaN or inf weight, which would make every ``.grad`` non-finite, is a ValueError naming
-        the first; the check reads from the device, and the trainer, which refuses non-finite fitness before
-        shaping, passes False.
+        updates add up to the full one. Lower is better: ``weights = losses`` and ``optimizer.step()`` descends (a
+        fitness, higher-is-better as ``tell`` takes it, is negated). ``check_finite`` (default True): a NaN or inf
+        weight, which would make every ``.grad`` non-finite, is a ValueError naming the first; the check reads
+        from the device, and the trainer, which refuses non-finite fitness before shaping, passes False.
         """
         device = next(iter(self.parameters())).device if getattr(weights, "is_meta", False) else None  # for the error
         weights = member_weights(weights, self.local_directions, self.antithetic, device, check_finite)

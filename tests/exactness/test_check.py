@@ -99,7 +99,7 @@ def test_bad_arguments_name_what_was_expected():
         nesgpu.check(mlp(), 3)
     with pytest.raises(ValueError, match="directions must be a positive int; got 0"):
         nesgpu.check(mlp(), torch.randn(3, 4), directions=0)
-    with pytest.raises(ValueError, match="sigma must be a finite number >= 1e-12"):
+    with pytest.raises(ValueError, match=r"sigma must be a number in \[1e-12, 1e\+18\]"):
         nesgpu.check(mlp(), torch.randn(3, 4), sigma=float("inf"))
     refused = nesgpu.check(mlp(), torch.randn(3, 4), fallback=["nope"])
     assert not refused.exact and "fallback: 'nope' names no module of the model" in refused.refused
@@ -116,7 +116,7 @@ def test_the_cli_exits_0_when_exact_1_when_refused_and_2_for_a_bad_argument(tmp_
 
     def check(*args):
         return subprocess.run([sys.executable, "-m", "nesgpu", "check", *args], capture_output=True, text=True,
-                              timeout=120)
+                              timeout=600)
 
     ok = check("--model", f"{source}:exact")
     assert ok.returncode == 0 and ok.stdout.startswith("exact:"), ok.stderr
@@ -179,7 +179,7 @@ def test_a_tolerance_of_another_type_is_a_type_error():
 
 def _check_cli(*args):
     return subprocess.run([sys.executable, "-m", "nesgpu", "check", *args], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                          timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 @pytest.mark.parametrize("tolerance", ["nan", "-1", "inf"])

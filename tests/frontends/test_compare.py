@@ -140,3 +140,79 @@ def test_summary_records_population_and_directions(tmp_path):
     summary = train(TrainConfig(task="digits", population=8, hidden=(4,), steps=1, antithetic=False,
                                 out=str(tmp_path / "b")), **QUIET)
     assert (summary["population"], summary["directions"]) == (8, 8)
+
+
+def test_compare_two_strategies_on_an_rl_task_scores_both_by_its_evaluation(tmp_path):
+    lines = []
+    result = compare("cartpole", budget=0.4, seeds=[0], out=tmp_path / "c", evals=1, log=lines.append,
+                     a={"strategy": "snes", "population": 8}, b={"strategy": "openai_es", "population": 8})
+    runs = result["runs"]
+    assert [(r["label"], r["strategy"], r["metric"]) for r in runs] == [("snes", "snes", "eval_return"),
+                                                                         ("openai_es", "openai_es", "eval_return")]
+    assert all(r["curve"] and r["curve"][-1][2] == pytest.approx(r["value"]) for r in runs)
+    assert all(r["curve"][-1][1] > 0 for r in runs)  # an RL run's samples: its environment steps
+    table = (tmp_path / "c" / "compare.md").read_text()
+    assert "| snes | 1 |" in table and "| openai_es | 1 |" in table and "final eval_return" in table
+    assert "- snes: population=8" in table
+    assert (tmp_path / "c" / "snes-seed0" / "model.safetensors").exists()
+    assert not any("| snes |" in line for line in lines)  # the table is returned, not printed (twice)
+
+
+def test_two_configurations_of_one_strategy_are_labelled_a_and_b(tmp_path):
+    configs = run_configs("cartpole", 1.0, [0, 1], tmp_path / "c", a={"population": 8}, b={"population": 32})
+    assert [c.out for c in configs] == [str(tmp_path / "c" / f"pgpe-{side}-seed{seed}")
+                                        for seed in (0, 1) for side in "ab"]
+    assert [c.population for c in configs] == [8, 32, 8, 32] and {c.task for c in configs} == {"cartpole"}
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(a={"strategy": "snes"}), r"takes both a and b \(--a and --b\); got only a"),
+    (dict(a={}, b={}, es={"population": 8}), "in place of es and backprop"),
+    (dict(a={"seed": 1}, b={}), r"the a config sets \['seed'\], which compare sets itself"),
+    (dict(a={}, b={"hidden": (8,)}), r"the b config sets \['hidden'\]: both sides"),
+    (dict(task="cartpole"), r"has no differentiable loss\. Compare two configurations of it instead: nesgpu "
+                            r"compare --task cartpole --a '--strategy snes' --b '--strategy openai_es'"),
+])
+def test_two_configurations_bad_input_fails_before_any_run(tmp_path, kw, message):
+    args = dict(task="digits", budget=1.0, seeds=[0], out=tmp_path / "c")
+    args.update(kw)
+    with pytest.raises(ValueError, match=message):
+        run_configs(**args)
+
+
+def test_compare_cli_takes_two_configurations_as_train_flags_and_prints_the_table_once(tmp_path, capsys):
+    from nesgpu.cli import main
+
+    assert main(["compare", "--task", "cartpole", "--a", "--strategy snes --population 8", "--b",
+                 "--strategy openai_es --population 8 --sigma 0.1", "--time-budget", "0.3", "--evals", "1",
+                 "--out", str(tmp_path / "c")]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("| snes | 1 |") == 1 and out.count("| openai_es | 1 |") == 1 and "| snes |" not in err
+    assert "- openai_es: population=8, sigma=0.1" in out
+    assert out == (tmp_path / "c" / "compare.md").read_text()
+
+
+@pytest.mark.parametrize("a, message", [
+    ("--strategy snes --bogus 3", r"--a '--strategy snes --bogus 3': unrecognized arguments: --bogus 3"),
+    ("--population x", "argument --population: invalid int value: 'x'"),
+    ("--seed 3", r"the a config sets \['seed'\], which compare sets itself"),
+])
+def test_compare_cli_bad_configuration_is_one_line(tmp_path, capsys, a, message):
+    import re
+
+    from nesgpu.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--task", "cartpole", "--a", a, "--b", "--strategy openai_es", "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and re.search(message, err[0]), err
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_side_can_be_a_yaml_file_with_layer_options(tmp_path):
+    from nesgpu.frontends.compare import side_options
+
+    (tmp_path / "a.yaml").write_text("strategy: snes\npopulation: 8\n")
+    assert side_options(str(tmp_path / "a.yaml"), "cartpole") == {"strategy": "snes", "population": 8}
+    assert side_options("--layer lowrank --rank 2 --lr 0.1", "digits") == {"layer": "lowrank", "lr": 0.1,
+                                                                           "layer_options": {"rank": 2}}

@@ -17,7 +17,7 @@ def helped(*argv: str) -> str:
     """``nesgpu train ARGV --help`` in a fresh process on an 80-column terminal."""
     env = {**os.environ, "COLUMNS": "80"}
     done = subprocess.run([sys.executable, "-m", "nesgpu", "train", *argv, "--help"], capture_output=True, text=True,
-                          env=env, timeout=120)
+                          env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

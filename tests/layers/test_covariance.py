@@ -126,6 +126,7 @@ def test_the_factor_persists_across_steps_and_keeps_the_random_stream():
     (torch.eye(39, dtype=torch.int64), TypeError, "floating-point torch.Tensor of shape .* got dtype torch.int64"),
     ([[1.0]], TypeError, "got list"),
     (torch.full((39, 39), float("nan")), ValueError, "finite everywhere"),
+    (torch.eye(39, device="meta"), ValueError, r"on the meta device .* give a \(39, 39\) tensor with values"),
 ])
 def test_bad_factors_are_refused_and_change_nothing(factor, error, match):
     pm = nesgpu.PerturbedModel(nesgpu.convert(CASES["mlp"][0](), "gaussian"), D, sigma=SIGMA)

@@ -144,7 +144,7 @@ def test_train_and_resume_a_language_model_on_a_reward(tmp_path):
 
 
 @pytest.mark.parametrize("reward, error, match", [
-    (lambda p, c: 1 / 0, ValueError, "the reward function raised ZeroDivisionError"),
+    (lambda p, c: 1 / 0, ValueError, "the reward function test_generation:<lambda> raised ZeroDivisionError"),
     (lambda p, c: torch.full((len(c),), float("nan")), ValueError, "non-finite reward"),
     (lambda p, c: torch.zeros(len(c) + 1), ValueError, r"must return shape \(24,\)"),
     (lambda p, c: [0.0] * len(c), TypeError, "must return a torch.Tensor of 24 floats; got list"),

@@ -13,7 +13,7 @@ from nesgpu.train.storage.metrics import MetricsLog
 
 pytest.importorskip("transformers")
 
-SHOWN = ("reward_mean", "reward_std", "reward_best", "prompts_with_spread", "completion_tokens")
+SHOWN = ("reward", "reward_std", "reward_best", "prompts_with_spread", "completions/mean_length", "num_tokens")
 
 
 def task(**kw):
@@ -28,7 +28,7 @@ def test_describe_reads_the_raw_rewards_of_the_members():
                         [1., 1., 1.], [2., 2., 2.], [0., 0., 0.]], dtype=torch.float64)  # sign -
     stats = t.describe(raw)
     members = torch.tensor([3., 2., 5., 3., 3., 3.], dtype=torch.float64) / 3  # each member's mean over prompts
-    assert stats["reward_mean"] == pytest.approx(float(members.mean()))
+    assert stats["reward"] == pytest.approx(float(members.mean()))
     assert stats["reward_std"] == pytest.approx(float(members.std(unbiased=False)))
     assert stats["reward_best"] == pytest.approx(5 / 3)
     assert stats["prompts_with_spread"] == pytest.approx(2 / 3)  # prompt 1: every member scored 2
@@ -38,12 +38,14 @@ def test_the_step_statistics_are_the_unshaped_rewards():
     t, pop = task(), population()
     result = pop.evaluate(t, 1, 0.5)
     raw = pop.evaluate(task(shaping="none"), 1, 0.5)
-    assert set(SHOWN) | {"generated_tokens"} <= set(result.info)
-    assert float(result.info["reward_mean"]) == pytest.approx(float(raw.fitness.mean()))
+    assert set(SHOWN) - {"num_tokens"} | {"env_steps", "completions/min_length", "completions/max_length"} \
+        <= set(result.info)  # env_steps: the tokens the step generated, which the run adds up as num_tokens
+    assert float(result.info["reward"]) == pytest.approx(float(raw.fitness.mean()))
     assert float(result.info["reward_best"]) == pytest.approx(float(raw.fitness.view(2, 3, 4).mean(1).max()))
     assert abs(float(result.fitness.mean())) < 1e-6  # what the strategy sees is shaped; the user is not shown it
-    assert 0 < float(result.info["completion_tokens"]) <= 5
-    assert int(result.info["generated_tokens"]) == 2 * 3 * 4 * 5  # rows x new tokens (no stop before the 5th)
+    assert 0 <= result.info["completions/min_length"] <= result.info["completions/mean_length"] \
+        <= result.info["completions/max_length"] <= 5
+    assert int(result.info["env_steps"]) == 2 * 3 * 4 * 5  # rows x new tokens (no stop before the 5th)
 
 
 def test_a_run_logs_the_reward_from_step_zero(tmp_path):
@@ -54,15 +56,16 @@ def test_a_run_logs_the_reward_from_step_zero(tmp_path):
     rows = MetricsLog.read(tmp_path / "metrics.csv")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     # before any step: the metric and what the evaluation measured beside it (the model is the starting one)
-    assert set(rows[0]) - {"step", "seconds", "env_steps", "mean_reward"} == {
-        "eval_reward_mean", "eval_reward_std", "eval_completion_tokens", "eval_completions/clipped_ratio",
+    assert set(rows[0]) - {"step", "seconds", "num_tokens", "mean_reward"} == {
+        "eval_reward", "eval_reward_std", "eval_completions/mean_length", "eval_completions/min_length",
+        "eval_completions/max_length", "eval_completions/clipped_ratio",
         "eval_rewards/digit_count/mean", "eval_rewards/digit_count/std", "eval_kl"} and rows[0]["eval_kl"] == 0
     for row in rows[1:]:
-        assert set(SHOWN) <= set(row) and row["reward_best"] >= row["reward_mean"] >= 0
+        assert set(SHOWN) <= set(row) and row["reward_best"] >= row["reward"] >= 0
         assert 0 <= row["prompts_with_spread"] <= 1
     progress = [line for line in lines if line.startswith("step ")]
     assert progress[0].startswith("step 0/3") and "starting" in progress[0]  # a line before the first step
-    assert all("reward_mean" in line and "fitness" not in line and " ETA " in line for line in progress[1:])
+    assert all(" reward " in line and "fitness" not in line and " ETA " in line for line in progress[1:])
     assert (tmp_path / "curve.png").is_file()
 
 

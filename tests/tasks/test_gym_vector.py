@@ -79,7 +79,7 @@ def test_non_gym_task_refuses_async(name):
 
 def _alive(processes):
     for p in processes:
-        p.join(timeout=10)
+        p.join(timeout=120)
     return [p for p in processes if p.is_alive()]
 
 

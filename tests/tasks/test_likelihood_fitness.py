@@ -99,7 +99,7 @@ def test_chunked_likelihood_fitness_equals_unchunked_and_draws_once_per_step():
     whole = Population(perturbed(4, torch.float32), log=lambda *a: None).evaluate(task(), 1, 0.3).fitness
     chunked = Population(perturbed(4, torch.float32), chunk=1, log=lambda *a: None).evaluate(task(), 1, 0.3)
     torch.testing.assert_close(chunked.fitness, whole)
-    assert chunked.info["generated_tokens"] == 3 * 4 * 5  # drawn once: prompts x samples x tokens
+    assert chunked.info["env_steps"] == 3 * 4 * 5  # drawn once: prompts x samples x tokens
 
 
 @pytest.mark.parametrize("antithetic, chunk", [(True, None), (False, None), (True, 2)])
@@ -137,7 +137,7 @@ def test_several_samples_average_each_members_rewards():
     pm = perturbed(2, torch.float32)
     result = Population(pm, log=lambda *a: None).evaluate(t, 1, 0.3)
     assert result.fitness.shape == (2 * 3, 2)
-    assert result.info["generated_tokens"] == 2 * 3 * 3 * 2 * 5  # signs x prompts x samples x directions x tokens
+    assert result.info["env_steps"] == 2 * 3 * 3 * 2 * 5  # signs x prompts x samples x directions x tokens
     # each value is a mean of 3 digit counts: a multiple of 1/3
     torch.testing.assert_close(result.fitness * 3, (result.fitness * 3).round())
 

@@ -17,8 +17,8 @@ from nesgpu.tasks.divergence import drift_nll
 from nesgpu.tasks.reward_data import dataset_task
 
 DRIFT = ["12+34=46", "the 7 of 9", "0-1"]
-EVAL = ("eval_reward_mean", "eval_reward_std", "eval_rewards/ones/mean", "eval_rewards/short/std",
-        "eval_completion_tokens", "eval_completions/clipped_ratio", "eval_kl", "eval_pass@3", "eval_pass@1",
+EVAL = ("eval_reward", "eval_reward_std", "eval_rewards/ones/mean", "eval_rewards/short/std",
+        "eval_completions/mean_length", "eval_completions/clipped_ratio", "eval_kl", "eval_pass@3", "eval_pass@1",
         "eval_frac_reward_zero_std", "drift_nll", "drift_nll_change")
 
 

@@ -220,7 +220,7 @@ def test_log_metric_values_become_columns_of_metrics_csv_each_steps_mean_and_sur
     rows = run(4, resume=True)  # a resume that logs nothing keeps the columns and their values
     assert [r["log_metric/call"] for r in rows] == ["", "2.5", "4.5", "8.5", ""]
     assert [r["eval_log_metric/call"] for r in rows] == ["1", "", "6", "10", ""]
-    with pytest.raises(TypeError, match=r"log_metric\('x', value\) needs a number; got str"):
+    with pytest.raises(ValueError, match=r"<lambda> raised TypeError: log_metric\('x', value\) needs a number"):
         Rewards([lambda completions, log_metric, **kw: log_metric("x", "high") or [0.0]], {"p": {"prompt": "p"}})(
             ["p"], ["c"])
 

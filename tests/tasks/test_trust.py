@@ -56,17 +56,17 @@ def test_a_model_directory_with_an_auto_map_is_refused_and_its_code_never_runs(t
     assert not (hf / "ran").exists()
 
 
-def test_a_reward_module_leaves_the_working_directory_last_on_the_import_path(tmp_path, monkeypatch):
-    (tmp_path / "rw.py").write_text("def ok(completions, **kw):\n    import helpers_of_rw\n"
+def test_a_reward_module_leaves_the_import_path_as_it_was(tmp_path, monkeypatch):
+    (tmp_path / "rw.py").write_text("import helpers_of_rw\n\ndef ok(completions, **kw):\n"
                                     "    return [helpers_of_rw.ONE] * len(completions)\n")
-    (tmp_path / "helpers_of_rw.py").write_text("ONE = 1.0\n")  # imported when the function runs
+    (tmp_path / "helpers_of_rw.py").write_text("ONE = 1.0\n")  # a helper: imported at the module's top level
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     before = list(sys.path)
-    assert code_file("rw:ok") == (tmp_path / "rw.py").resolve()
+    assert code_file("rw") == (tmp_path / "rw.py").resolve()
     assert load_function("rw:ok")(["a"]) == [1.0]
-    assert sys.path == [*before, str(tmp_path)]  # last: an installed module of a file's name still wins
-    assert code_file("json:loads") is None and code_file("sys:path") is None  # imported already: no new code
+    assert sys.path == before  # a tabulate.py here is not imported for the installed one torch imports at exit
+    assert code_file("json") is None and code_file("sys") is None  # imported already: no new code
 
 
 def test_a_chat_template_that_fails_is_one_error(tmp_path):
@@ -156,21 +156,25 @@ def test_eval_names_the_reward_file_it_imports_and_asks_before_one_from_elsewher
                               capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     refused = evaluate()
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
-    assert f"would import {code / 'rw.py'}" in refused.stderr and "--trust-reward-code" in refused.stderr
-    assert not (code / "imported").exists()
-    trusted = evaluate("--trust-reward-code")
+    assert f"names the reward function {code / 'rw.py'}:ok, which imports {code / 'rw.py'}" in refused.stderr
+    assert "--trust-run-code" in refused.stderr and not (code / "imported").exists()
+    trusted = evaluate("--trust-reward-code")  # the old name of --trust-run-code
     assert trusted.returncode == 0, trusted.stderr[-2000:]
-    assert f"importing the reward function {code / 'rw.py'}:ok from {code / 'rw.py'}" in trusted.stderr
+    assert f"importing {code / 'rw.py'} for the reward function {code / 'rw.py'}:ok" in trusted.stderr
     assert json.loads(trusted.stdout)["metric"] == "mean_reward" and (code / "imported").exists()
-    # a file the run directory itself ships is the sender's code, even under the working directory
+    # a file the run ships, an installed module, a file in the working directory: each is named and refused
     (tmp_path / "run" / "evil.py").write_text(EVIL + "def ok(completions, **kw):\n    return [0.0]\n")
+    (tmp_path / "rewards.py").write_text(EVIL + "def ok(completions, **kw):\n    return [0.0]\n")
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    (tmp_path / "run" / "config.json").write_text(json.dumps({**config, "reward": "run/evil.py:ok"}))
-    for command in (["eval", "run"], ["train", "--resume", "run", "--steps", "2"]):
+    for reward, command in (("run/evil.py:ok", ["eval", "run"]), ("run/evil.py:ok", ["train", "--resume", "run"]),
+                            ("this:s", ["eval", "run"]), ("rewards.py:ok", ["play", "run"])):
+        (tmp_path / "run" / "config.json").write_text(json.dumps({**config, "reward": reward}))
         refused = subprocess.run([sys.executable, "-m", "nesgpu", *command], cwd=tmp_path, capture_output=True,
                                  text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-        assert refused.returncode == 2 and "in the run directory" in refused.stderr, refused.stderr[-2000:]
-        assert not (tmp_path / "run" / "ran").exists()
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr[-2000:]
+        assert f"config.json names the reward function {reward}, which imports" in refused.stderr
+        assert "--trust-run-code" in refused.stderr and "Beautiful is better" not in refused.stdout
+        assert not (tmp_path / "run" / "ran").exists() and not (tmp_path / "ran").exists()
 
 
 def test_one_sigterm_stops_a_run_whose_chat_template_renders_forever(tmp_path):
@@ -193,7 +197,7 @@ def test_one_sigterm_stops_a_run_whose_chat_template_renders_forever(tmp_path):
             time.sleep(0.2)
         time.sleep(1)
         run.send_signal(signal.SIGTERM)  # once, as a scheduler or `timeout` sends it
-        _, err = run.communicate(timeout=60)
+        _, err = run.communicate(timeout=300)
     finally:
         run.kill()
     assert run.returncode == 130 and "nesgpu train: interrupted" in err and "Traceback" not in err, err[-2000:]

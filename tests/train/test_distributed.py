@@ -104,16 +104,16 @@ def test_dead_rank_ends_the_job_with_a_clear_error_and_resume_continues(tmp_path
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
         procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     while not (out / "checkpoint" / "state.pt").exists():
         assert time.time() < deadline, "training did not start"
         assert procs[0].poll() is None, procs[0].stderr.read()
         time.sleep(0.2)
     procs[1].send_signal(signal.SIGKILL)
     start = time.time()
-    _, err = procs[0].communicate(timeout=90)
+    _, err = procs[0].communicate(timeout=300)
     assert procs[0].returncode != 0
-    assert time.time() - start < 60
+    assert time.time() - start < 240  # within --dist-timeout 30 (and a loaded machine's slack), not a hang
     assert "another process died or hung" in err, err[-2000:]
     # the last checkpoint is intact: one process continues the run (blocks of D / 2, as the two did)
     at = torch.load(find_checkpoint(out / "checkpoint") / "state.pt", weights_only=True)["strategy"]["step"]

@@ -193,7 +193,7 @@ def wandb_records(path: Path) -> list:
     return records
 
 
-def wandb_run(run_dir: Path, timeout: float = 20.0) -> dict:
+def wandb_run(run_dir: Path, timeout: float = 120.0) -> dict:
     """What an offline run holds: its id, project, config, history by step, summary and exit code. W&B's
     finish() returns before its service has written the log out (the process exit waits for it): poll."""
     deadline = time.monotonic() + timeout

@@ -20,7 +20,7 @@ def test_a_billion_laughs_is_refused_at_once(tmp_path):
     started = time.perf_counter()
     with pytest.raises(ValueError, match=r"laughs.yaml is not valid YAML .*alias.*\(line 2\)"):
         TrainConfig.read_yaml(path)
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < 60  # the expansion (9**9 items) would take far longer, even unloaded
 
 
 def test_a_key_given_twice_is_refused(tmp_path):

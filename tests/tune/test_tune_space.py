@@ -210,7 +210,7 @@ def test_without_optuna_nesgpu_loads_and_tune_says_what_to_install(tmp_path):
             "from nesgpu.cli import main\n"
             "main(['tune', '--task', 'digits', '--print-space'])\n"  # the space needs no Optuna
             "main(['tune', '--task', 'digits', '--trials', '1', '--out', 'never'])\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                             check=False)
     assert result.returncode == 2
     assert "lr:" in result.stdout
@@ -224,3 +224,14 @@ def test_an_auto_sigma_and_lr_are_searched_over_the_probes_range():
     specs = default_space(TrainConfig(sigma="auto", lr="auto")).to_dict()
     assert specs["sigma"] == {"low": GRID[0], "high": GRID[-1], "log": True}
     assert specs["lr"] == {"low": 1e-5, "high": 0.1, "log": True}
+
+
+def test_a_strategy_with_a_parameter_limit_searches_only_models_within_it():
+    """xnes takes up to 2,000 evolving parameters: digits' default mlp (64 hidden) exceeds it, so every trial of
+    the default space would be refused; it is refused once, up front, and a base that fits searches only the
+    hidden sizes that fit."""
+    with pytest.raises(ValueError, match="strategy 'xnes' takes models of up to 2,000 evolving parameters; the "
+                                         "base config's has 4,810, so every trial would be refused"):
+        default_space(TrainConfig(task="digits", strategy="xnes"))
+    space = default_space(TrainConfig(task="digits", strategy="xnes", hidden=(16,)))
+    assert space.to_dict()["hidden"]["choices"] == ["8", "16", "16,16"]  # 32 (2,410) is left out

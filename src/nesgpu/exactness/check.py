@@ -85,8 +85,8 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         why = e if isinstance(e, (ValueError, RuntimeError)) else f"{type(e).__name__}: {e}"
         return CheckReport.refusal(f"population call: {why}", tolerance, _fallback_modules(net, notes))
     fallback = _fallback_modules(net, notes)
-    errors, low_precision = _compare_members(reference, pm, inputs, population, skip)
-    low_precision |= low_precision_ops
+    errors, low_outputs = _compare_members(reference, pm, inputs, population, skip)
+    low_precision = low_precision_ops or {f"{name or 'the model'}: its output" for name in low_outputs}  # else none
     tolerance = max(tolerance, FLOAT32_TOLERANCE) if low_precision or dtype != torch.float64 else tolerance
     generate = compare_generate(reference, pm, inputs, rows, max_new_tokens, unused, tolerance, compile) if (
         max_new_tokens) else None
@@ -158,33 +158,71 @@ def _copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+# torch's (aten) names of operations, in the words of a model's code
+_OP_WORDS = {"_to_copy": "a cast (.float() / .to())", "_softmax": "softmax", "_log_softmax": "log_softmax",
+             "addmm": "matmul", "mm": "matmul", "bmm": "matmul", "baddbmm": "matmul", "copy_": "a copy into a tensor"}
+
+
 class _LowPrecisionOps(TorchDispatchMode):
     """Collects the operations that produce float32 or half tensors (a model that computes parts in float32
-    on purpose: an MoE router, a norm, a softmax), down to torch's own (aten) operations."""
+    on purpose: an MoE router, a norm, a softmax), down to torch's own (aten) operations, by the innermost
+    module of the model running them (``where``: the stack of running modules, kept by hooks)."""
 
-    def __init__(self, lower: tuple[torch.dtype, ...]):
+    def __init__(self, lower: tuple[torch.dtype, ...], where: list[tuple[str, str]]):
         super().__init__()
-        self.ops: set[str] = set()
-        self.lower = lower
+        self.found: dict[tuple[str, str], tuple[dict[str, None], set[str]]] = {}  # module: (ops, dtypes)
+        self.lower, self.where = lower, where
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if any(isinstance(t, torch.Tensor) and t.dtype in self.lower for t in tree_flatten(out)[0]):
-            self.ops.add(str(func.overloadpacket.__name__))
+        dtypes = {t.dtype for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.dtype in self.lower}
+        if dtypes:
+            ops, kinds = self.found.setdefault(self.where[-1], ({}, set()))
+            name = str(func.overloadpacket.__name__)
+            ops[_OP_WORDS.get(name, name.strip("_"))] = None
+            kinds.update(str(d).removeprefix("torch.") for d in dtypes)
         return out
 
 
+@contextmanager
+def _running_modules(model: nn.Module):
+    """A stack of (name, type) of the modules of ``model`` running now, the model itself at the bottom."""
+    where = [("", type(model).__name__)]
+
+    def enter(name):
+        def push(module, args) -> None:
+            where.append((name, type(module).__name__))
+        return push
+
+    def leave(module, args, output) -> None:  # returns None: the output stays the module's
+        where.pop()
+
+    handles = [h for n, m in model.named_modules() if n for h in (
+        m.register_forward_pre_hook(enter(n)), m.register_forward_hook(leave))]
+    try:
+        yield where
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _low_precision_ops(reference: nn.Module, inputs: Inputs, dtype: torch.dtype) -> set[str] | str:
-    """The operations of the reference model that compute in a lower precision than ``dtype``; or, where the
-    plain model itself fails on the inputs (not nesgpu's to judge), why."""
+    """The parts of the reference model whose own code computes in a lower precision than ``dtype``, each as
+    "module (Type): its operations in float32"; or, where the plain model itself fails on the inputs (not
+    nesgpu's to judge), why."""
     lower = (torch.float16, torch.bfloat16) + ((torch.float32,) if dtype == torch.float64 else ())
     try:
-        with torch.no_grad(), _LowPrecisionOps(lower) as mode:
+        with torch.no_grad(), _running_modules(reference) as where, _LowPrecisionOps(lower, where) as mode:
             reference(*inputs.args, **inputs.kwargs)
     except Exception as e:  # noqa: BLE001 - whatever the user's model raises
         return (f"the model itself fails in {str(dtype).removeprefix('torch.')} on these inputs ({type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''}); check(..., dtype=torch.float32) checks it in float32")
-    return {f"{op} (an operation)" for op in mode.ops}
+    alike: dict[tuple[str, str, str], list[str]] = {}  # modules of one type doing the same: named once
+    for (name, kind), (ops, dtypes) in mode.found.items():
+        done = ", ".join(list(ops)[:6]) + (" ..." if len(ops) > 6 else "")
+        alike.setdefault((kind, done, " and ".join(sorted(dtypes))), []).append(name or "the model")
+    return {f"{names[0]} ({kind}{f', and {len(names) - 1} more like it' if len(names) > 1 else ''}): {done} in "
+            f"{dtypes}" for (kind, done, dtypes), names in alike.items()}
 
 
 def _inner_modules(net: nn.Module) -> set[str]:

@@ -29,8 +29,9 @@ class CheckReport:
         generate: what the ``generate()`` comparisons found, greedy and sampled (None: not asked).
         first_difference: the first module, in the order the modules finished, whose output differs: where
             the difference starts (None: none differs).
-        low_precision: modules whose output is float32 (or half) in the float64 check: they compute at that
-            precision by design, and ``tolerance`` was raised to it.
+        low_precision: the parts of the model whose own code computes below the check's precision (float32 or
+            half in the float64 check: a norm's or a softmax's upcast), each as "module (Type): its operations
+            in float32"; they round at that precision by design, and ``tolerance`` was raised to float32's.
         unused: perturbed modules these inputs never reach (an encoder-decoder's cross-attention, a vision
             tower in a text-only call): exact but irrelevant here; freeze them to train with these inputs.
     """
@@ -71,9 +72,13 @@ class CheckReport:
         lines = [f"{verdict}: the model's output differs from its members' own by at most {self.worst:.2e} "
                  f"(relative; tolerance {self.tolerance:.0e})"]
         if self.low_precision:
-            shown = ", ".join(n or "model" for n in self.low_precision[:3])
-            more = " ..." if len(self.low_precision) > 3 else ""
-            lines.append(f"computed in float32 by the model itself: {shown}{more} (tolerance raised to float32's)")
+            more = len(self.low_precision) - 4
+            shown = "; ".join(self.low_precision[:4]) + (f"; and {more} more" if more > 0 else "")
+            lines.append(f"your model's own code computes some parts below the check's precision: {shown}. "
+                         f"That is its design (a norm or a softmax that upcasts, say), not nesgpu's: those parts "
+                         f"round at their lower precision, so the check allowed float32's rounding (tolerance "
+                         f"{self.tolerance:.0e}); a difference below it is that rounding, not a wrong population "
+                         f"row, and nothing needs changing to train")
         if self.unused:
             shown = ", ".join(self.unused[:3]) + (" ..." if len(self.unused) > 3 else "")
             lines.append(f"{len(self.unused)} perturbed modules these inputs never reach: {shown}; freeze them "

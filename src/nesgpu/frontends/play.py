@@ -15,6 +15,9 @@ import math
 import os
 from pathlib import Path
 
+from ..tasks.rendering import rendering_errors
+from .run_code import add_trust_flag, consent_to_run_code
+
 VIDEO_SUFFIXES = (".mp4", ".gif")
 PLAY_EXTRA = "pip install 'nesgpu[play]'"
 # built-in environments whose gymnasium twin (``ENVS[name].gym_id``) was checked against ours: same state,
@@ -49,8 +52,10 @@ def _check_video(video) -> Path | None:
 
 def _run_task_name(directory: Path) -> str | None:
     """The task named in a run directory's config.json, when it can be read (load_run reports the errors)."""
+    from ..train.storage.run_files import read_json
+
     try:
-        return json.loads((directory / "config.json").read_text()).get("task")
+        return read_json(directory / "config.json").get("task")
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -231,7 +236,8 @@ def _recorded_episodes(task, model, episodes: int, seed: int, path: Path):
     try:
         writer = _VideoWriter(path, float(env.metadata.get("render_fps") or 30))
         try:
-            returns, lengths = gym_episodes(task, model, episodes, seed, writer, env=env)
+            with rendering_errors(env_id):  # MuJoCo without a display: MUJOCO_GL, in one line
+                returns, lengths = gym_episodes(task, model, episodes, seed, writer, env=env)
             writer.close()
         except BaseException:
             writer.abort()
@@ -309,10 +315,12 @@ def add_play_parser(commands) -> None:
     p.add_argument("--seed", type=int, default=0, help="start states (default 0; the run's seed and its "
                    "--eval-episodes give nesgpu eval's episodes)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    add_trust_flag(p, "")
     p.set_defaults(func=run_play)
 
 
 def run_play(args: argparse.Namespace) -> int:
+    consent_to_run_code(Path(args.run), args.trust_run_code, "play")  # before anything the run names is imported
     summary = play_run(args.run, episodes=args.episodes, video=args.video, device=args.device, seed=args.seed)
     for i, (ret, length) in enumerate(zip(summary["returns"], summary["lengths"]), 1):
         print(f"episode {i}: return {ret:.2f}, length {length}")

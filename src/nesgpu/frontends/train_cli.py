@@ -7,12 +7,13 @@ import argparse
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 from ..train.setup.config import TrainConfig, option_names, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
 from ..train.setup.options import STRATEGY, TASK, task_key
+from .help_flag import add_help_flag
+from .run_code import add_trust_flag, consent_to_run_code, run_config
 from .train_flags import Formatter, add_config_arguments, chosen, preset_components
 
 USAGE = "nesgpu train [--task TASK] [--strategy STRATEGY] [--layer KIND] [options]"
@@ -23,17 +24,17 @@ def add_train_parser(commands, argv: list[str] | None = None) -> None:
     :mod:`nesgpu.frontends.train_flags`)."""
     c = chosen(argv or [])
     p = commands.add_parser("train", help="train a model with ES (default: digits, low-rank MLP)", usage=USAGE,
-                            formatter_class=Formatter,
+                            formatter_class=Formatter, add_help=False,
                             description=f"Train with evolution strategies. The options of task {c.task} below, "
                                         f"with its defaults (--task T --strategy S --help: those of T and S).")
+    add_help_flag(p, argv or [])  # an unknown --task: --help names the error (there are no options to list)
     add_config_arguments(p, c)
     run = p.add_argument_group("run")
     run.add_argument("--config", metavar="FILE.yaml", help="options from a YAML or JSON file (as --print-config "
                                                            "writes)")
     run.add_argument("--resume", metavar="DIR", help="continue the run in DIR up to --steps")
     run.add_argument("--overwrite", action="store_true", help="replace the run already in --out (else refused)")
-    run.add_argument("--trust-reward-code", action="store_true", help="with --resume: import reward code the run "
-                     "names from its own or an outside directory")
+    add_trust_flag(run, "with --resume: ")
     run.add_argument("--print-config", action="store_true", dest="print_config",
                      help="print the resolved options as YAML and exit")
     p.set_defaults(func=run_train)
@@ -58,19 +59,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
     """Defaults < the resumed run's config < --config file < flags."""
     values: dict = {}
     if args.resume:
-        path = Path(args.resume) / "config.json"
-        if not path.is_file():
+        old = run_config(Path(args.resume))
+        if old is None:
             raise ValueError(f"--resume {args.resume}: no config.json there; is it a run directory?")
         if args.out is not None and Path(args.out) != Path(args.resume):
             raise ValueError(f"--resume {args.resume} continues the run in that directory; --out {args.out} names "
                              f"another (drop --out)")
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"--resume {args.resume}: cannot read {path} ({e})") from e
-        if not isinstance(old, dict):
-            raise ValueError(f"--resume {args.resume}: {path} holds a {type(old).__name__}, not a run's mapping of "
-                             f"options")
         values.update(old)
         if "update" not in old and old.get("strategy") != BACKPROP:  # a run from before --update: .grad, Adam
             values["update"] = "strategy"
@@ -100,9 +94,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
 def run_train(args: argparse.Namespace) -> int:
     from ..train.trainer import train
 
+    if args.resume:  # a run directory someone sent you to continue names code too
+        consent_to_run_code(Path(args.resume), args.trust_run_code, "train")
     cfg, resume = config_from_args(args)
-    if resume:  # a run directory someone sent you to continue names code too
-        consent_to_rewards(Path(args.resume), args.trust_reward_code, "train")
     if args.print_config:
         print(cfg.resolved().to_yaml(), end="")
         return 0
@@ -122,8 +116,7 @@ def add_eval_parser(commands) -> None:
                    "fitness and evaluate, or what makes one when called), as module:name or file.py:name")
     p.add_argument("--model", metavar="MODULE:NAME", help="a run of a model of your own (unless the task makes "
                    "it): the model, or what makes one when called, as module:name or file.py:name")
-    p.add_argument("--trust-reward-code", action="store_true", help="import the reward functions the run's "
-                   "config.json names even from the run directory itself or from outside the working directory")
+    add_trust_flag(p, "")
     p.set_defaults(func=run_eval)
 
 
@@ -132,37 +125,13 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from ..train.storage.runs import evaluate_run
 
-    consent_to_rewards(Path(args.run), args.trust_reward_code)
+    consent_to_run_code(Path(args.run), args.trust_run_code, "eval")
     task = None if args.task is None else own_object(args.task, "--task", lambda o: hasattr(o, "fitness"))
     model = None if args.model is None else own_object(args.model, "--model", lambda o: isinstance(o, nn.Module))
     result = evaluate_run(args.run, args.device, model=model, task=task)
     # JSON has no NaN (a std of one held-out prompt): null
     print(json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in result.items()}))
     return 0
-
-
-def consent_to_rewards(run: Path, trusted: bool, command: str = "eval") -> None:
-    """Say which files the run's reward functions (config.json's ``reward``) will be imported from: a run
-    directory someone sent you is code. A file of the run directory itself, or one outside the working
-    directory that is not installed Python (the standard library, site-packages), needs
-    ``--trust-reward-code``."""
-    from ..tasks.user_code import code_file, installed, outside
-
-    try:  # a config.json that cannot be read is named when the run loads
-        reward = json.loads((run / "config.json").read_text()).get("reward")
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
-        return
-    for spec in [s.strip() for s in reward.split(",") if s.strip()] if isinstance(reward, str) else []:
-        file = code_file(spec)
-        if file is None:
-            continue
-        where = "in the run directory" if not outside(file, run) else \
-            "outside the working directory" if outside(file, Path.cwd()) and not installed(file) else None
-        if where is not None and not trusted:
-            raise ValueError(f"{run}/config.json names the reward function {spec}, which would import {file}, "
-                             f"{where}: a run directory can name any code; read the file, then pass "
-                             f"--trust-reward-code to import it")
-        print(f"nesgpu {command}: importing the reward function {spec} from {file}", file=sys.stderr)
 
 
 def own_object(spec: str, flag: str, made):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,6 +19,7 @@ from ..train.setup.config import TrainConfig, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks
 from ..train.setup.options import STRATEGY, TASK
 from ..train.setup.validation import act_bits_apply, bits_apply
+from ..train.storage.run_files import read_json
 
 
 class Formatter(argparse.HelpFormatter):
@@ -47,7 +47,7 @@ def chosen(argv: list[str]) -> Chosen:
         p.add_argument(f"--{name}")
     args, _ = p.parse_known_args(argv)
     found: dict = {}
-    for file, read in ((args.resume and Path(args.resume) / "config.json", lambda f: json.loads(f.read_text())),
+    for file, read in ((args.resume and Path(args.resume) / "config.json", read_json),
                        (args.config, TrainConfig.read_yaml)):
         try:
             values = read(file) if file else {}

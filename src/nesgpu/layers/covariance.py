@@ -61,6 +61,9 @@ class ModelCovariance:
             got = f"dtype {factor.dtype}" if isinstance(factor, torch.Tensor) else type(factor).__name__
             raise TypeError(f"the covariance factor must be a floating-point torch.Tensor of shape ({n}, {n}); "
                             f"got {got}")
+        if factor.is_meta:
+            raise ValueError(f"the covariance factor is on the meta device (a shape without data); give a ({n}, {n}) "
+                             f"tensor with values, e.g. torch.eye({n})")
         if tuple(factor.shape) != (n, n):
             raise ValueError(f"the covariance factor must have shape ({n}, {n}) for the model's {n} perturbed "
                              f"entries; got {tuple(factor.shape)}")

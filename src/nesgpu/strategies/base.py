@@ -6,8 +6,8 @@ One step, as the training loop runs it::
 
     sigma = strategy.ask(state)                                # the step's noise scale
     result = population.evaluate(task, state.step + 1, sigma)  # fitness (R, D), ||z_d||^2, statistics
-    weights, state = strategy.tell(state, result.fitness, result.sq_norms)
-    optimizer.zero_grad(); population.update(weights, sigma)   # .grad = the ES estimate
+    weights, state = strategy.tell(state, result.fitness, result.sq_norms)  # fitness: higher is better
+    optimizer.zero_grad(); population.update(weights, sigma)   # weights: lower is better; .grad = the ES estimate
     strategy.regularize(population.parameters()); optimizer.step()
 """
 
@@ -21,7 +21,13 @@ from typing import ClassVar
 import torch
 
 from ..options import NoOptions
+from .checkpoint import no_paths, refusal
 from .schedules import Schedule
+
+# the noise scales a checkpoint's state may hold: nesgpu.model's bounds (MIN_SIGMA, MAX_SIGMA), restated here
+# since a strategy knows nothing of the model; above the largest, sigma^2 overflows float32
+SIGMA_RANGE = (1e-12, 1e18)
+DIVERGED = "check the task or lower sigma / lr"  # what a non-finite fitness points to by default
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,11 @@ class StrategyState:
         return cls(**{f.name: casts.get(f.type, lambda v: v)(values[f.name]) for f in fields if f.name in values})
 
 
-def check_fitness(fitness: torch.Tensor, step: int, directions: int, antithetic: bool, read: bool = True
-                  ) -> torch.Tensor:
+def check_fitness(fitness: torch.Tensor, step: int, directions: int, antithetic: bool, read: bool = True,
+                  hint: str = DIVERGED) -> torch.Tensor:
     """Validate a population's fitness of shape (R, D): R even with antithetic sampling, and (when ``read``)
-    finite, which reads it back from the device."""
+    finite, which reads it back from the device; ``hint``: what the error of a non-finite one points to (a
+    strategy's :attr:`Strategy.divergence_hint`)."""
     if not isinstance(fitness, torch.Tensor):
         raise TypeError(f"fitness must be a torch.Tensor of shape (R, {directions}); got {type(fitness).__name__}")
     if fitness.dim() == 1:
@@ -73,21 +80,22 @@ def check_fitness(fitness: torch.Tensor, step: int, directions: int, antithetic:
     if read and not torch.isfinite(fitness).all():  # reading fitness is the one host sync a step allows
         r, d = (~torch.isfinite(fitness)).nonzero()[0].tolist()
         raise ValueError(f"non-finite fitness {fitness[r, d].item()} at step {step}, member (repeat {r}, "
-                         f"direction {d}); check the task or lower sigma / lr")
+                         f"direction {d}); {hint}")
     return fitness
 
 
 def fitness_statistics(fitness: torch.Tensor, step: int, antithetic: bool,
-                       extra: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+                       extra: dict[str, torch.Tensor] | None = None, hint: str = DIVERGED) -> dict[str, float]:
     """Mean, max and min of a step's fitness and the ``extra`` scalars, in one host read (the step's one),
-    which also checks that the fitness is finite (a ValueError names the first bad member)."""
+    which also checks that the fitness is finite (a ValueError names the first bad member and ends with
+    ``hint``)."""
     extra = extra or {}
     fitness = check_fitness(fitness, step, fitness.shape[-1], antithetic, read=False)
     values = torch.stack([torch.isfinite(fitness).all().to(fitness.dtype), fitness.mean(), fitness.max(),
                           fitness.min(), *(torch.as_tensor(v, dtype=fitness.dtype, device=fitness.device)
                                            for v in extra.values())]).tolist()
     if not values[0]:
-        check_fitness(fitness, step, fitness.shape[-1], antithetic)  # raises, naming the member
+        check_fitness(fitness, step, fitness.shape[-1], antithetic, hint=hint)  # raises, naming the member
     stats = {"fitness_mean": values[1], "fitness_max": values[2], "fitness_min": values[3]}
     stats.update(zip(extra, values[4:]))
     return stats
@@ -122,6 +130,7 @@ class Strategy:
     # CMA-ES's statistics, or with natural_statistics xNES's (PerturbedModel.natural_statistics)
     adapts_covariance: ClassVar[bool] = False
     natural_statistics: ClassVar[bool] = False
+    max_parameters: ClassVar[int | None] = None  # the most evolving parameters it takes (None: no limit)
     # RL runs of this strategy: the observation clip it starts from (0: none), and whether a policy without
     # hidden layers acts linearly (the raw output, unbounded) rather than through tanh
     observation_clip: ClassVar[float] = 5.0
@@ -166,6 +175,36 @@ class Strategy:
         """The values of the fields :attr:`State` adds to :class:`StrategyState`, before the first step."""
         return {}
 
+    def load_state(self, values: dict) -> StrategyState:
+        """The state a checkpoint holds: ``values`` has :meth:`StrategyState.as_dict`'s fields beside the
+        trainer's entries (``covariance``, ``paths``, ``scales``). Its step and sigma are checked here, the rest
+        by :meth:`check_state`: a damaged or tampered checkpoint is a ValueError naming the strategy, the entry
+        and what was expected, before any step reads it."""
+        if not isinstance(values, dict):
+            raise ValueError(f"a strategy state is a dict of its fields; got {type(values).__name__}")
+        step = values.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise refusal(self.name, "step", f"is {step!r}", "a count of steps, an int >= 0")
+        low, high = SIGMA_RANGE
+        for name in ("sigma", "sigma0"):
+            value = values.get(name, low)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise refusal(self.name, name, f"is {value!r}", f"a noise scale in [{low:g}, {high:g}]")
+        state = self.State.from_dict(values)
+        self.check_state(state, values)
+        return state
+
+    def check_state(self, state: StrategyState, values: dict) -> None:
+        """Check what a checkpoint holds beside ``state`` (``values``, as :meth:`load_state` takes them): a
+        strategy that keeps evolution paths or a covariance checks them; by default it holds no paths."""
+        no_paths(self.name, values)
+
+    @property
+    def divergence_hint(self) -> str:
+        """What the error of a non-finite fitness points to (a strategy with a step size of its own given names
+        it too)."""
+        return DIVERGED
+
     def make_optimizer(self, parameters, lr: float | None = None) -> torch.optim.Optimizer:
         """This strategy's default optimizer over ``parameters`` (step size ``lr``, default :attr:`default_lr`)."""
         raise NotImplementedError
@@ -184,8 +223,9 @@ class Strategy:
 
     def tell(self, state: StrategyState, fitness: torch.Tensor, sq_norms: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, StrategyState]:
-        """Weights for ``population.update`` and the state after this step. ``sq_norms`` (D,) is
-        ||z_d||^2, which only strategies with :attr:`needs_sq_norms` read."""
+        """Weights for ``population.update`` and the state after this step. ``fitness`` (R, D) is higher-is-
+        better (a return, minus a loss); the weights are lower-is-better, as ``pm.update(losses)`` takes them.
+        ``sq_norms`` (D,) is ||z_d||^2, which only strategies with :attr:`needs_sq_norms` read."""
         fitness = self.check(fitness, state)
         return self.weights(fitness, self.ask(state)), self.advance(state)
 

@@ -31,6 +31,7 @@ from typing import ClassVar
 
 import torch
 
+from . import checkpoint
 from .base import StrategyState
 from .scaled import ScaleAdapting, mean_step_weights
 from .schedules import Schedule
@@ -53,6 +54,7 @@ class CMAES(ScaleAdapting):
     population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
     adapts_scales = False
     adapts_covariance = True
+    max_parameters = MAX_PARAMETERS
     pairwise = True
     default_antithetic = False
 
@@ -61,6 +63,7 @@ class CMAES(ScaleAdapting):
         super().__init__(directions, antithetic, sigma_schedule)
         self.n = self.evolving(num_perturbed, MAX_PARAMETERS, "keeps an n x n covariance",
                                "sep_cma_es or snes (a sigma per parameter, n entries)")
+        self.recombines()
         self.mu_eff = float(1 / recombination_weights(self.candidates).square().sum())
         self.rates = CMARates.of(num_perturbed, self.mu_eff, separable=False)
         self.weights = active_weights(self.candidates, num_perturbed, self.rates)
@@ -96,6 +99,21 @@ class CMAES(ScaleAdapting):
         sigma = state.sigma * math.exp(r.c_s / r.d_s * (norm / r.chi_n - 1))
         new_factor = square_root(cov).to(factor.dtype) if state.step % self.eigen_every == 0 else None
         return new_factor, {"C": cov, "p_s": p_s, "p_c": p_c}, dataclasses.replace(state, sigma=sigma)
+
+    def check_state(self, state: StrategyState, values: dict) -> None:
+        """The checkpoint's factor A ((n, n), finite), its paths (all or none: p_s and p_c (n,), C (n, n)), C
+        positive definite and A consistent with it, the paths no longer than its updates can make them (the
+        tolerances of :mod:`nesgpu.strategies.checkpoint`)."""
+        n, r = self.n, self.rates
+        factor = checkpoint.tensor(self.name, "covariance factor", values.get("covariance"), (n, n))
+        paths = checkpoint.paths(self.name, values, {"C": (n, n), "p_s": (n,), "p_c": (n,)})
+        cov = paths.get("C", torch.eye(n, dtype=torch.float64, device=factor.device)).to(factor.device)
+        checkpoint.positive_definite(self.name, "path 'C' (the covariance)", cov)
+        checkpoint.consistent(self.name, factor, cov)
+        if paths:
+            checkpoint.path_length(self.name, "path 'p_s'", paths["p_s"], r.c_s, self.mu_eff, r.chi_n)
+            checkpoint.path_length(self.name, "path 'p_c'", paths["p_c"], r.c_c, self.mu_eff, r.chi_n,
+                                   checkpoint.TYPICAL * math.sqrt(float(cov.trace())))
 
 
 def active_weights(members: int, n: int, rates: CMARates) -> torch.Tensor:

@@ -100,13 +100,25 @@ class ScaleAdapting(Strategy):
 
     def evolving(self, num_perturbed, limit: int | None = None, why: str = "", instead: str = "") -> int:
         """``num_perturbed`` (n, the model's evolving parameters) checked: a positive int, at most ``limit`` (a
-        ValueError says ``why`` the limit and what to use ``instead``)."""
+        ValueError says ``why`` the limit and what to use ``instead``); a bool is a TypeError."""
+        if isinstance(num_perturbed, bool):
+            raise TypeError(f"{self.name}'s num_perturbed is a count of parameters (pm.num_perturbed), an int; got "
+                            f"{num_perturbed!r}")
         if not (isinstance(num_perturbed, int) and num_perturbed > 0):
             raise ValueError(f"{self.name}'s rates need num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
         if limit is not None and num_perturbed > limit:
             raise ValueError(f"{self.name} {why}, for models of up to {limit:,} evolving parameters; this one has "
                              f"{num_perturbed:,}: use {instead}")
         return num_perturbed
+
+    def recombines(self) -> None:
+        """A ValueError unless at least two candidates compete (CMA-ES recombines the mu = candidates // 2 best:
+        one candidate leaves none, and NaN weights and rates)."""
+        if self.candidates < 2:
+            pairs = " (one per antithetic pair)" if self.candidates != self.members else ""
+            raise ValueError(f"{self.name} recombines the better half of its members{pairs}, so it needs at least 2 "
+                             f"of them; got {self.candidates} ({self.directions} direction(s), antithetic="
+                             f"{self.antithetic}): raise the population")
 
     def table(self, device) -> torch.Tensor:
         """The weight of the candidate of each rank, best first (:attr:`candidates` of them)."""

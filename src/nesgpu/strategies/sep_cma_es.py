@@ -27,6 +27,7 @@ from typing import ClassVar
 
 import torch
 
+from . import checkpoint
 from .base import StrategyState
 from .scaled import ScaleAdapting
 from .schedules import Schedule
@@ -81,7 +82,9 @@ class SepCMAES(ScaleAdapting):
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
-        self.n, self.weights = self.evolving(num_perturbed), recombination_weights(self.candidates)
+        self.n = self.evolving(num_perturbed)
+        self.recombines()
+        self.weights = recombination_weights(self.candidates)
         self.mu_eff = float(1 / self.weights.square().sum())
         self.rates = CMARates.of(num_perturbed, self.mu_eff)
 
@@ -109,6 +112,25 @@ class SepCMAES(ScaleAdapting):
             new_scales[k], new_paths[f"p_s:{k}"], new_paths[f"p_c:{k}"] = c.sqrt(), p_s[k], p_c
         sigma = state.sigma * math.exp(r.c_s / r.d_s * (norm / r.chi_n - 1))
         return new_scales, new_paths, dataclasses.replace(state, sigma=sigma)
+
+    def check_state(self, state: StrategyState, values: dict) -> None:
+        """The checkpoint's paths (all or none): p_s and p_c of each parameter of its scales, of the scale's shape
+        and finite, no longer than their updates can make them (:mod:`nesgpu.strategies.checkpoint`). The scales
+        themselves are the model's to check (``set_scales``)."""
+        scales = values.get("scales")
+        if not isinstance(scales, dict) or not all(isinstance(v, torch.Tensor) for v in scales.values()):
+            checkpoint.no_paths(self.name, values)  # the trainer names the missing or broken scales
+            return
+        shapes = {f"{kind}:{name}": tuple(scale.shape) for name, scale in scales.items() for kind in ("p_s", "p_c")}
+        paths = checkpoint.paths(self.name, values, shapes)
+        if paths:
+            r, names = self.rates, list(scales)
+            p_s = torch.cat([paths[f"p_s:{name}"].flatten() for name in names])
+            p_c = torch.cat([paths[f"p_c:{name}"].flatten() for name in names])
+            trace = float(sum(scale.detach().to(torch.float64).square().sum() for scale in scales.values()))
+            checkpoint.path_length(self.name, "paths 'p_s:*'", p_s, r.c_s, self.mu_eff, r.chi_n)
+            checkpoint.path_length(self.name, "paths 'p_c:*'", p_c, r.c_c, self.mu_eff, r.chi_n,
+                                   checkpoint.TYPICAL * math.sqrt(trace))
 
 
 __all__ = ["CMARates", "SepCMAES", "recombination_weights"]

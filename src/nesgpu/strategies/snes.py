@@ -22,6 +22,7 @@ from typing import ClassVar
 import torch
 
 from ..options import check_options, option
+from .base import DIVERGED
 from .scaled import ScaleAdapting, snes_utilities
 from .schedules import Schedule
 
@@ -58,9 +59,17 @@ class SNES(ScaleAdapting):
                  scale_lr: float | None = None, sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
         self.options = SNESOptions(scale_lr)
-        if scale_lr is None and not (isinstance(num_perturbed, int) and num_perturbed > 0):
-            raise ValueError(f"snes's default scale_lr needs num_perturbed (pm.num_perturbed); got {num_perturbed!r}")
+        if scale_lr is None:
+            self.evolving(num_perturbed)  # the default scale_lr needs n
         self.scale_lr = default_scale_lr(num_perturbed) if scale_lr is None else scale_lr
+
+    @property
+    def divergence_hint(self) -> str:
+        """A scale_lr given names it too: a large one takes the scales out of float range within a few steps."""
+        if self.options.scale_lr is None:
+            return super().divergence_hint
+        return (f"{DIVERGED}, or --scale-lr {self.scale_lr:g} (the step size of log sigma per parameter; its "
+                f"default, (3 + ln n) / (5 sqrt n), is at most 0.6)")
 
     def table(self, device) -> torch.Tensor:
         """NES's utilities (they sum to zero)."""

@@ -23,6 +23,7 @@ from typing import ClassVar
 
 import torch
 
+from . import checkpoint
 from .base import StrategyState
 from .scaled import ScaleAdapting, snes_utilities
 from .schedules import Schedule
@@ -43,6 +44,7 @@ class XNES(ScaleAdapting):
     population_options: ClassVar[tuple[str, ...]] = ("num_perturbed",)
     adapts_scales = False
     adapts_covariance = True
+    max_parameters = MAX_PARAMETERS
     natural_statistics = True
 
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
@@ -66,6 +68,13 @@ class XNES(ScaleAdapting):
         new_factor = factor.to(torch.float64) @ torch.linalg.matrix_exp(self.rate / 2 * shape)
         sigma = state.sigma * math.exp(self.rate / 2 * trace)
         return new_factor.to(factor.dtype), paths, dataclasses.replace(state, sigma=sigma)
+
+    def check_state(self, state: StrategyState, values: dict) -> None:
+        """The checkpoint's factor B: (n, n), finite, det B = 1 (within the tolerance of
+        :mod:`nesgpu.strategies.checkpoint`); no evolution paths."""
+        checkpoint.no_paths(self.name, values)
+        factor = checkpoint.tensor(self.name, "covariance factor", values.get("covariance"), (self.n, self.n))
+        checkpoint.unit_determinant(self.name, factor)
 
 
 __all__ = ["MAX_PARAMETERS", "XNES"]

@@ -61,8 +61,12 @@ def read_texts(path: str | Path) -> list[str]:
     text per non-empty line; a ValueError naming the file and line where it is neither."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"drift text {path}: not a regular file")
-    lines = path.read_text(encoding="utf-8").splitlines()
+        raise ValueError(f"drift text {path}: {'not a regular file' if path.exists() else 'no such file'}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"drift text {path}: not UTF-8 text (byte {e.start}); expected lines of text, or JSON "
+                         f"lines with 'text'") from None
     if path.suffix not in (".jsonl", ".json"):
         texts = [line for line in lines if line.strip()]
     else:

@@ -22,10 +22,12 @@ from torch import nn
 from ..decode import CompiledDecode, check_compilable
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from .generation_checks import FITNESSES, SHAPINGS, check_arguments, check_measures, check_prompts
+from .generation_checks import (FITNESSES, SHAPINGS, RewardError, check_arguments, check_measures, check_prompts,
+                                reward_error)
 from .generation_eval import KL_KEYS, Evaluating
 from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
-from .reward_stats import clipped_ratio, function_columns, function_names, function_sums, summed_keys
+from .reward_stats import (LENGTHS, clipped_ratio, function_columns, function_names, function_sums, length_columns,
+                           length_counts, summed_keys)
 from .scores import checked_rewards
 
 DRAW = 0x6C696B  # a key of its own for the likelihood fitness's completions (seed, step, DRAW)
@@ -69,13 +71,16 @@ class GenerationTask(Evaluating):
     """
 
     default_target = None
-    summed_info = frozenset({"generated_tokens"})
-    # what a user reads each step (the progress line, metrics.csv), never the shaped fitness: the raw reward's
-    # mean, std and best over the members (a member's reward: its mean over the step's prompts), the share of
-    # prompts whose rewards differ across members (one whose rewards are all alike carries no signal), and the
-    # kept completions' mean length in tokens, and the tokens the step generated (every row, to the longest)
-    describes = ("reward_mean", "reward_std", "reward_best", "prompts_with_spread", "kl", "completion_tokens",
-                 "generated_tokens")
+    # env_steps: the tokens the step generated (every row, to the longest), which the run adds up (num_tokens);
+    # the completions' lengths, counted by length (their mean, min and max: completions/mean_length, ...)
+    summed_info = frozenset({"env_steps", LENGTHS})
+    # what a user reads each step (the progress line, metrics.csv), under TRL's names, never the shaped fitness:
+    # the raw reward's mean, std and best over the members (a member's reward: its mean over the step's prompts),
+    # the share of prompts whose rewards differ across members (one whose rewards are all alike carries no
+    # signal), the kept completions' mean length in tokens, and the tokens the run has generated so far
+    describes = ("reward", "reward_std", "reward_best", "prompts_with_spread", "kl", "completions/mean_length",
+                 "num_tokens")
+    column_names = {"env_steps": "num_tokens", "lr": "learning_rate"}  # the run's own columns, under TRL's names
 
     def __init__(self, prompts: Sequence[str], tokenizer, reward: Callable, eval_prompts: Sequence[str] | None = None,
                  max_new_tokens: int = 16, temperature: float = 0.0, stop: Sequence[str] = ("\n",),
@@ -152,10 +157,9 @@ class GenerationTask(Evaluating):
         # sorted first: members whose samples scored the same values in another order tie exactly, not to rounding
         fitness = rewards.view(signs, len(prompts), self.generations, d).sort(2).values.mean(2)
         fitness = fitness.reshape(signs * len(prompts), d)
-        tokens = sum(lengths[i] for i in row_of) / len(row_of)
         clipped = clipped_ratio(lengths, row_of, self.max_new_tokens)
-        return fitness, {"completion_tokens": torch.tensor(tokens, device=ids.device),
-                         "generated_tokens": torch.tensor(new.numel(), device=ids.device),
+        return fitness, {LENGTHS: length_counts([lengths[i] for i in row_of], self.max_new_tokens, ids.device),
+                         "env_steps": torch.tensor(new.numel(), device=ids.device),
                          "completions/clipped_ratio": torch.tensor(clipped, device=ids.device),
                          **function_sums(self.reward, scored.to(ids.device), self.reward_names),
                          **self._step_kl(pm, ids, mask, new)}
@@ -180,8 +184,9 @@ class GenerationTask(Evaluating):
                                            drawn.rewards.to(drawn.base)[varied.to(at)])
             weighted = weighted.view(signs, varied.numel(), -1).to(fitness)
             fitness.view(signs, drawn.rewards.shape[0], -1)[:, varied] = weighted
-        return fitness, {"completion_tokens": drawn.kept.sum(1).float().mean(),
-                         "generated_tokens": torch.tensor(generated, device=drawn.ids.device),
+        lengths = drawn.kept.sum(1).tolist() if generated else []  # counted once, as the tokens are
+        return fitness, {LENGTHS: length_counts(lengths, self.max_new_tokens, drawn.ids.device),
+                         "env_steps": torch.tensor(generated, device=drawn.ids.device),
                          **self._drawn_kl(pm, drawn)}
 
     @torch.no_grad()
@@ -202,7 +207,7 @@ class GenerationTask(Evaluating):
         members = fitness.view(signs, self.prompts_per_step, -1).mean(1).flatten()
         by_prompt = self._by_prompt(fitness)
         spread = (by_prompt.amax(1) > by_prompt.amin(1)).to(fitness.dtype).mean()
-        return {"reward_mean": members.mean(), "reward_std": members.std(unbiased=False),
+        return {"reward": members.mean(), "reward_std": members.std(unbiased=False),
                 "reward_best": members.max(), "prompts_with_spread": spread, "frac_reward_zero_std": 1 - spread}
 
     def shape(self, fitness: torch.Tensor) -> torch.Tensor:
@@ -277,13 +282,15 @@ class GenerationTask(Evaluating):
         self._graphs_seen = (step, graphs)
 
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
-        """Nothing carries over between steps; the step's summed rewards per function become their mean and
-        std (in ``info``)."""
+        """Nothing carries over between steps; in ``info``, the step's summed rewards per function become their
+        mean and std, and its length counts the completions' mean, min and max length."""
         if f"rewards/{self.reward_names[0]}/sum" in info:
             info.update(function_columns(info, self.reward_names))
         if KL_KEYS[0] in info:
             total, tokens = (info.pop(key) for key in KL_KEYS)
             info["kl"] = torch.as_tensor(total) / torch.as_tensor(tokens)
+        if LENGTHS in info:
+            info.update(length_columns(info.pop(LENGTHS)))
 
     def logged_metrics(self) -> dict[str, float]:
         """What the reward functions gave TRL's ``log_metric`` since the last call, each name's mean."""
@@ -350,8 +357,10 @@ class GenerationTask(Evaluating):
             context["evaluating"] = evaluating
         try:  # copies: samples.jsonl keeps what was made
             rewards = self.reward(list(prompts), list(completions), **context)
-        except Exception as e:  # the user's function: its error, named as its own
-            raise ValueError(f"the reward function raised {type(e).__name__}: {e}") from e
+        except Exception as e:  # the user's function: its error, named as its own, with where it raised
+            if isinstance(e, RewardError) or getattr(self.reward, "names_its_errors", False):
+                raise  # Rewards names the function of each of its errors
+            raise reward_error(self.reward, e) from e
         return checked_rewards(rewards, completions)
 
 

@@ -3,8 +3,10 @@ expected and what was got."""
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 
 from ..decode import CompiledDecode
 
@@ -52,13 +54,20 @@ def check_arguments(tokenizer, reward, shaping: str, temperature: float, fitness
     return stop
 
 
+# the most completions an evaluation samples per held-out prompt (pass@K): each evaluation holds K x the held-out
+# prompts' completions, so a K beyond what pass@K is reported at (1, 10, 100, 1000) is a typo that fills memory
+MAX_EVAL_GENERATIONS = 1024
+
+
 def check_measures(kl, eval_generations, correct_at) -> tuple[bool, int]:
-    """What the task measures beside its reward: ``kl`` a bool, ``eval_generations`` an int >= 0 (with
-    ``correct_at``)."""
+    """What the task measures beside its reward: ``kl`` a bool, ``eval_generations`` an int from 0 to
+    ``MAX_EVAL_GENERATIONS`` (with ``correct_at``)."""
     if not isinstance(kl, bool):
         raise TypeError(f"kl must be True or False; got {kl!r}")
-    if isinstance(eval_generations, bool) or not isinstance(eval_generations, int) or eval_generations < 0:
-        raise ValueError(f"eval_generations must be an int >= 0 (0: no sampled evaluation); got {eval_generations!r}")
+    if (isinstance(eval_generations, bool) or not isinstance(eval_generations, int)
+            or not 0 <= eval_generations <= MAX_EVAL_GENERATIONS):
+        raise ValueError(f"eval_generations must be an int >= 0 and <= {MAX_EVAL_GENERATIONS} (0: no sampled "
+                         f"evaluation; K completions per held-out prompt); got {eval_generations!r}")
     if eval_generations and correct_at is None:
         raise ValueError("eval_generations counts correct answers (pass@k): it needs correct_at, the reward from "
                          "which an answer is correct (--correct-at)")
@@ -76,4 +85,43 @@ def check_sampling(fitness: str, generations: int, temperature: float) -> None:
                          f"are all alike); got temperature {temperature}")
 
 
-__all__ = ["FITNESSES", "SHAPINGS", "check_arguments", "check_measures", "check_prompts", "check_sampling"]
+def unreadable(tokenizer, prompts: Sequence[str], what: str = "prompts") -> str | None:
+    """A warning's text when ``tokenizer`` turns characters of some of ``prompts`` into its unknown token (the
+    model sees them all as one token), naming them; None when it reads every prompt (or has no unknown token:
+    byte-level tokenizers)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return None
+    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    hit = [p for p, row in zip(prompts, ids) if unk in row]
+    if not hit:
+        return None
+    chars = [c for c in sorted(set("".join(hit))) if tokenizer(c, add_special_tokens=False)["input_ids"] == [unk]]
+    return (f"{len(hit)} of {len(prompts)} {what} hold characters the tokenizer does not know, e.g. "
+            f"{hit[0]!r:.60}{' (' + ', '.join(map(repr, chars)) + ')' if chars else ''}: the model reads them all as "
+            f"one token, {tokenizer.unk_token!r}, and is unlikely to learn these prompts; use a model whose "
+            f"tokenizer covers their characters")
+
+
+class RewardError(ValueError):
+    """A reward function raised: its message names the function, its file and the line it raised at."""
+
+
+def reward_error(function: Callable, error: BaseException) -> RewardError:
+    """A :class:`RewardError` for ``error``, raised by the reward function ``function``, in one line: the
+    function as ``module:name``, what it raised, and the last line of the traceback in the function's own file
+    (the innermost line where the function's file has none: a builtin, a callable object)."""
+    owner = function if hasattr(function, "__qualname__") else type(function)
+    name = f"{getattr(owner, '__module__', None) or '?'}:{owner.__qualname__}"
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [f for f in frames if code is not None and f.filename == code.co_filename]
+    where = (own or frames or [None])[-1]
+    place = f" (at {where.filename}, line {where.lineno})" if where is not None else ""
+    message = " ".join(str(error).split())  # one line
+    return RewardError(f"the reward function {name} raised {type(error).__name__}"
+                       f"{': ' + message if message else ''}{place}")
+
+
+__all__ = ["FITNESSES", "MAX_EVAL_GENERATIONS", "SHAPINGS", "RewardError", "check_arguments", "check_measures",
+           "check_prompts", "check_sampling", "reward_error", "unreadable"]

@@ -87,8 +87,9 @@ class Evaluating:
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> float:
         """Accuracy (or mean reward) of the plain model, greedy, on the held-out prompts; the completions are
-        kept in :attr:`samples`, and :meth:`evaluation_info` gives ``eval_reward_mean``/``_std``,
-        ``eval_rewards/<name>/mean``/``std``, ``eval_completion_tokens``, ``eval_completions/clipped_ratio``,
+        kept in :attr:`samples`, and :meth:`evaluation_info` gives ``eval_reward``/``_std``,
+        ``eval_rewards/<name>/mean``/``std``, ``eval_completions/mean_length``, ``/min_length``, ``/max_length``
+        and ``/clipped_ratio``,
         ``eval_kl`` (from the starting model), with ``eval_generations`` K ``eval_pass@K`` and ``eval_pass@1``,
         and with drift texts ``drift_nll`` and ``drift_nll_change``."""
         rewards, self.samples, sums, lengths = [], [], {}, []
@@ -108,9 +109,10 @@ class Evaluating:
             self.samples += [{**{k: v[i] for k, v in extra.items()}, "prompt": p, "completion": c, "reward": float(r)}
                              for i, (p, c, r) in enumerate(zip(prompts, completions, scores.tolist()))]
         rewards = torch.cat(rewards).double()
-        info = {"eval_reward_mean": float(rewards.mean()),
+        info = {"eval_reward": float(rewards.mean()),
                 "eval_reward_std": float(rewards.std()) if rewards.numel() > 1 else float("nan"),
-                "eval_completion_tokens": sum(lengths) / len(lengths),
+                "eval_completions/mean_length": sum(lengths) / len(lengths),
+                "eval_completions/min_length": min(lengths), "eval_completions/max_length": max(lengths),
                 "eval_completions/clipped_ratio": clipped_ratio(lengths, range(len(lengths)), self.max_new_tokens)}
         info.update({f"eval_{k}": float(v) for k, v in function_columns(sums, self.reward_names).items()})
         if self._measures_kl:

@@ -17,6 +17,7 @@ import torch
 
 from ..noise import derive_seed
 from .gym_warnings import WARNINGS_KEY, EnvWarnings, MujocoWarning, Recorder
+from .user_code import env_module, import_module
 
 if TYPE_CHECKING:  # numpy comes with gymnasium (the [rl] extra): imported where an environment runs
     import numpy as np
@@ -51,6 +52,7 @@ def _make_env(env_id: str, main_pid: int):
     the spaces) it is made under the main process's rules."""
     import gymnasium as gym
 
+    import_env_module(env_id)  # a spawned worker (macOS, Windows) imports it anew
     if os.getpid() == main_pid:
         with EnvWarnings().call():
             return gym.make(env_id)
@@ -129,6 +131,7 @@ class GymVectorEnv:
         self.clip_actions = clip_actions  # False: continuous actions reach the env as computed (ARS's linear policy)
         self.env_id, self.n, self.device = env_id, n, torch.device(device)
         self.warnings = env_warnings or EnvWarnings()  # what this env's calls have shown (shared by a task's envs)
+        import_env_module(env_id)
         _import_mujoco_for(env_id)
         if vector_mode == "sync":
             with self.warnings.call():
@@ -163,6 +166,7 @@ class GymVectorEnv:
         """Spaces of ``env_id`` in the form RLTask expects (the env's warnings shown through ``env_warnings``)."""
         import gymnasium as gym
         import numpy as np
+        import_env_module(env_id)
         _import_mujoco_for(env_id)
         with (env_warnings or EnvWarnings()).call():
             env = gym.make(env_id)
@@ -221,6 +225,14 @@ class GymVectorEnv:
         return self._obs.copy(), reward, self._ended.copy()
 
 
+def import_env_module(env_id: str) -> None:
+    """The module of a ``module:Env-v0`` id, imported as a user's own module is (the working directory first,
+    for that import only), before gymnasium's own import of it finds it loaded; a ValueError if it cannot be."""
+    module = env_module(env_id)
+    if module is not None:
+        import_module(module, f"gym:{env_id}")
+
+
 def _import_mujoco_for(env_id: str) -> None:
     """Import mujoco ahead of a MuJoCo environment's creation, so that its compile messages (one per row) are
     caught too: :class:`~nesgpu.tasks.gym_warnings.ShowOnce` only hooks a mujoco that is already imported."""
@@ -238,4 +250,4 @@ def _import_mujoco_for(env_id: str) -> None:
             pass
 
 
-__all__ = ["GymVectorEnv", "MujocoWarning", "VECTOR_MODES", "check_vector_mode"]
+__all__ = ["GymVectorEnv", "MujocoWarning", "VECTOR_MODES", "check_vector_mode", "import_env_module"]

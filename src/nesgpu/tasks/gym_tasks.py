@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..options import check_options, option
 from .gym import GymVectorEnv
 from .gym_warnings import EnvWarnings
+from .rendering import rendering_failure
 from .rl import RLTask
 from .rl_options import RLOptions
 from .spec import TaskContext, TaskSpec
@@ -31,9 +32,12 @@ def make_gym_task(name: str, where: TaskContext, options: GymOptions) -> RLTask:
     shown = EnvWarnings()  # the task's environments show each warning once, between them
     try:
         spec = GymVectorEnv.spec(env_id, shown)
-    except ImportError:
-        raise
     except Exception as e:
+        failure = rendering_failure(e, name)  # MUJOCO_GL's backend, not the task: gymnasium imports the renderer
+        if failure:
+            raise ValueError(failure) from e
+        if isinstance(e, ImportError):
+            raise
         raise ValueError(f"unknown task {name!r}: gymnasium cannot make {env_id!r} ({e})") from e
     arguments = options.task_arguments()
     clip = arguments["policy_output"] != "linear"  # a linear policy's actions reach the env as computed (ARS)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from .generation_checks import reward_error
 from .user_code import load_function, load_object
 
 
@@ -155,6 +156,8 @@ class Rewards:
     one returned None) gets 0, with a warning, as TRL's ``nansum`` gives it.
     """
 
+    names_its_errors = True  # each error names the function it is about: GenerationTask passes them on
+
     def __init__(self, functions: Sequence[Callable], rows: dict[str, dict], weights: Sequence[float] | None = None,
                  eval_rows: dict[str, dict] | None = None):
         functions = [functions] if callable(functions) or isinstance(functions, str) else list(functions)
@@ -194,8 +197,11 @@ class Rewards:
         total: list[float | None] = [None] * len(completions)  # None: no function scored it (NaN)
         self.values = []
         for f, weight, takes in zip(self.functions, self.weights, self.takes):
-            values = f(completions=texts, prompts=list(originals), **{k: list(v) for k, v in columns.items()},
-                       **{k: v for k, v in extras.items() if k in takes and k not in columns})
+            try:
+                values = f(completions=texts, prompts=list(originals), **{k: list(v) for k, v in columns.items()},
+                           **{k: v for k, v in extras.items() if k in takes and k not in columns})
+            except Exception as e:  # the user's function: named, with the line it raised at
+                raise reward_error(f, e) from e
             _add_checked(f, values, weight, total)
             self.values.append([None if v is None else float(v) for v in values])
         self._note_unscored(total, originals)

@@ -61,4 +61,31 @@ def clipped_ratio(lengths: list[int], rows: list[int], max_new_tokens: int) -> f
     return sum(lengths[i] >= max_new_tokens for i in rows) / max(1, len(rows))
 
 
-__all__ = ["clipped_ratio", "function_columns", "function_names", "function_sums", "summed_keys"]
+LENGTHS = "completions/length_counts"
+"""A step's statistic: how many completions have each length in tokens (0 to max_new_tokens), added over
+blocks and processes; :func:`length_columns` makes it TRL's ``completions/mean_length``, ``/min_length`` and
+``/max_length``."""
+
+
+def length_counts(lengths: list[int], max_new_tokens: int, device=None) -> torch.Tensor:
+    """How many of ``lengths`` (tokens, at most ``max_new_tokens``) have each length: (max_new_tokens + 1,)."""
+    counts = torch.zeros(max_new_tokens + 1, dtype=torch.float64)
+    counts.index_add_(0, torch.tensor(lengths, dtype=torch.long), torch.ones(len(lengths), dtype=torch.float64))
+    return counts.to(device)
+
+
+def length_columns(counts) -> dict[str, torch.Tensor]:
+    """TRL's ``completions/mean_length``, ``/min_length`` and ``/max_length`` from a step's summed
+    :func:`length_counts` (NaN where it counted none)."""
+    counts = torch.as_tensor(counts, dtype=torch.float64).cpu()
+    seen = counts.nonzero().flatten()
+    if not seen.numel():
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
+        return {"completions/mean_length": nan, "completions/min_length": nan, "completions/max_length": nan}
+    lengths = torch.arange(counts.numel(), dtype=torch.float64)
+    return {"completions/mean_length": (counts * lengths).sum() / counts.sum(),
+            "completions/min_length": lengths[seen[0]], "completions/max_length": lengths[seen[-1]]}
+
+
+__all__ = ["LENGTHS", "clipped_ratio", "function_columns", "function_names", "function_sums", "length_columns",
+           "length_counts", "summed_keys"]

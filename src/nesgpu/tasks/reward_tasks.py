@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from torch import nn
 from ..options import check_options, option
 from .divergence import read_texts
 from .generation import FITNESSES, GenerationTask
+from .generation_checks import MAX_EVAL_GENERATIONS, unreadable
 from .spec import MAX_COUNT, TaskContext, TaskSpec
 from .verifiers import arithmetic_problems, arithmetic_reward, countdown_problems, countdown_reward, rewards_of
 
@@ -165,6 +167,9 @@ class PretrainedGenerationTask(GenerationTask):
         self.directory, self.dtype = directory, dtype
         super().__init__(tokenizer=load_tokenizer(directory) if tokenizer is None else tokenizer, **options)
         self.check_context(_context(directory))  # from config.json: before the weights load (a minute, for 1B)
+        unknown = unreadable(self.tokenizer, self.prompts, "training prompts")
+        if unknown:
+            warnings.warn(unknown, stacklevel=2)
 
     def make_model(self, hidden, model: str) -> nn.Module:
         lm = load_causal_lm(self.directory, dtype=self.dtype or "auto")
@@ -215,8 +220,8 @@ class PromptOptions:
     fitness: str = option("reward", "reward: each member's reward on its completions; likelihood: its expected "
                                     "reward on sampled ones (no population generate)", choices=FITNESSES)
     kl: bool = option(False, "log kl and eval_kl: TRL's per-token KL from the start (a copy of the start)")
-    eval_generations: int = option(0, "K > 0: sample K completions per held-out prompt: eval_pass@K",
-                                   at_least=0, at_most=MAX_COUNT)
+    eval_generations: int = option(0, f"K > 0: sample K completions per held-out prompt: eval_pass@K (K at most "
+                                      f"{MAX_EVAL_GENERATIONS})", at_least=0, at_most=MAX_EVAL_GENERATIONS)
     drift_text: str | None = option(None, "a file of texts (lines, or JSON lines with 'text'): each evaluation "
                                           "logs their NLL per token, drift_nll, and its change")
 

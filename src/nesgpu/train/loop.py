@@ -21,6 +21,7 @@ from .setup.config import TrainConfig
 from .steps.evolution import Stepper
 from .steps.signal import SignalWatch
 from .storage.checkpoint import WEIGHTS, save_checkpoint
+from .storage.samples import keep_samples_to
 
 
 class Interrupted(Exception):
@@ -58,6 +59,7 @@ class Loop:
     callback: object = None
     stop_requested: object = lambda: False
     progress: Progress = field(default_factory=Progress)
+    compiled: bool = False  # whether the task's rollouts (or decode) run compiled: the first step compiles them
     target: float | None = None
     stopped: str = "steps"  # why the run ended: steps, target, callback or time_budget (summary.json)
 
@@ -92,28 +94,17 @@ class Loop:
                              "weights at the same step); use --eval-every")
 
     def _keep_samples_to(self, step: int) -> None:
-        """A resumed run: the samples after its checkpoint go, as metrics rows do (a line cut short by a kill
-        is dropped with a warning; any other damage is an error naming the file)."""
-        samples = self.out / "samples.jsonl"
-        if not samples.is_file():
-            return
-        lines, kept = samples.read_text().splitlines(keepends=True), []
-        for number, line in enumerate(lines, 1):
-            try:
-                if json.loads(line)["step"] <= step:
-                    kept.append(line)
-            except (ValueError, KeyError, TypeError) as e:
-                if number < len(lines):
-                    raise ValueError(f"{samples}, line {number}, is not a sample ({e}); move the file away to "
-                                     f"resume without it") from e
-                self.log(f"warning: {samples}: its last line was cut short (a killed run); it is dropped")
-        samples.write_text("".join(kept))
+        """A resumed run: the samples after its checkpoint go, as metrics rows do (see :func:`keep_samples_to`)."""
+        keep_samples_to(self.out / "samples.jsonl", step, self.log)
 
     def run(self) -> None:
         """Steps until ``cfg.steps``, a target, the time budget, the callback or a stop request."""
         bar = _progress_bar(self.cfg.steps, self.stepper.step) if self.main else None
         start, last_line = time.perf_counter() - self.progress.elapsed, -math.inf  # the first step's line at once
         self._origin = (self.stepper.step, self.progress.elapsed)  # where this run's ETA counts from
+        self._compiling = self.compiled and self.stepper.step < self.cfg.steps  # this process's first step compiles
+        if self.main and self._compiling:
+            self.log("compiling (torch.compile) in the first step: it takes longer, and the ETA leaves it out")
         if self.main and (bar is None or bar.disable) and self.cfg.progress_every:  # a line before the first step
             self.log(f"step {self.stepper.step}/{self.cfg.steps}  {self.progress.elapsed:.0f} s  starting")
         try:
@@ -127,13 +118,15 @@ class Loop:
                 step = self.stepper.step
                 self.progress.env_steps += int(stats.pop("env_steps", 0))
                 self.progress.elapsed = time.perf_counter() - start
+                if self._compiling:  # the ETA's rate counts from the step after it
+                    self._origin, self._compiling = (step, self.progress.elapsed), False
                 if self.stepper.needs_sync and (self._eval_due(step) or self._checkpoint_due(step)):
                     self.stepper.sync()  # every rank: rank 0's plain model and optimizer state, for what follows
                 logged = self._logged("log_metric/")  # every rank takes its own, so that none piles up
                 if not self.main:
                     continue
-                row = {"step": step, "seconds": self.progress.elapsed, "env_steps": self.progress.env_steps, **stats,
-                       **logged}
+                row = named({"step": step, "seconds": self.progress.elapsed, "env_steps": self.progress.env_steps,
+                             **stats, **logged}, self.task)
                 self.watch.see(step, row)
                 stop = self._after_step(step, row)
                 last_line = self._show(bar, row, last_line)
@@ -180,8 +173,8 @@ class Loop:
         if self.main:
             metric = evaluated(self.task, self.stepper.model)
             self._write_samples(0)
-            self.metrics.write({"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: metric,
-                                **self._evaluation_info(), **self._logged("eval_log_metric/")})
+            self.metrics.write(named({"step": 0, "seconds": 0.0, "env_steps": 0, self.task.metric: metric,
+                                      **self._evaluation_info(), **self._logged("eval_log_metric/")}, self.task))
 
     def _logged(self, prefix: str) -> dict[str, float]:
         """What the task's reward functions logged since the last take (TRL's log_metric), keys prefixed."""
@@ -242,23 +235,27 @@ class Loop:
             bar.update(1)
             bar.set_postfix({k: f"{row[k]:.4g}" for k in shown if k in row})
         elif self.cfg.progress_every and time.perf_counter() - last_line >= self.cfg.progress_every:
-            self.log(f"step {row['step']}/{self.cfg.steps}  {self.progress.elapsed:.0f} s  ETA {self._eta(row):.0f} s  "
+            eta = self._eta(row)
+            self.log(f"step {row['step']}/{self.cfg.steps}  {self.progress.elapsed:.0f} s  "
+                     + ("compiled, no ETA yet  " if eta is None else f"ETA {eta:.0f} s  ")
                      + "  ".join(f"{k} {row[k]:.4g}" for k in shown if k in row))
             return time.perf_counter()
         return last_line
 
-    def _eta(self, row: dict) -> float:
-        """Seconds left to ``cfg.steps`` at this run's mean step time so far."""
+    def _eta(self, row: dict) -> float | None:
+        """Seconds left to ``cfg.steps`` at this run's mean step time so far, compiling left out (None: the only
+        step so far compiled)."""
         first, elapsed = self._origin
-        done = max(1, row["step"] - first)
-        return (self.progress.elapsed - elapsed) / done * max(0, self.cfg.steps - row["step"])
+        if row["step"] <= first:
+            return None if row["step"] < self.cfg.steps else 0.0
+        return (self.progress.elapsed - elapsed) / (row["step"] - first) * max(0, self.cfg.steps - row["step"])
 
     def checkpoint(self, step: int) -> None:
         """Everything a resume needs, written atomically, once the weights are known to be finite."""
         check_finite(self.stepper, step, self.progress.last_checkpoint, self.out / "checkpoint")
         save_checkpoint(self.out / "checkpoint", self.stepper.model, {
             "strategy": self.stepper.state_dict(), "seconds": self.progress.elapsed,
-            "env_steps": self.progress.env_steps, "config": self.cfg.to_dict(),
+            "env_steps": self.progress.env_steps, "config": self.cfg.to_dict(), "compiled": self.compiled,
             "stopped": [self.progress.stopped, self.progress.stopped_value],
             **({"data": self.task.data_fingerprint()} if isinstance(self.task, Fingerprinted) else {})})
         self.progress.last_checkpoint = step
@@ -273,6 +270,13 @@ def evaluated(task, model) -> float:
         raise TypeError(f"{type(task).__name__}.evaluate must return a number (its {task.metric!r}); got "
                         f"{type(value).__name__} {value!r:.40}")
     return float(value)
+
+
+def named(row: dict, task) -> dict:
+    """``row`` with the keys ``task`` names otherwise renamed (its ``column_names``: a language model's
+    ``env_steps`` is TRL's ``num_tokens``, its ``lr`` TRL's ``learning_rate``)."""
+    names = getattr(task, "column_names", None)
+    return {names.get(k, k): v for k, v in row.items()} if names else row
 
 
 def shown_statistics(task, progress_key: str) -> tuple[str, ...]:

@@ -7,7 +7,9 @@ The steps themselves are :class:`~nesgpu.train.loop.Loop`'s; what is trained, :f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import io
 import json
 import os
 import signal
@@ -26,11 +28,13 @@ from ..version import __version__
 from .loop import Interrupted, Loop, Progress, check_finite, evaluated, shown_statistics
 from .setup.build import Built, build, check_own, resolve_device
 from .setup.config import TrainConfig, is_supervised, resolve_for
+from .setup.defaults import budget_note, compiles, kept_compile, torch_env_tasks
 from .storage import rundir
-from .storage.checkpoint import require_safetensors, save_weights, write_directory, write_json
+from .storage.checkpoint import STATE, find_checkpoint, require_safetensors, save_weights, write_directory, write_json
 from .storage.loggers import make_loggers
 from .storage.metrics import MetricsLog, plot_curve
 from .storage.resume import resume as resume_run
+from .storage.run_files import read_bytes
 
 
 class StopRequests:
@@ -152,7 +156,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
 
 def _train(job: _Job) -> dict:
     cfg, out, main = job.cfg, job.out, job.ranks.is_main
-    built = build(cfg, job.device, job.ranks, model=job.model, task=job.task, log=job.log)
+    built_cfg, compiled = _compile_decision(job)
+    built = build(built_cfg, job.device, job.ranks, model=job.model, task=job.task, log=job.log)
     loggers = make_loggers(None if cfg.log is None else cfg.log.split(","), out) if main else []
     replaced = rundir.Replacement(out)
     with job.stop_requested.deferred():  # a signal here must not leave an --overwrite's old run set aside
@@ -173,7 +178,7 @@ def _train(job: _Job) -> dict:
             if main else None
         loop = Loop(cfg, out, built.task, built.step, main, job.ranks.distributed, metrics, job.log,
                     _first_step_then(replaced.discard, job.callback, job.stop_requested), job.stop_requested,
-                    progress)
+                    progress, compiled)
         with job.stop_requested.deferred():
             loop.run()
         built.step.finish()
@@ -195,6 +200,42 @@ def _train(job: _Job) -> dict:
     if metrics is not None:
         metrics.close(summary)
     return summary
+
+
+def _compile_decision(job: _Job) -> tuple[TrainConfig, bool]:
+    """The config the run is built from, and whether its rollouts compile: a resumed run keeps its start's
+    decision (:func:`kept_compile`). The console says so where its new options alone would decide otherwise,
+    and how a time budget counts compiling."""
+    cfg = job.cfg
+    compiled, note = compiles(cfg), None
+    if job.resume and cfg.compile == "auto" and cfg.task in torch_env_tasks():
+        compiled, note = kept_compile(cfg, *_recorded_compile(job.out))
+    for line in (note, budget_note(cfg, compiled)):
+        if line is not None:
+            job.log(line)
+    if compiled == compiles(cfg):
+        return cfg, compiled
+    return dataclasses.replace(cfg, compile="on" if compiled else "off"), compiled
+
+
+# a built-in RL run's checkpoint state is a few kB to a few MB
+STATE_LIMIT = 256 << 20
+
+
+def _recorded_compile(out: Path) -> tuple[bool | None, dict]:
+    """Whether ``out``'s checkpoint records that its rollouts ran compiled (None: it does not say), and the
+    config it records ({}: none). A checkpoint that cannot be read gives (None, {}): resuming it says why."""
+    found = find_checkpoint(out / "checkpoint")
+    if found is None:
+        return None, {}
+    try:
+        state = torch.load(io.BytesIO(read_bytes(found / STATE, STATE_LIMIT)), weights_only=True, map_location="cpu")
+    except Exception:  # noqa: BLE001 - any damage is reported by resume, which reads the file again
+        return None, {}
+    if not isinstance(state, dict):
+        return None, {}
+    recorded, config = state.get("compiled"), state.get("config")
+    return (recorded if isinstance(recorded, bool) else None), (config if isinstance(config, dict) else {})
 
 
 def _first_step_then(settle, callback, stop_requested):

@@ -26,6 +26,9 @@ that is the task presets unless the base config sets them:
 | rank | int, log-uniform 1 .. 8 (layer lowrank only) | ES |
 | hidden | choices w/2, w, 2w, "w,w" (w: the first hidden size; a linear model: w = 16, and "0") | ES, model mlp only |
 | batch_size | choices b/2, b, 2b | backprop |
+
+A strategy with a limit on the evolving parameters (cma_es, xnes) searches only the hidden sizes whose model fits
+it, and a base config whose model exceeds it is refused before the study.
 """
 
 from __future__ import annotations
@@ -247,7 +250,33 @@ def default_space(base: TrainConfig) -> SearchSpace:
         spec = make(cfg, name)
         if spec is not None:
             mapping[name] = spec
+    if STRATEGIES.get(cfg.strategy) is not None and STRATEGIES[cfg.strategy].max_parameters is not None:
+        _fit(cfg, mapping)
     return parse_space(mapping, base, source="default space")
+
+
+def _fit(cfg: TrainConfig, mapping: dict) -> None:
+    """A strategy with a limit on the evolving parameters (cma_es, xnes): the hidden sizes whose model exceeds it
+    are left out of ``mapping``; a base model above it is refused now, in one line, not in every trial."""
+    import torch
+
+    from ..model import PerturbedModel
+    from ..train.setup.build import config_task, initial_model, perturbed
+
+    limit, task = STRATEGIES[cfg.strategy].max_parameters, config_task(cfg, torch.device("cpu"))
+
+    def evolving(hidden) -> int:
+        model = perturbed(cfg, initial_model(dataclasses.replace(cfg, hidden=hidden), task))
+        return PerturbedModel(model, 2, sigma=0.1).num_perturbed
+
+    count = evolving(cfg.hidden)
+    if count > limit:
+        raise ValueError(f"strategy {cfg.strategy!r} takes models of up to {limit:,} evolving parameters; the base "
+                         f"config's has {count:,}, so every trial would be refused: give a smaller --hidden (or "
+                         f"--model), or another strategy")
+    if "hidden" in mapping:
+        choices = [c for c in mapping["hidden"]["choices"] if evolving(parse_hidden(c, "hidden")) <= limit]
+        mapping["hidden"] = {"choices": choices}
 
 
 def make_space(base: TrainConfig, space: SearchSpace | dict | str | Path | None) -> SearchSpace:

@@ -100,7 +100,7 @@ class TrainConfig:
     task: str = opt("digits", "the task: digits, cartpole, gym:<id>, generation (your reward), ...")
     strategy: str | None = opt(help="the ES algorithm, or backprop (supervised tasks)",
                                per_task=True, choices=strategy_choices)
-    layer: str = opt("lowrank", "perturbation kind of the matrices", choices=tuple(sorted(KINDS)))
+    layer: str | None = opt(help="perturbation kind of the matrices", choices=tuple(sorted(KINDS)), per_task=True)
     model: str | None = opt(help="architecture: mlp; mnist1d also cnn (Conv1d); reverse, sort: transformer; "
                             "the language-model tasks: hf:DIR (a local Hugging Face model directory)",
                             per_task=True)

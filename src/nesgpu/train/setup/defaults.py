@@ -4,6 +4,9 @@ step size. Nothing here is per task: adding a task touches nothing in train/."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from ...layers import KINDS
 from ...strategies import STRATEGIES
 from ...tasks import TASKS, DifferentiableTask, task_spec
 from .options import BACKPROP, STRATEGY, TASK, task_key
@@ -16,7 +19,7 @@ BACKPROP_DEFAULTS = dict(lr=1e-3)
 ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "anchor",
            "evolve", "sigma_schedule", "sigma_final", "chunk_size", "compile", "dtype", "update")
 # what neither the task nor its model sets
-GLOBAL_DEFAULTS = dict(strategy="openai_es", lr_schedule="constant", lr_final=1.0, antithetic=True,
+GLOBAL_DEFAULTS = dict(strategy="openai_es", layer="lowrank", lr_schedule="constant", lr_final=1.0, antithetic=True,
                        update="strategy")
 # a task of the user's own (``train(cfg, task=...)``) is labelled "custom:<name>"; it starts from these where
 # neither the config nor the task's own ``defaults`` mapping sets an option
@@ -28,6 +31,9 @@ TASK_DEFAULTS: dict[str, dict] = {name: dict(spec.defaults) for name, spec in TA
 # the built-in RL runs compile their rollouts when they make at least this many environment steps: compiling
 # takes ~3 s (cached) to ~12 s (cold) on a 2-core CPU, and the compiled loop is ~2.8x faster (BENCHMARKS.md)
 COMPILE_MIN_ENV_STEPS = 20_000_000
+# ... and, under a time budget, only when it is at least this many seconds: compiling took 77 s of a 40 s budget
+# on a busy 2-core CPU (issue 55), and pays off only once the faster steps win that time back
+COMPILE_MIN_BUDGET = 300.0
 
 
 def presets(task: str, model: str | None = None, strategy: str | None = None) -> dict:
@@ -58,11 +64,21 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
     values.update(STRATEGY.defaults_of(values["strategy"]))
     if not getattr(STRATEGIES.get(values["strategy"]), "default_antithetic", True):  # CMA-ES: independent members
         values["antithetic"] = False
+    if needs_gaussian(STRATEGIES.get(values["strategy"]), values["layer"]):  # the layer follows the strategy
+        values["layer"] = "gaussian"
     values.update({k: v for k, v in tuned.items() if values["strategy"] == own and k in values})
     run_defaults = None if task.startswith(CUSTOM) else getattr(task_spec(task).options, "run_defaults", None)
     if run_defaults is not None:  # the task's defaults that depend on the strategy (RL: its observation clip)
         values.update(run_defaults(STRATEGIES.get(values["strategy"])))
     return values
+
+
+def needs_gaussian(strategy, layer: str) -> bool:
+    """Whether ``strategy`` (a class; None: backprop) adapts a covariance or a sigma per parameter by default,
+    which ``layer`` cannot carry (SNES's outer-product scales ride on low-rank noise)."""
+    if strategy is None or not (strategy.adapts_covariance or strategy.scales_with(strategy.Options())):
+        return False
+    return layer != "gaussian" and not (strategy.outer_scales and KINDS[layer].outer_scale)
 
 
 def strategy_choices() -> list[str]:
@@ -101,14 +117,60 @@ def compiling_tasks() -> list[str]:
 
 
 def compiles(cfg) -> bool:
-    """Whether a resolved config's rollouts run compiled (``compile``: on, off, or auto by the run's size)."""
+    """Whether a resolved config's rollouts run compiled (``compile``: on, off, or auto by the run's size and
+    its time budget)."""
     if cfg.compile != "auto":
         return cfg.compile == "on"
+    return _large(cfg) and (cfg.time_budget is None or cfg.time_budget >= COMPILE_MIN_BUDGET)
+
+
+def _large(cfg) -> bool:
+    """Whether a built-in torch environment's run makes enough environment steps to compile (--compile auto)."""
     if cfg.task not in torch_env_tasks():
         return False
     episodes = cfg.task_options.episodes  # a torch environment's task is an RL task
     return cfg.steps * cfg.population * episodes * TASKS[cfg.task].env_steps >= COMPILE_MIN_ENV_STEPS
 
 
-__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "compiles", "compiling_tasks", "is_supervised", "presets",
-           "strategy_choices", "torch_env_tasks", "tuned_options"]
+def budget_note(cfg, compiled: bool) -> str | None:
+    """The console line of a run with a time budget whose rollouts compile, or would by their size alone:
+    compiling counts inside the budget, or the budget decided against it (None: nothing compiles)."""
+    if cfg.time_budget is None:
+        return None
+    if compiled:
+        return f"compiling counts inside --time-budget {cfg.time_budget:g} s (the first step waits for it)"
+    if cfg.compile == "auto" and _large(cfg):
+        return (f"--time-budget {cfg.time_budget:g} s decides against compiling the rollouts (compiling takes "
+                f"10 s to over a minute on a busy CPU; auto compiles under a budget of {COMPILE_MIN_BUDGET:g} s or "
+                f"more): they run eagerly (--compile on compiles them anyway)")
+    return None
+
+
+def kept_compile(cfg, recorded: bool | None, old: dict) -> tuple[bool, str | None]:
+    """A resumed run's compile decision, and a console line when it is not what its new options alone decide.
+    Under --compile auto it keeps its start's decision (``recorded`` in its checkpoint), so that it goes on bit
+    for bit; an older checkpoint that did not record it takes what its own config (``old``: its --steps, time
+    budget and --compile) decided, and says so. --compile on or off decides as it says."""
+    now = compiles(cfg)
+    if cfg.compile != "auto" or cfg.task not in torch_env_tasks():
+        return now, None
+    how = {True: "compiled", False: "eagerly"}
+    if recorded is None:
+        steps, budget = old.get("steps"), old.get("time_budget")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or not (
+                budget is None or isinstance(budget, (int, float)) and not isinstance(budget, bool)):
+            return now, None  # a checkpoint that resume refuses (or one of no config): decided as for a new run
+        compile = old.get("compile") if old.get("compile") in ("on", "off") else "auto"
+        kept = compiles(dataclasses.replace(cfg, steps=steps, time_budget=budget, compile=compile))
+        return kept, (f"the checkpoint does not record whether the rollouts ran compiled (an older nesgpu): they "
+                      f"run {how[kept]}, as its --steps {steps} decided (--compile on|off to choose)")
+    kept = bool(recorded)
+    if kept == now:
+        return kept, None
+    return kept, (f"the rollouts ran {how[kept]} from the run's start and go on {how[kept]}, bit for bit (--steps "
+                  f"{cfg.steps} alone would run them {how[now]}, as an uninterrupted run of {cfg.steps} steps does: "
+                  f"its floats differ from this run's; --compile on|off to choose)")
+
+
+__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "budget_note", "compiles", "compiling_tasks", "is_supervised",
+           "kept_compile", "presets", "strategy_choices", "torch_env_tasks", "tuned_options"]

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import Protocol
 
@@ -15,7 +14,7 @@ import torch
 from torch import nn
 
 from ...inplace import IN_PLACE, UPDATES
-from ...model import MIN_SIGMA
+from ...model import MAX_SIGMA, MIN_SIGMA
 from ...population import Population
 from ...probe import Probe, probe_line, probe_sigma
 from ...strategies import Strategy
@@ -139,7 +138,8 @@ class EvolutionStep:
         scalars["no_signal"] = (weights == 0).all()
         if strategy.adapts_scales or strategy.adapts_covariance:
             scalars["sigma_scale"] = self._mean_scale()
-        stats = fitness_statistics(result.fitness, state.step + 1, strategy.antithetic, scalars)
+        stats = fitness_statistics(result.fitness, state.step + 1, strategy.antithetic, scalars,
+                                   strategy.divergence_hint)
         self.state = told
         self.optimizer.zero_grad(set_to_none=True)
         if not stats["no_signal"]:  # else no .grad at all: the optimizer skips the step (weight decay, momentum)
@@ -159,9 +159,9 @@ class EvolutionStep:
         """A strategy that adapts sigma and has converged takes it below what the noise can resolve: it stays at
         :data:`~nesgpu.model.MIN_SIGMA` from then on, with one warning (not an error at the next step)."""
         sigma = self.state.sigma
-        if not math.isfinite(sigma):
-            raise ValueError(f"strategy {self.strategy.name!r} made sigma {sigma} at step {self.state.step}; check "
-                             f"the task's fitness (lower --sigma or --lr)")
+        if not sigma <= MAX_SIGMA:  # also NaN: a checkpoint of it could not be resumed
+            raise ValueError(f"strategy {self.strategy.name!r} made sigma {sigma:.4g} at step {self.state.step} (at "
+                             f"most {MAX_SIGMA:g} holds); check the task's fitness (lower --sigma or --lr)")
         if sigma < MIN_SIGMA:
             self.state = dataclasses.replace(self.state, sigma=MIN_SIGMA)
             if not self.floored:
@@ -236,7 +236,7 @@ class EvolutionStep:
         """Restore a :meth:`state_dict`; the saved base step sizes are set under this step's own schedule."""
         if not isinstance(state, dict) or "optimizer" not in state:
             raise ValueError("not an ES checkpoint's strategy state (no optimizer state)")
-        self.state = self.strategy.State.from_dict(state)
+        self.state = self.strategy.load_state(state)  # checked: a tampered checkpoint never reaches a step
         self.probing = False  # a resumed run keeps its sigma (and what the probe measured, if it ran)
         self.probe = Probe.from_dict(state["probe"]) if isinstance(state.get("probe"), dict) else None
         self.population.pm.load_master_state(state.get("masters"))
@@ -266,9 +266,10 @@ class EvolutionStep:
         if self.anchor:
             raise ValueError("--anchor pulls toward the starting weights, which this checkpoint does not hold (the "
                              "run started without --anchor); drop --anchor, or start a new run with it")
-        warnings.warn("the checkpoint holds no starting weights (written before nesgpu kept them): kl and the change "
-                      "of drift_nll are measured from the model as this run builds it (the run's own start where "
-                      "--model and --seed are unchanged)", stacklevel=3)
+        warnings.warn("the checkpoint holds no starting weights (the run started without kl and without a drift "
+                      "text, or under a nesgpu that did not keep them): kl and the change of drift_nll are measured "
+                      "from the model as this run builds it (the run's own start where --model and --seed are "
+                      "unchanged)", stacklevel=3)
 
     def apply_changes(self, old: dict, cfg) -> None:
         """A resumed run's explicit new sigma replaces the current one; a new lr becomes the base (``"auto"``:

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import os
+import pickle
 import resource
 import shutil
 import tempfile
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .run_files import open_regular
 from .tensor_file import batches, described, write_tensors
 
 WEIGHTS, STATE = "model.safetensors", "state.pt"
@@ -110,18 +112,30 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
                 model.load_state_dict({name: f.get_tensor(source) for name, source in sources.items()})
     except ValueError:
         raise
-    except RuntimeError as e:
-        raise ValueError(f"weights {path} do not match the model: {e}") from e
+    except RuntimeError as e:  # load_state_dict's report spans lines: one line of it
+        raise ValueError(f"weights {path} do not match the model: {' '.join(str(e).split())}") from e
     except Exception as e:
         raise ValueError(f"cannot read weights {path}: the file is corrupt or not safetensors ({e})") from e
     return metadata
+
+
+def _same_class(saved_from: str, cls: type) -> bool:
+    """Whether ``saved_from`` (a file's ``module.QualifiedName``) names ``cls``. A script's class is
+    ``__main__.Name`` when the script runs (``python own_defs.py``) and ``own_defs.Name`` when the script is
+    loaded as a file or module (``--model own_defs.py:Name``): on either side ``__main__`` matches any module,
+    the qualified name must still be the same."""
+    if saved_from == f"{cls.__module__}.{cls.__qualname__}":
+        return True
+    if saved_from.startswith("__main__."):
+        return saved_from[len("__main__."):] == cls.__qualname__
+    return cls.__module__ == "__main__" and saved_from.endswith(f".{cls.__qualname__}")
 
 
 def _sources(model: nn.Module, path: Path, f, metadata: dict) -> dict[str, str]:
     """Each name of the open file ``f`` (a tied name too) and the tensor it loads from (the one stored), once the
     dtypes and shapes of the names the model has are checked against the model's."""
     saved_from = metadata.get(MODEL_CLASS)  # older files did not say
-    if saved_from is not None and saved_from != class_name(model):  # the same names can hide another network
+    if saved_from is not None and not _same_class(saved_from, type(model)):  # same names, another network
         raise ValueError(f"weights {path} were saved from a {saved_from}; got a {class_name(model)} to load them into "
                          f"(pass the model class the run trained)")
     try:
@@ -232,13 +246,36 @@ def load_checkpoint(directory: Path, model: nn.Module, validate=None) -> dict:
     found = find_checkpoint(directory)
     if found is None:
         raise ValueError(f"no checkpoint in {directory} (expected {WEIGHTS} and {STATE})")
-    try:
-        state = torch.load(found / STATE, weights_only=True, map_location="cpu")
-    except Exception as e:
-        raise ValueError(f"cannot read {found / STATE}: the file is corrupt or not a nesgpu checkpoint ({e})") from e
+    state = read_state(found / STATE)
     if validate is not None:
         validate(state)
     load_weights(model, found / WEIGHTS)
+    return state
+
+
+STATE_LIMIT = 1 << 30  # state.pt holds the optimizer's state (and a run's starting weights): far below this
+
+
+def read_state(path: Path) -> dict:
+    """A checkpoint's ``state.pt``: read with ``weights_only=True`` (tensors and plain values only, never code),
+    and a mapping; anything else is a ValueError that names the file (and never advises loading it unsafely)."""
+    path = Path(path)
+    with open_regular(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size > STATE_LIMIT:
+            raise ValueError(f"{path} is over {STATE_LIMIT:,} bytes; expected the state.pt nesgpu train writes")
+        try:
+            state = torch.load(f, weights_only=True, map_location="cpu")
+        except pickle.UnpicklingError:  # torch's message advises weights_only=False: code from a stranger
+            raise ValueError(f"{path} is not a checkpoint nesgpu wrote: it holds objects other than tensors and "
+                             f"plain values, which nesgpu never loads (they could run code); use a checkpoint of "
+                             f"your own run") from None
+        except Exception as e:
+            first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            why = "" if "weights_only" in str(e) else f" ({first})"
+            raise ValueError(f"cannot read {path}: the file is corrupt or not a nesgpu checkpoint{why}") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a {type(state).__name__}; expected the mapping of state nesgpu train writes "
+                         f"(the file is damaged or not nesgpu's)")
     return state
 
 

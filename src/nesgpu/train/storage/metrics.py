@@ -5,15 +5,21 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from .checkpoint import atomic_write_text
 from .loggers import Logger, make_loggers
+from .run_files import open_regular
 
-COLUMNS = ["step", "seconds", "env_steps", "fitness_mean", "fitness_max", "fitness_min", "sigma", "lr",
-           "no_signal", "train_loss", "episode_return", "test_accuracy", "eval_return"]
+COLUMNS = ["step", "seconds"]
+# the columns a run has once a row fills them (a language model's run fills no RL or supervised column), and the
+# names an LM run gives env_steps and lr (nesgpu.tasks.generation's column_names)
+OPEN_COLUMNS = frozenset({"env_steps", "fitness_mean", "fitness_max", "fitness_min", "sigma", "lr", "no_signal",
+                          "train_loss", "episode_return", "test_accuracy", "eval_return", "num_tokens",
+                          "learning_rate"})
 # the prefixes of columns that appear when a value first does: what a reward function logs (by its own names),
 # what a generation task logs under TRL's names (nesgpu.tasks.reward_stats), and its evaluations' columns and
 # distance from the starting model (nesgpu.tasks.generation_eval)
@@ -34,10 +40,15 @@ class MetricsLog:
     def __init__(self, out: Path, resume_step: int = 0, loggers: Sequence[Logger] | None = None,
                  config: dict | None = None, extra_columns: Sequence[str] = ()):
         self.path = Path(out) / "metrics.csv"
-        rows = self.read(self.path) if resume_step and self.path.exists() else []
-        self.rows = [r for r in rows if int(r["step"]) <= resume_step]
+        rows = self.read(self.path) if resume_step and os.path.lexists(self.path) else []
+        self.rows = [r for r in rows if r["step"] <= resume_step]
+        after = [r["step"] for r in rows if r["step"] > resume_step]
+        if after:  # written after the checkpoint by the run that was stopped: the resumed run writes them again
+            warnings.warn(f"{self.path}: the rows of steps {min(after)}-{max(after)}, after the checkpoint's step "
+                          f"{resume_step}, are dropped: the run goes on from step {resume_step}", stacklevel=2)
         self.columns = COLUMNS + [c for c in dict.fromkeys(extra_columns) if c not in COLUMNS]
-        self.columns += _opened(self.rows, self.columns)
+        self.columns += [k for k in dict.fromkeys(k for r in self.rows for k in r) if k not in self.columns]  # every
+        # column a resumed run's rows have (an older nesgpu's too)
         self._file = self._writer = None  # the file kept open for appending rows (after the first)
         self._rewrite()
         self.loggers = list(make_loggers(None, Path(out)) if loggers is None else loggers)
@@ -56,8 +67,28 @@ class MetricsLog:
 
     @staticmethod
     def read(path: Path) -> list[dict]:
-        with open(path, newline="") as f:
-            return [{k: _parse(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+        """The rows of a metrics.csv (values as numbers); one that nesgpu did not write is a ValueError naming the
+        file and line."""
+        path, line, rows, damaged = Path(path), 1, [], None
+        try:
+            with open_regular(path, newline="") as f:
+                reader = csv.reader(f)
+                header = _header(next(reader, None), path)
+                for values in reader:
+                    if damaged is not None:  # a line that is not the last
+                        raise damaged
+                    line = reader.line_num
+                    try:
+                        rows.append(_row(header, values, path, line))
+                    except ValueError as e:
+                        damaged = e
+        except csv.Error as e:
+            raise ValueError(f"{path}, line {line + 1}: {e}; expected the metrics.csv a run writes") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text ({e.reason}); expected the metrics.csv a run writes") from None
+        if damaged is not None:  # the last line, cut short by a kill: after the checkpoint, written again
+            warnings.warn(f"{path}: its last line was cut short (a killed run); it is dropped", stacklevel=3)
+        return rows
 
     def write(self, row: dict) -> None:
         """Append ``row``'s values of the file's columns (every value goes to the trackers). A key with one of
@@ -118,6 +149,44 @@ class MetricsLog:
                     pass
 
 
+def _header(names: list[str] | None, path: Path) -> list[str]:
+    """metrics.csv's first line: its column names, each once, ``step`` among them."""
+    expected = "expected the metrics.csv a run writes"
+    if not names:
+        raise ValueError(f"{path} has no header line; {expected}")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"{path}: its header names column {twice[0]!r} twice; {expected}")
+    if "step" not in names:
+        raise ValueError(f"{path}: its header has no 'step' column (it begins {','.join(names[:3])[:60]!r}); "
+                         f"{expected}")
+    return names
+
+
+def _row(header: list[str], values: list[str], path: Path, line: int) -> dict:
+    """One line of metrics.csv as a row: its non-empty values, as numbers, the step a whole number >= 0."""
+    where = f"{path}, line {line}"
+    if len(values) > len(header):
+        raise ValueError(f"{where} has {len(values)} values; the header names {len(header)} columns")
+    try:
+        row = {name: _parse(value) for name, value in zip(header, values) if value != ""}
+    except ValueError:
+        bad = next((n, v) for n, v in zip(header, values) if v != "" and not _is_number(v))
+        raise ValueError(f"{where}: {bad[0]} is {bad[1]!r:.40}; expected a number") from None
+    step = row.get("step")
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"{where}: step is {step!r}; expected a whole number >= 0")
+    return row
+
+
+def _is_number(text: str) -> bool:
+    try:
+        _parse(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _parse(text: str) -> int | float:
     """A value as written by :func:`_fmt`: integers (steps, env steps) stay exact ints, so a resumed run's
     rewritten rows keep every digit."""
@@ -135,7 +204,8 @@ def _fmt(value) -> str:
 
 def _opened(rows: list[dict], columns: list[str]) -> list[str]:
     """The keys of ``rows`` with one of ``OPEN_PREFIXES`` that are not among ``columns``, in order of appearance."""
-    return [k for k in dict.fromkeys(k for r in rows for k in r) if k.startswith(OPEN_PREFIXES) and k not in columns]
+    return [k for k in dict.fromkeys(k for r in rows for k in r)
+            if (k.startswith(OPEN_PREFIXES) or k in OPEN_COLUMNS) and k not in columns]
 
 
 def _line(axis, rows: list[dict], column: str, label: str | None) -> None:
@@ -166,7 +236,7 @@ def plot_curve(rows: list[dict], metric: str, path: Path, title: str) -> bool:
 def curve_figure(rows: list[dict], metric: str, title: str):
     """The learning curve against steps, one axis per quantity, each named with its sign. A supervised run
     (rows with ``train_loss``): the training loss (an ES member's fitness is its negated loss) above the
-    evaluation metric. A generation task (``reward_mean``): the training reward (the raw one, of the members and
+    evaluation metric. A generation task (``reward``): the training reward (the raw one, of the members and
     the best member) above the metric. An RL run (``eval_return``): the training episodes' mean return and the evaluation
     return on one axis. Any other task: its mean fitness above its metric. Every metric is higher-better."""
     import matplotlib.pyplot as plt
@@ -186,8 +256,9 @@ def curve_figure(rows: list[dict], metric: str, title: str):
             es = any(r.get("fitness_mean") is not None for r in rows)
             _line(axes[0], rows, "train_loss", None)
             axes[0].set_ylabel("training loss (lower is better)" + ("\nES fitness = -loss" if es else ""))
-        elif any(r.get("reward_mean") is not None for r in rows):  # a generation task: its raw reward
-            _line(axes[0], rows, "reward_mean", "mean over the members")
+        elif any(r.get(key) is not None for r in rows for key in ("reward", "reward_mean")):  # a generation task
+            reward = "reward" if any("reward" in r for r in rows) else "reward_mean"  # before TRL's names
+            _line(axes[0], rows, reward, "mean over the members")
             points = [(r["step"], r["reward_best"]) for r in rows if r.get("reward_best") is not None]
             if points:
                 axes[0].plot(*zip(*points), color="tab:green", alpha=0.6, label="best member")

@@ -16,7 +16,7 @@ from ..setup.config import TrainConfig
 from ..setup.options import own_only
 from ..steps.evolution import Stepper
 from . import rundir
-from .checkpoint import load_checkpoint
+from .checkpoint import STATE, WEIGHTS, find_checkpoint, load_checkpoint
 
 
 def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log, task=None) -> Progress:
@@ -26,7 +26,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
     new = cfg.to_dict()
 
     def check(state):
-        old = state.get("config", {}) if isinstance(state, dict) else {}
+        old = checked_record(state, out)
         old = own_only({**rundir.legacy(supervised), **old}, cfg.strategy, cfg.task)  # what an older nesgpu's run did
         if old.get("task") != cfg.task:
             raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
@@ -39,11 +39,15 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
         if cfg.steps < at:
             raise ValueError(f"--steps {cfg.steps} is below the checkpoint's step {at}; expected >= {at}")
 
+    if find_checkpoint(out / "checkpoint") is None:
+        raise ValueError(f"cannot resume {out}: it holds no checkpoint ({out / 'checkpoint'} with {WEIGHTS} and "
+                         f"{STATE}): the run stopped before its first one; start it again: nesgpu train --config "
+                         f"{out / 'config.json'} --out {out} --overwrite{rundir.moved_aside(out)}")
     state = load_checkpoint(out / "checkpoint", stepper.model, validate=check)
     try:
         stepper.load_state_dict(state["strategy"])
-    except (KeyError, ValueError, RuntimeError) as e:
-        raise ValueError(f"checkpoint in {out} does not match this configuration: {e}") from e
+    except (KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError) as e:
+        raise ValueError(f"checkpoint in {out} does not match this configuration: {' '.join(str(e).split())}") from e
     old = own_only(state["config"], cfg.strategy, cfg.task)
     stepper.apply_changes(old, cfg)
     # a new schedule (or a new --steps, which stretches one) applies from the next step: say where it jumps
@@ -57,6 +61,24 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
     stopped, value = state.get("stopped") or (None, None)  # an older nesgpu's checkpoint did not say
     return Progress(elapsed=elapsed, env_steps=int(state["env_steps"]), last_checkpoint=stepper.step,
                     last_eval=elapsed, stopped=stopped, stopped_value=value)
+
+
+def checked_record(state: dict, out: Path) -> dict:
+    """A checkpoint's record of its run (config, seconds, env_steps, why it stopped) as nesgpu train writes it;
+    returns the config. A ValueError names what is not."""
+    damaged = "(the file is damaged or not nesgpu's)"
+    config = state.get("config", {})
+    if not isinstance(config, dict):
+        raise ValueError(f"checkpoint in {out}: its config is a {type(config).__name__}; expected a mapping of "
+                         f"options {damaged}")
+    for key in ("seconds", "env_steps"):
+        value = state.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"checkpoint in {out}: its {key} is {value!r:.40}; expected a number >= 0 {damaged}")
+    stopped = state.get("stopped")
+    if stopped is not None and not (isinstance(stopped, (list, tuple)) and len(stopped) == 2):
+        raise ValueError(f"checkpoint in {out}: its stopped is {stopped!r:.40}; expected [why, value] {damaged}")
+    return config
 
 
 def check_data(state: dict, task, out: Path) -> None:

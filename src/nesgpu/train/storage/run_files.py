@@ -18,17 +18,31 @@ def read_bytes(path: str | Path, limit: int = LIMIT) -> bytes:
     checked before a byte is read; OSError for a file that is missing, ValueError for one that is not a regular
     file or is too large."""
     path = Path(path)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as f:
+    with open_regular(path, "rb") as f:
         info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path} is not a regular file (it is a {_kind(info.st_mode)}); expected a file")
         if info.st_size > limit:
             raise ValueError(f"{path} is {info.st_size:,} bytes; expected at most {limit:,}")
         data = f.read(limit + 1)
     if len(data) > limit:  # grew while read
         raise ValueError(f"{path} is over {limit:,} bytes; expected at most {limit:,}")
     return data
+
+
+def open_regular(path: str | Path, mode: str = "r", **kwargs):
+    """``path`` opened for reading (``open``'s ``mode`` and ``kwargs``; text is UTF-8 unless told otherwise), once
+    it is known to be a regular file: a FIFO is not waited on, a device never read (a ValueError naming the file)."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path} is not a regular file (it is a {_kind(info.st_mode)}); expected a file")
+        if "b" not in mode:
+            kwargs.setdefault("encoding", "utf-8")
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_text(path: str | Path, limit: int = LIMIT) -> str:
@@ -76,4 +90,4 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-__all__ = ["DEPTH", "LIMIT", "read_bytes", "read_json", "read_text"]
+__all__ = ["DEPTH", "LIMIT", "open_regular", "read_bytes", "read_json", "read_text"]

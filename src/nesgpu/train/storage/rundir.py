@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import shutil
 import socket
@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 from ..setup.options import defining_options
+from .run_files import read_json, read_text
 
 # the run options that define a run: changing them would make the checkpoint another run's (a strategy's or a
 # task's own options say so themselves: ``option(..., defines=True)``; see :func:`defining`)
@@ -55,7 +56,7 @@ REPLACED = ".replaced"  # DIR/.replaced-PID: an old run moved aside by --overwri
 def is_run_directory(path: Path) -> bool:
     """Whether ``path`` holds a nesgpu run: a config.json that nesgpu wrote (a mapping with its fields)."""
     try:
-        config = json.loads((path / "config.json").read_text())
+        config = read_json(path / "config.json")
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and {"task", "layer", "population", "sigma", "strategy"} <= set(config)
@@ -158,6 +159,9 @@ class RunLock:
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; expected a directory for the run")
         if out.is_symlink() and not out.exists():
+            if _loops(out):
+                raise ValueError(f"--out {out} is a symbolic link ({out} -> {os.readlink(out)}) that leads back to "
+                                 f"itself; remove the link or choose another --out")
             raise ValueError(f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist; create "
                              f"that directory or choose another --out")
         self.created = not out.exists()
@@ -175,8 +179,7 @@ class RunLock:
             except FileExistsError:
                 owner = _read(self.path)
                 if owner is not None and _alive(owner):
-                    raise ValueError(f"{out} is being written by another process ({owner}); wait for it, or "
-                                     f"choose another --out") from None
+                    raise ValueError(_held(self.path, owner)) from None
                 if _read(self.path) == owner:  # still the same stale lock: its process is gone
                     self.path.unlink(missing_ok=True)
                 continue
@@ -197,10 +200,29 @@ class RunLock:
 
 
 def _read(path: Path) -> str | None:
+    """A lock file's owner ("host:pid"); None for one that cannot be read (a FIFO, a file that is no lock)."""
     try:
-        return path.read_text().strip() or None
-    except OSError:
+        return read_text(path, limit=4096).strip() or None
+    except (OSError, ValueError):
         return None
+
+
+def _loops(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
+
+
+def _held(lock: Path, owner: str) -> str:
+    """Why a run may not write where ``lock`` names a live ``owner`` ("host:pid"), or one on another host."""
+    host, _, pid = owner.rpartition(":")
+    if host and host != socket.gethostname():
+        return (f"{lock.parent} is locked by process {pid} on host {host} ({lock}), which this host "
+                f"({socket.gethostname()}) cannot check: if a run there still writes into it, wait for it or choose "
+                f"another --out; if not (a run directory copied from that host), remove {lock}")
+    return f"{lock.parent} is being written by another process ({owner}); wait for it, or choose another --out"
 
 
 def _alive(owner: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 import warnings
 from pathlib import Path
@@ -19,6 +20,7 @@ from ..setup.config import CUSTOM, TrainConfig, custom_label, is_supervised, res
 from ..setup.options import own_only
 from . import rundir
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
+from .run_files import read_json
 
 
 class Run(NamedTuple):
@@ -36,16 +38,21 @@ Run.__new__.__annotations__ = typing.get_type_hints(Run)
 def read_config(directory: Path, task=None) -> TrainConfig:
     """A run directory's resolved config (``config.json``)."""
     config_path = directory / "config.json"
-    if not config_path.is_file():
+    if not directory.is_dir():
+        raise ValueError(f"{directory} is not a run directory ({_missing(directory)}); expected the --out of a run")
+    if not os.path.lexists(config_path):
         raise ValueError(f"{directory} is not a run directory (no config.json){rundir.moved_aside(directory)}")
     try:
-        values = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config_path} is not valid JSON ({e})") from e
+        values = read_json(config_path)
+    except OSError as e:
+        raise ValueError(f"cannot read {config_path} ({e.strerror}); expected a run's config.json") from e
     if not isinstance(values, dict):
-        raise ValueError(f"{config_path}: expected a mapping of options; got {type(values).__name__}")
+        raise ValueError(f"{config_path} holds a {type(values).__name__}; expected a run's mapping of options")
     supervised = is_supervised(str(values.get("task")), task)
-    cfg = TrainConfig.from_dict({**rundir.legacy(supervised), **values}, source=str(config_path))
+    try:
+        cfg = TrainConfig.from_dict({**rundir.legacy(supervised), **values}, source=str(config_path))
+    except (ValueError, TypeError) as e:
+        raise named(e, config_path) from e
     if cfg.task.startswith(CUSTOM) and task is None:
         raise ValueError(f"{directory} trained a task of your own ({cfg.task}); pass it (and its model unless the "
                          f"task makes it): load_run({str(directory)!r}, task=..., model=...) in Python, or nesgpu eval "
@@ -53,14 +60,32 @@ def read_config(directory: Path, task=None) -> TrainConfig:
     if task is not None and cfg.task != custom_label(task):
         raise ValueError(f"{directory} trained task {cfg.task!r}; got a task named {custom_label(task)!r} (pass the "
                          f"task the run trained)")
-    return resolve_for(cfg, task)
+    try:
+        return resolve_for(cfg, task)
+    except (ValueError, TypeError) as e:
+        raise named(e, config_path) from e
+
+
+def named(error: Exception, path: Path) -> Exception:
+    """``error`` as it is where its message names ``path``; else the same kind of error, led by ``path``."""
+    if str(path) in str(error):
+        return error
+    return (TypeError if isinstance(error, TypeError) else ValueError)(f"{path}: {error}")
+
+
+def _missing(directory: Path) -> str:
+    if directory.is_symlink() and not directory.exists():
+        return f"a symbolic link to {os.readlink(directory)}, which does not exist or loops"
+    return "it is a file" if directory.exists() else "it does not exist"
 
 
 def load_run(directory: str | Path, device: str = "auto", model: nn.Module | None = None, task=None) -> Run:
     """The trained model of a run directory (``config.json`` + ``model.safetensors``; for a run that has not
     finished, its last checkpoint, with a warning), with its task and config, in one call. Weights that are
     not finite are refused. A run of your own model or task needs them again (``model=``, ``task=``): the
-    config cannot rebuild them; the weights are loaded into ``model``.
+    config cannot rebuild them; the weights are loaded into ``model``. Calling it is your word that you trust
+    the run: it imports the code config.json names (reward functions, a ``gym:module:Env-v0`` module), as
+    ``nesgpu eval`` does only with ``--trust-run-code``; see ``nesgpu.tasks.user_code.named_code``.
 
     Example:
         >>> model, task, config = nesgpu.load_run("runs/digits")
@@ -70,23 +95,44 @@ def load_run(directory: str | Path, device: str = "auto", model: nn.Module | Non
     directory = Path(directory)
     cfg = read_config(directory, task)
     cfg.device = device
+    _check_drift_text(cfg, directory)
     built = build(with_saved_source(cfg, directory), resolve_device(device), model=model, task=task,
                   log=lambda *a, **k: None)
     model = built.model
     if (directory / "model.safetensors").is_file():
         _check_saved_with(cfg, load_weights(model, directory / "model.safetensors"), directory)
     elif find_checkpoint(directory / "checkpoint") is not None:  # an interrupted or crashed run
-        step = int(load_checkpoint(directory / "checkpoint", model).get("strategy", {}).get("step", 0))
+        step = _step_of(load_checkpoint(directory / "checkpoint", model), directory / "checkpoint")
         warnings.warn(f"{directory} has not finished (no model.safetensors): using its last checkpoint, step {step}; "
                       f"continue it with nesgpu train --resume {directory}", stacklevel=2)
     else:
         raise ValueError(f"{directory} holds no weights yet (no model.safetensors, no checkpoint): the run stopped "
-                         f"before its first checkpoint{rundir.moved_aside(directory)}")
+                         f"before its first checkpoint; train it again: nesgpu train --config "
+                         f"{directory / 'config.json'} --out {directory} --overwrite{rundir.moved_aside(directory)}")
     bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         raise ValueError(f"{directory / 'model.safetensors'} holds non-finite values in {bad[:4]}; the run diverged")
     model.eval()
     return Run(model, built.task, cfg)
+
+
+def _check_drift_text(cfg: TrainConfig, directory: Path) -> None:
+    """A run whose evaluations measure drift on a text file (``drift_text``) needs the file again."""
+    drift = cfg.to_dict().get("drift_text")
+    if isinstance(drift, str) and not os.path.lexists(drift):
+        raise ValueError(f"{directory / 'config.json'} names the drift text {drift} (--drift-text), which is gone: "
+                         f"the run's evaluation measures drift_nll on it; restore the file, or set \"drift_text\" "
+                         f"to null in {directory / 'config.json'} to evaluate without drift_nll")
+
+
+def _step_of(state: dict, checkpoint: Path) -> int:
+    """The step a checkpoint's state was written at; a ValueError where it records none that is one."""
+    strategy = state.get("strategy")
+    step = strategy.get("step") if isinstance(strategy, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"{checkpoint}: its state records step {step!r}; expected a whole number >= 0 (the file is "
+                         f"damaged or not nesgpu's)")
+    return step
 
 
 def with_saved_source(cfg: TrainConfig, directory: Path) -> TrainConfig:
@@ -96,7 +142,9 @@ def with_saved_source(cfg: TrainConfig, directory: Path) -> TrainConfig:
     if not model.startswith(HF) or (Path(model[len(HF):]).expanduser() / "config.json").is_file():
         return cfg
     if not (directory / "hf" / "config.json").is_file():
-        return cfg  # nothing to stand in: the task names the missing source
+        raise ValueError(f"{directory / 'config.json'} names --model {model}, the model the run started from, and "
+                         f"{model[len(HF):]} holds none (no config.json); the run kept no copy ({directory / 'hf'} is "
+                         f"written when it finishes): restore that model directory to load the run")
     warnings.warn(f"{model[len(HF):]} (the run's --model) is gone: rebuilding the model from the run's own copy, "
                   f"{directory / 'hf'}", stacklevel=3)
     return dataclasses.replace(cfg, model=HF + str(directory / "hf"))

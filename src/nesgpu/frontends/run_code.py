@@ -1,0 +1,55 @@
+"""The code a run directory names, imported only on the user's word: ``nesgpu eval``, ``play`` and ``train
+--resume`` read the run's config.json first and refuse, before anything is imported, every module it names (a
+``gym:module:Env-v0`` task's module, each reward function's module or file), installed or not, wherever it lies,
+unless ``--trust-run-code`` is given (``--trust-reward-code``, its old name, still works). nesgpu's built-in
+tasks and a plain ``gym:Env-v0`` name no code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..tasks.user_code import code_file, named_code
+from ..train.storage.run_files import read_json
+
+TRUST_FLAG = "--trust-run-code"
+
+
+def add_trust_flag(parser, what: str) -> None:
+    """``--trust-run-code`` on ``parser`` (and its old name, ``--trust-reward-code``, unlisted); ``what``: when."""
+    parser.add_argument(TRUST_FLAG, dest="trust_run_code", action="store_true",
+                        help=f"{what}import the code the run's config.json names (a gym:module:Env-v0 module, "
+                             f"reward functions); read it first")
+    parser.add_argument("--trust-reward-code", dest="trust_run_code", action="store_true", help=argparse.SUPPRESS)
+
+
+def run_config(run: Path) -> dict | None:
+    """The mapping in ``run``/config.json, read as data (a regular file, size and nesting limited); None where
+    there is no config.json (the run's loading names that); a ValueError names a file that cannot be read."""
+    path = run / "config.json"
+    if not path.exists():
+        return None
+    try:
+        values = read_json(path)
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror or e})") from e
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a run's mapping of options; got a {type(values).__name__}")
+    return values
+
+
+def consent_to_run_code(run: Path, trusted: bool, command: str) -> None:
+    """Refuse, in one line naming config.json, the module and the flag, a run whose config.json names code,
+    unless ``trusted``; with it, say on stderr which file each name imports."""
+    values = run_config(run)
+    for what, module in named_code(values or {}):
+        file = code_file(module)
+        imports = module if file is None else str(file) if module.endswith(".py") else f"{module} ({file})"
+        if not trusted:
+            raise ValueError(f"{run / 'config.json'} names {what}, which imports {imports}: a run directory can name "
+                             f"any code, installed or not; read it, then pass {TRUST_FLAG} to import it")
+        print(f"nesgpu {command}: importing {imports} for {what}", file=sys.stderr)
+
+
+__all__ = ["TRUST_FLAG", "add_trust_flag", "consent_to_run_code", "run_config"]
