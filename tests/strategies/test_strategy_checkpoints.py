@@ -6,29 +6,13 @@ own refusals: a population of one for CMA-ES, a bool for num_perturbed, and a di
 
 import pytest
 import torch
+from test_scaled_strategies import D, N, SIGMA, Sphere
 from torch import nn
 
 import nesgpu
 from nesgpu.population import Population
 from nesgpu.strategies import CMAES, SNES, XNES, SepCMAES
 from nesgpu.train.steps.evolution import EvolutionStep
-
-N, D, SIGMA = 5, 6, 0.3
-TARGET = torch.linspace(-1, 2, N, dtype=torch.float64)
-
-
-class Sphere:
-    metric, default_target, summed_info = "minus_distance", None, frozenset()
-
-    def fitness(self, pm, step):
-        rows = pm(torch.ones((2 if pm.antithetic else 1) * pm.local_directions, 1, dtype=torch.float64))
-        return -(rows - TARGET).pow(2).sum(-1).view(-1, pm.local_directions), {}
-
-    def finish_step(self, pm, info):
-        pass
-
-    def evaluate(self, model):
-        return 0.0
 
 
 def es_step(strategy):

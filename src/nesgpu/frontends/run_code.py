@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..tasks.user_code import code_file, named_code
-from ..train.storage.run_files import read_json
+from ..train.storage.run_files import read_mapping
 
 TRUST_FLAG = "--trust-run-code"
 
@@ -30,13 +30,7 @@ def run_config(run: Path) -> dict | None:
     path = run / "config.json"
     if not path.exists():
         return None
-    try:
-        values = read_json(path)
-    except OSError as e:
-        raise ValueError(f"cannot read {path} ({e.strerror or e})") from e
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a run's mapping of options; got a {type(values).__name__}")
-    return values
+    return read_mapping(path)
 
 
 def consent_to_run_code(run: Path, trusted: bool, command: str) -> None:

@@ -65,6 +65,18 @@ def read_json(path: str | Path, limit: int = LIMIT, depth: int = DEPTH):
         raise ValueError(f"{path} is not valid JSON ({e})") from e
 
 
+def read_mapping(path: str | Path, what: str = "a run's mapping of options"):
+    """The JSON object in ``path`` (``read_json``) as a dict; a ValueError, naming the file and ``what`` was
+    expected, for one that cannot be read or holds anything else."""
+    try:
+        values = read_json(path)
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror or e}); expected {what}") from e
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} holds a {type(values).__name__}; expected {what}")
+    return values
+
+
 def _depth(text: str) -> int:
     """The deepest nesting of ``[`` and ``{`` in JSON ``text`` (strings skipped), without parsing it."""
     deepest = level = 0
@@ -90,4 +102,4 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-__all__ = ["DEPTH", "LIMIT", "open_regular", "read_bytes", "read_json", "read_text"]
+__all__ = ["DEPTH", "LIMIT", "open_regular", "read_bytes", "read_json", "read_mapping", "read_text"]

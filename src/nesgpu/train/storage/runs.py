@@ -20,7 +20,7 @@ from ..setup.config import CUSTOM, TrainConfig, custom_label, is_supervised, res
 from ..setup.options import own_only
 from . import rundir
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
-from .run_files import read_json
+from .run_files import read_mapping
 
 
 class Run(NamedTuple):
@@ -42,12 +42,7 @@ def read_config(directory: Path, task=None) -> TrainConfig:
         raise ValueError(f"{directory} is not a run directory ({_missing(directory)}); expected the --out of a run")
     if not os.path.lexists(config_path):
         raise ValueError(f"{directory} is not a run directory (no config.json){rundir.moved_aside(directory)}")
-    try:
-        values = read_json(config_path)
-    except OSError as e:
-        raise ValueError(f"cannot read {config_path} ({e.strerror}); expected a run's config.json") from e
-    if not isinstance(values, dict):
-        raise ValueError(f"{config_path} holds a {type(values).__name__}; expected a run's mapping of options")
+    values = read_mapping(config_path)
     supervised = is_supervised(str(values.get("task")), task)
     try:
         cfg = TrainConfig.from_dict({**rundir.legacy(supervised), **values}, source=str(config_path))
