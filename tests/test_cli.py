@@ -42,7 +42,20 @@ def test_no_parser_takes_a_prefix_of_a_flag(args, capsys):
 
     with pytest.raises(SystemExit) as exit:
         build_parser().parse_args(args)
-    assert exit.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and "unrecognized arguments" in err
+    assert len(err.strip().splitlines()) == 1, err  # a mistake is one line, without argparse's usage
+
+
+@pytest.mark.parametrize("args", [[], ["trian"], ["train", "--strategy", "nosuch"], ["train", "--strategy", "nosuch",
+                                                                                     "--help"]])
+def test_a_command_line_mistake_is_one_line(args):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "nesgpu", *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "error: " in done.stderr and "(--help lists the options)" in done.stderr and not done.stdout
 
 
 def test_a_value_that_starts_with_a_dash_gets_the_way_to_pass_it(capsys):

@@ -67,13 +67,14 @@ class ExactFlags(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        """argparse reads a value that starts with '-' (``--linear-sizes -8x8``) as a flag and says only
-        "expected one argument"; say how to pass such a value."""
+        """A mistake on the command line, in one line (no usage: ``--help`` shows it). argparse reads a value
+        that starts with '-' (``--linear-sizes -8x8``) as a flag and says only "expected one argument"; say
+        how to pass such a value."""
         if message.endswith(("expected one argument", "expected at least one argument")):
             flag = message.removeprefix("argument ").split(":")[0].split("/")[-1]
             message += (f" (a value that starts with '-' is read as a flag: write it as {flag}=VALUE, "
                         f"e.g. {flag}=-1)")
-        super().error(message)
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -52,6 +52,12 @@ def test_the_strategy_and_layer_in_hand_choose_their_options():
     assert not {"--sigma", "--population", "--layer", "--rank"} & flags(backprop)  # ES only
 
 
+def test_the_default_layer_follows_the_strategy_in_help_too():
+    assert chosen(["--strategy", "cma_es"]) == Chosen("digits", "cma_es", "gaussian")
+    assert chosen(["--strategy", "snes"]).layer == "lowrank"  # its outer-product scales ride on low-rank noise
+    assert chosen(["--strategy", "cma_es", "--layer", "sparse"]).layer == "sparse"  # named: kept (and refused)
+
+
 def test_a_config_file_or_a_resumed_run_names_the_components(tmp_path):
     (tmp_path / "c.yaml").write_text("task: cartpole\nstrategy: ars\n")
     assert chosen(["--config", str(tmp_path / "c.yaml")]) == Chosen("cartpole", "ars")

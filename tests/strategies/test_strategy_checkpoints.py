@@ -99,8 +99,10 @@ def test_a_checkpoint_a_run_wrote_loads_and_goes_on(name):
 
 @pytest.mark.parametrize("make", [lambda: CMAES(1, antithetic=False, num_perturbed=N),
                                   lambda: CMAES(1, antithetic=True, num_perturbed=N),
-                                  lambda: SepCMAES(1, antithetic=False, num_perturbed=N)])
-def test_a_cma_es_of_one_candidate_is_refused(make):
+                                  lambda: SepCMAES(1, antithetic=False, num_perturbed=N),
+                                  lambda: XNES(1, antithetic=False, num_perturbed=N),
+                                  lambda: SNES(1, antithetic=False, num_perturbed=N)])
+def test_a_ranking_strategy_of_one_candidate_is_refused(make):  # else NaN weights, or zero ones on every step
     with pytest.raises(ValueError, match="needs at least 2 of them; got 1 .*raise the population"):
         make()
 

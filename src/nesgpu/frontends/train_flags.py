@@ -16,7 +16,8 @@ from ..options import annotation_text
 from ..tasks import TASKS, task_key
 from ..train.setup.ars_paper import preset_values
 from ..train.setup.config import TrainConfig, presets
-from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks
+from ..strategies import STRATEGIES
+from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks, needs_gaussian
 from ..train.setup.options import STRATEGY, TASK
 from ..train.setup.validation import act_bits_apply, bits_apply
 from ..train.storage.run_files import read_json
@@ -34,7 +35,7 @@ class Chosen(NamedTuple):
 
     task: str = "digits"
     strategy: str | None = None
-    layer: str = "lowrank"
+    layer: str = "lowrank"  # the strategy's default where it needs another (see ``chosen``)
     model: str | None = None
 
 
@@ -57,6 +58,8 @@ def chosen(argv: list[str]) -> Chosen:
     found.update({k: v for k, v in vars(args).items() if v is not None})
     if found.get("preset"):  # what the preset sets, where the command line and files do not
         found = {**preset_components(found["preset"], found.get("task", "digits")), **found}
+    if "layer" not in found and needs_gaussian(STRATEGIES.get(found.get("strategy")), "lowrank"):
+        found["layer"] = "gaussian"  # the default layer follows the strategy (CMA-ES: IID Gaussian noise)
     return Chosen(**{k: found[k] for k in Chosen._fields if k in found})
 
 

@@ -63,7 +63,7 @@ class CMAES(ScaleAdapting):
         super().__init__(directions, antithetic, sigma_schedule)
         self.n = self.evolving(num_perturbed, MAX_PARAMETERS, "keeps an n x n covariance",
                                "sep_cma_es or snes (a sigma per parameter, n entries)")
-        self.recombines()
+        self.competes()
         self.mu_eff = float(1 / recombination_weights(self.candidates).square().sum())
         self.rates = CMARates.of(num_perturbed, self.mu_eff, separable=False)
         self.weights = active_weights(self.candidates, num_perturbed, self.rates)

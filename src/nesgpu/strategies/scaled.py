@@ -111,14 +111,13 @@ class ScaleAdapting(Strategy):
                              f"{num_perturbed:,}: use {instead}")
         return num_perturbed
 
-    def recombines(self) -> None:
-        """A ValueError unless at least two candidates compete (CMA-ES recombines the mu = candidates // 2 best:
-        one candidate leaves none, and NaN weights and rates)."""
+    def competes(self, why: str = "recombines the better half of its members") -> None:
+        """A ValueError unless at least two candidates compete: CMA-ES recombines the mu = candidates // 2 best
+        (one candidate leaves none, and NaN weights and rates); NES's utilities of one candidate are zero."""
         if self.candidates < 2:
             pairs = " (one per antithetic pair)" if self.candidates != self.members else ""
-            raise ValueError(f"{self.name} recombines the better half of its members{pairs}, so it needs at least 2 "
-                             f"of them; got {self.candidates} ({self.directions} direction(s), antithetic="
-                             f"{self.antithetic}): raise the population")
+            raise ValueError(f"{self.name} {why}{pairs}, so it needs at least 2 of them; got {self.candidates} "
+                             f"({self.directions} direction(s), antithetic={self.antithetic}): raise the population")
 
     def table(self, device) -> torch.Tensor:
         """The weight of the candidate of each rank, best first (:attr:`candidates` of them)."""

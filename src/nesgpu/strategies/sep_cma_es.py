@@ -83,7 +83,7 @@ class SepCMAES(ScaleAdapting):
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
         self.n = self.evolving(num_perturbed)
-        self.recombines()
+        self.competes()
         self.weights = recombination_weights(self.candidates)
         self.mu_eff = float(1 / self.weights.square().sum())
         self.rates = CMARates.of(num_perturbed, self.mu_eff)

@@ -58,6 +58,7 @@ class SNES(ScaleAdapting):
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  scale_lr: float | None = None, sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
+        self.competes("ranks its members against each other (its utilities sum to zero)")
         self.options = SNESOptions(scale_lr)
         if scale_lr is None:
             self.evolving(num_perturbed)  # the default scale_lr needs n

@@ -50,6 +50,7 @@ class XNES(ScaleAdapting):
     def __init__(self, directions: int, antithetic: bool = True, num_perturbed: int | None = None,
                  sigma_schedule: Schedule | None = None):
         super().__init__(directions, antithetic, sigma_schedule)
+        self.competes("ranks its members against each other (its utilities sum to zero)")
         self.n = self.evolving(num_perturbed, MAX_PARAMETERS, "takes an n x n matrix exponential every generation",
                                "cma_es (up to 10,000), or sep_cma_es or snes (a sigma per parameter)")
         self.rate = 3 * (3 + math.log(num_perturbed)) / (5 * num_perturbed * math.sqrt(num_perturbed))
