@@ -37,7 +37,7 @@ def test_cartpoles_help_is_its_own_and_short():
 
 def test_generations_help_is_its_own_and_short():
     text = helped("--task", "generation")
-    assert len(text.splitlines()) < 120
+    assert len(text.splitlines()) < 130  # its own rows and rewards, and LoRA's five (TRL's --use_peft)
     assert {"--prompts", "--reward", "--correct-at", "--kl", "--compile"} <= flags(text)
     assert not {"--episodes", "--policy-output", "--observation-clip", "--bits", "--hidden"} & flags(text)
     assert "hf:DIR: a local Hugging Face model directory" in " ".join(text.split())
@@ -56,6 +56,16 @@ def test_the_default_layer_follows_the_strategy_in_help_too():
     assert chosen(["--strategy", "cma_es"]) == Chosen("digits", "cma_es", "gaussian")
     assert chosen(["--strategy", "snes"]).layer == "lowrank"  # its outer-product scales ride on low-rank noise
     assert chosen(["--strategy", "cma_es", "--layer", "sparse"]).layer == "sparse"  # named: kept (and refused)
+
+
+def test_resuming_a_run_of_a_task_of_ones_own_is_one_line(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"task": "custom:toy", "steps": 5}))
+    with pytest.raises(SystemExit) as exit_info:  # the --help of its model flag looked the task up: a KeyError
+        main(["train", "--resume", str(tmp_path / "run"), "--steps", "7"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "task 'custom:toy' is a task of your own: pass the object (train(cfg, task=...)" in err
 
 
 def test_a_config_file_or_a_resumed_run_names_the_components(tmp_path):

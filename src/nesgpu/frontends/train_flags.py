@@ -188,7 +188,9 @@ def _run_default(f: dataclasses.Field, defaults: dict) -> str:
 
 def _model_help(task: str, default: str) -> str:
     """The model flag's help for ``task``: its architectures, or the location its model is loaded from."""
-    spec = TASKS[task_key(task)]
+    spec = TASKS.get(task_key(task))
+    if spec is None:  # a task of the user's own (a resumed run's "custom:<name>"): its model is the user's too
+        return "the model of a task of your own comes with the task"
     if spec.model_prefix is not None:
         return f"{spec.models[0]}: a local Hugging Face model directory"
     return f"architecture: {' | '.join(spec.models)} (default: {default})"

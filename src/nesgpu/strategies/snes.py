@@ -69,8 +69,8 @@ class SNES(ScaleAdapting):
         """A scale_lr given names it too: a large one takes the scales out of float range within a few steps."""
         if self.options.scale_lr is None:
             return super().divergence_hint
-        return (f"{DIVERGED}, or --scale-lr {self.scale_lr:g} (the step size of log sigma per parameter; its "
-                f"default, (3 + ln n) / (5 sqrt n), is at most 0.6)")
+        return (f"{DIVERGED}, or lower --scale-lr, now {self.scale_lr:g} (the step size of log sigma per "
+                f"parameter; its default, (3 + ln n) / (5 sqrt n), is at most 0.6)")
 
     def table(self, device) -> torch.Tensor:
         """NES's utilities (they sum to zero)."""
