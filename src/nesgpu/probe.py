@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .population import DescribesFitness, Population
+from .strategies.base import check_fitness
 
 GRID = tuple(10 ** (k / 2) for k in range(-8, 1))  # 1e-4, 3.2e-4, ..., 0.32, 1
 FLOOR = 1e-9  # a sigma at which every member is the plain model, up to rounding
@@ -148,11 +149,20 @@ def response(fitness: torch.Tensor, antithetic: bool) -> tuple[torch.Tensor, tor
 def _probe_response(population: Population, task) -> Probe:
     antithetic = population.pm.antithetic
     plain = _evaluate(population, task, FLOOR).fitness.double()
+    # a fitness that is not finite for the plain model is the task's (no sigma is to blame): that one error
+    check_fitness(plain, PROBE_STEP, plain.shape[-1], antithetic,
+                  hint=f"--sigma auto's probe found it at sigma {FLOOR:g}, where every member is the plain model; "
+                       f"check the task (or the model's weights)")
     f0 = float(plain.mean())
     noise = float(plain.mean(0).std(unbiased=False))  # what differs between directions with no perturbation
 
     def measure(sigma: float) -> dict | None:
-        odd, even = response(_evaluate(population, task, sigma).fitness.double(), antithetic)
+        fitness = _evaluate(population, task, sigma).fitness.double()
+        if sigma == GRID[0]:  # not finite at the smallest candidate (and finite at the plain model): one error
+            check_fitness(fitness, PROBE_STEP, fitness.shape[-1], antithetic,
+                          hint=f"--sigma auto's probe found it at sigma {sigma:g}, its smallest candidate (the plain "
+                               f"model's is finite); give a smaller --sigma")
+        odd, even = response(fitness, antithetic)
         signal, drop = float(odd.std(unbiased=False)), f0 - float(even.mean())
         if not math.isfinite(signal + drop):
             return None
@@ -183,5 +193,5 @@ def probe_line(probe: Probe) -> str:
             f"sigma: {measured})" + (f"; {probe.note}" if probe.note else ""))
 
 
-__all__ = ["FALLBACK", "FLOOR", "GRID", "NOISE_RATIO", "PROBE_STEP", "Probe", "REWARD_SPREAD", "probe_line", "probe_sigma",
-           "response"]
+__all__ = ["FALLBACK", "FLOOR", "GRID", "NOISE_RATIO", "PROBE_STEP", "Probe", "REWARD_SPREAD", "probe_line",
+           "probe_sigma", "response"]

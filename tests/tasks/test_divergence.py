@@ -10,6 +10,7 @@ import torch
 from conftest import char_tokenizer
 from test_generation import tiny_llama
 
+from nesgpu.cli import warning_source
 from nesgpu.tasks.divergence import drift_nll, kl_sums, pass_at_k, read_texts
 from nesgpu.tasks.likelihood import joined
 from nesgpu.train.steps.anchor import StartingWeights
@@ -96,9 +97,11 @@ def test_drift_nll_is_transformers_loss_over_every_predicted_token():
 
 def test_a_drift_text_beyond_the_context_is_cut_there_with_a_warning():
     tokenizer, model = char_tokenizer(), tiny_llama(context=8).double()
-    with pytest.warns(UserWarning, match="1 drift text.s. exceed the model's context of 8 tokens"):
+    with pytest.warns(UserWarning, match="1 drift text.s. exceed the model's context of 8 tokens") as seen:
         value = drift_nll(model, tokenizer, ["1234567890123", "12"])
     assert value == pytest.approx(drift_nll(model, tokenizer, ["12345678", "12"]), rel=1e-12)
+    # the console labels it nesgpu's, not torch's (whose no_grad wrapper is drift_nll's caller; issue 55)
+    assert [warning_source(w.filename) for w in seen] == ["nesgpu"]
 
 
 def test_drift_text_files_plain_or_json_lines_and_their_mistakes_named(tmp_path):

@@ -109,3 +109,23 @@ def test_a_run_that_cannot_fit_is_told_what_would_help(monkeypatch, parts, advic
     monkeypatch.setenv("NESGPU_FREE_MEMORY", "10")
     with pytest.raises(ValueError, match=advice):
         check_fits(MemoryPlan(**{**sizes, **parts}), torch.device("cpu"), "this run")
+
+
+def test_a_lora_run_plans_the_base_it_holds_and_the_adapter_that_evolves(tmp_path):
+    pytest.importorskip("peft")
+    from nesgpu.train.setup.build import build
+
+    hf, model = model_dir(tmp_path / "m", torch.bfloat16)
+    cfg = config(hf, use_peft=True, lora_r=2, update="strategy", anchor=0.01, dtype="bfloat16").resolved()
+    built = build(cfg, torch.device("cpu"), log=lambda *a, **k: None)
+    shapes = built.task.adapter_shapes()  # from the configs, on the meta device
+    assert sorted(shapes) == sorted(tuple(p.shape) for p in built.model.parameters() if p.requires_grad)
+    plan = plan_run(cfg, hf, built.task, torch.device("cpu"), shapes)
+    adapter = sum(p.numel() for p in built.model.parameters() if p.requires_grad)
+    base = sum(p.numel() for p in model.parameters())
+    assert plan.evolving == adapter and plan.parameters == base + adapter
+    assert plan.weights == 2 * (base + adapter)  # all of it held, in bfloat16
+    # masters, .grad, Adam's moments and the starting copy: of the adapter alone, not of the frozen base
+    assert (plan.masters, plan.grad, plan.optimizer, plan.start) == (4 * adapter, 4 * adapter, 8 * adapter,
+                                                                      2 * adapter)
+    assert "of them evolving in a LoRA adapter" in plan.describe()

@@ -135,10 +135,12 @@ def test_a_damaged_metrics_csv_is_named(run, how, expected):
 
 def test_a_damaged_metrics_csv_stops_a_resume_with_one_line(run):
     damage_metrics(run / "metrics.csv", "huge field")
+    before = (run / "config.json").read_bytes()
     done = subprocess.run([sys.executable, "-m", "nesgpu", "train", "--resume", str(run), "--steps", "3"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "metrics.csv, line 2: field larger than field limit" in done.stderr
+    assert (run / "config.json").read_bytes() == before  # the refused resume left its steps (2, not 3) as they were
 
 
 def test_a_resume_says_which_rows_it_drops_and_keeps_the_rest(tmp_path):

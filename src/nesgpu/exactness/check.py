@@ -27,6 +27,7 @@ from .generation import compare_generate
 from .report import CheckReport, ModuleError
 from .rows import Inputs, compare_rows, each_member, first_tensor, member_index
 
+MAX_NEW_TOKENS = 1 << 20
 FLOAT32_TOLERANCE = 1e-5
 """The tolerance where a module computes in float32 (an MoE router, a norm) even in the float64 copy: its
 rounding is float32's; a silent layout or perturbation bug is orders of magnitude larger (0.01-1)."""
@@ -47,9 +48,9 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         sigma: the noise scale (large enough for every parameter's noise to show in the outputs).
         tolerance: the largest relative difference counted as exact, finite and >= 0 (float64 rounds at ~1e-15);
             where a module computes in float32 by design, at least ``FLOAT32_TOLERANCE``; the report says which.
-        max_new_tokens: also compare ``generate()`` over this many new tokens (models with ``generate``): greedy
-            (the same tokens as every member's own) and sampled (each sampled row's logits equal its member's own
-            along the same tokens, so it samples from its member's distribution).
+        max_new_tokens: also compare ``generate()`` over this many new tokens (0: none; models with ``generate``):
+            greedy (the same tokens as every member's own) and sampled (each sampled row's logits equal its member's
+            own along the same tokens, so it samples from its member's distribution).
         dtype: the precision of the check: float64, or float32 for a model that does not run in float64 (the
             tolerance is then at least ``FLOAT32_TOLERANCE``).
         compile: with ``max_new_tokens``, the population's generate() runs the compiled decode (CompiledDecode).
@@ -62,8 +63,8 @@ def check(model: nn.Module, example_inputs, directions: int = 4, kind: str = "lo
         >>> report = nesgpu.check(model, {"input_ids": ids, "attention_mask": mask})
         >>> print(report); assert report.exact
     """
-    _check_arguments(directions, sigma, tolerance, dtype)
-    inputs = Inputs.of(example_inputs, dtype)
+    _check_arguments(directions, sigma, tolerance, dtype, max_new_tokens)
+    inputs = _inputs(example_inputs, dtype)
     reference = _copy(model, dtype)  # the plain model first: its weights, then its run on the inputs
     low_precision_ops = _non_finite(reference) or _low_precision_ops(reference, inputs, dtype)
     if isinstance(low_precision_ops, str):
@@ -108,9 +109,24 @@ def _population_of(net: nn.Module, kind: str, directions: int, sigma: float, see
     return pm
 
 
-def _check_arguments(directions, sigma, tolerance, dtype) -> None:
+def _inputs(example_inputs, dtype: torch.dtype) -> Inputs:
+    """The example inputs, refused when they hold no sample (no member would run: a report would prove nothing)."""
+    inputs = Inputs.of(example_inputs, dtype)
+    if inputs.samples == 0:
+        raise ValueError("example_inputs holds 0 samples (its tensors' first dimension); expected a batch of at least "
+                         "one sample")
+    return inputs
+
+
+def _check_arguments(directions, sigma, tolerance, dtype, max_new_tokens) -> None:
     if isinstance(directions, bool) or not isinstance(directions, int) or directions < 1:
         raise ValueError(f"directions must be a positive int; got {directions!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be a whole number >= 0 (0: the forward pass only); got "
+                        f"{type(max_new_tokens).__name__} {max_new_tokens!r:.40}")
+    if not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens must be a whole number from 0 (the forward pass only) to {MAX_NEW_TOKENS}; "
+                         f"got {max_new_tokens}")
     check_sigma(sigma)
     if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real):
         raise TypeError(f"tolerance must be a finite number >= 0; got {type(tolerance).__name__} {tolerance!r}")

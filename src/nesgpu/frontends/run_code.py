@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..tasks.user_code import code_file, named_code
+from ..train.setup.paths import PATHS, located
 from ..train.storage.run_files import read_mapping
 
 TRUST_FLAG = "--trust-run-code"
@@ -36,8 +37,10 @@ def run_config(run: Path) -> dict | None:
 def consent_to_run_code(run: Path, trusted: bool, command: str) -> None:
     """Refuse, in one line naming config.json, the module and the flag, a run whose config.json names code,
     unless ``trusted``; with it, say on stderr which file each name imports."""
-    values = run_config(run)
-    for what, module in named_code(values or {}):
+    values = run_config(run) or {}
+    # an older run's relative file.py: the file found from here (as the run's loading finds it), named as written
+    named = zip(named_code(values), named_code(located(values, run, optional=PATHS)))
+    for (what, _), (_, module) in named:
         file = code_file(module)
         imports = module if file is None else str(file) if module.endswith(".py") else f"{module} ({file})"
         if not trusted:

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..train.setup.config import TrainConfig, option_names, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
 from ..train.setup.options import STRATEGY, TASK, task_key
+from ..train.setup.paths import located
 from .help_flag import add_help_flag
 from .run_code import add_trust_flag, consent_to_run_code, run_config
 from .train_flags import Formatter, add_config_arguments, chosen, preset_components
@@ -58,6 +59,10 @@ def _check_sides(given: dict, strategy: str | None, task: str) -> None:
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
     """Defaults < the resumed run's config < --config file < flags."""
     values: dict = {}
+    # the keys a --config file sets, each type-checked (a value equal to a default still counts)
+    from_file = TrainConfig.read_yaml(args.config) if args.config else {}
+    fields = set(option_names())
+    flags = {key: value for key, value in vars(args).items() if key in fields and value is not None}
     if args.resume:
         old = run_config(Path(args.resume))
         if old is None:
@@ -65,14 +70,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
         if args.out is not None and Path(args.out) != Path(args.resume):
             raise ValueError(f"--resume {args.resume} continues the run in that directory; --out {args.out} names "
                              f"another (drop --out)")
-        values.update(old)
+        # an older run's relative paths, found from here (those the options replace need not be)
+        values.update(located(old, Path(args.resume), optional={*from_file, *flags}))
         if "update" not in old and old.get("strategy") != BACKPROP:  # a run from before --update: .grad, Adam
             values["update"] = "strategy"
         values["out"] = args.resume
-    if args.config:  # the keys the file sets, each type-checked (a value equal to a default still counts)
-        values.update(TrainConfig.read_yaml(args.config))
-    fields = set(option_names())
-    flags = {key: value for key, value in vars(args).items() if key in fields and value is not None}
+    values.update(from_file)
     # a flag of the other side is refused even at its default (a config file lists every option: --print-config)
     task = flags.get("task", values.get("task", "digits"))
     preset = flags.get("preset", values.get("preset"))

@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 
 from ..options import check_options, option
+from .adapters import lora_of
 from .reward_data import dataset_task, prompt_rows
 from .reward_tasks import DEFAULTS, HF, PretrainedGenerationTask, PromptOptions, hf_directory, load_tokenizer, measures
 from .spec import TaskContext, TaskSpec
@@ -60,7 +61,7 @@ def make_dataset_task(name: str, where: TaskContext, options: DatasetOptions) ->
         raise ValueError(f"--reward-weights needs one weight per reward function ({len(functions)}); got "
                          f"{len(weights)}")
     measured = measures(options)
-    make = functools.partial(PretrainedGenerationTask, directory, where.dtype)
+    make = functools.partial(PretrainedGenerationTask, directory, where.dtype, lora=lora_of(options))
     return dataset_task(rows, load_tokenizer(directory), functions, weights,
                         eval_data=held, task_class=make, prompts_per_step=options.batch_size,
                         max_new_tokens=options.max_new_tokens, temperature=options.temperature,

@@ -97,8 +97,9 @@ def drift_nll(model: nn.Module, tokenizer, texts: list[str], rows: int = 64) -> 
     encoded = [tokenizer(text).input_ids for text in texts]
     long = sum(len(ids) > context for ids in encoded) if context else 0
     if long:
+        # stacklevel 1: the caller's frame is torch.no_grad's wrapper, which would label the warning torch's
         warnings.warn(f"{long} drift text(s) exceed the model's context of {context} tokens: each is cut there",
-                      stacklevel=2)
+                      stacklevel=1)
         encoded = [ids[:context] for ids in encoded]
     device = next(model.parameters()).device
     total, count = torch.zeros((), dtype=torch.float64, device=device), 0

@@ -26,6 +26,7 @@ from .generation_checks import (FITNESSES, SHAPINGS, RewardError, check_argument
                                 reward_error)
 from .generation_eval import KL_KEYS, Evaluating
 from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
+from .reward_calls import RewardCalls
 from .reward_stats import (LENGTHS, clipped_ratio, function_columns, function_names, function_sums, length_columns,
                            length_counts, summed_keys)
 from .scores import checked_rewards
@@ -96,6 +97,7 @@ class GenerationTask(Evaluating):
             warnings.warn(f"prompts_per_step {prompts_per_step} is more than the {len(self.prompts)} training "
                           f"prompts: each step uses all {len(self.prompts)}", stacklevel=2)
         self.tokenizer, self.reward, self.stop = tokenizer, reward, stop
+        self._reward_calls = RewardCalls()  # each call awaited, exit() refused, the working directory kept
         self.max_new_tokens, self.temperature, self.shaping = max_new_tokens, float(temperature), shaping
         self.prompts_per_step = min(prompts_per_step, len(self.prompts))
         self.correct_at, self.seed, self.eval_batch, self.name = correct_at, seed, eval_batch, name
@@ -356,7 +358,7 @@ class GenerationTask(Evaluating):
         if "evaluating" in wanted:
             context["evaluating"] = evaluating
         try:  # copies: samples.jsonl keeps what was made
-            rewards = self.reward(list(prompts), list(completions), **context)
+            rewards = self._reward_calls(self.reward, list(prompts), list(completions), **context)
         except Exception as e:  # the user's function: its error, named as its own, with where it raised
             if isinstance(e, RewardError) or getattr(self.reward, "names_its_errors", False):
                 raise  # Rewards names the function of each of its errors

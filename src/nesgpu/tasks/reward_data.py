@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from .generation_checks import reward_error
+from .generation_checks import RewardError, reward_error
+from .reward_calls import RewardCalls
 from .user_code import load_function, load_object
 
 
@@ -175,6 +176,7 @@ class Rewards:
         if self.eval_rows is not None:
             self.takes_context |= {"evaluating"}
         self.unscored = 0  # completions no function scored (scored 0, with a warning the first time)
+        self.calls = RewardCalls()  # each call awaited, exit() refused, the working directory kept
         self.logged: dict[str, dict] = {"metrics": {}, "extra": {}}
         self._pending: dict[str, list[float]] = {}  # log_metric's values since the last take_metrics()
         self._told = False
@@ -198,8 +200,11 @@ class Rewards:
         self.values = []
         for f, weight, takes in zip(self.functions, self.weights, self.takes):
             try:
-                values = f(completions=texts, prompts=list(originals), **{k: list(v) for k, v in columns.items()},
-                           **{k: v for k, v in extras.items() if k in takes and k not in columns})
+                values = self.calls(f, completions=texts, prompts=list(originals),
+                                    **{k: list(v) for k, v in columns.items()},
+                                    **{k: v for k, v in extras.items() if k in takes and k not in columns})
+            except RewardError:
+                raise
             except Exception as e:  # the user's function: named, with the line it raised at
                 raise reward_error(f, e) from e
             _add_checked(f, values, weight, total)

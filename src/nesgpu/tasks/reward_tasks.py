@@ -12,9 +12,12 @@ from pathlib import Path
 from torch import nn
 
 from ..options import check_options, option
+from .adapters import (ADAPTER_CONFIG, LORA_ALPHA, LORA_R, Lora, adapter_config, base_directory, evolving_shapes,
+                       is_peft, lora_of, read_adapter, settled, tokenizer_directory, with_adapter, with_lora)
 from .divergence import read_texts
 from .generation import FITNESSES, GenerationTask
 from .generation_checks import MAX_EVAL_GENERATIONS, unreadable
+from .generation_config import generation_config_error
 from .spec import MAX_COUNT, TaskContext, TaskSpec
 from .verifiers import arithmetic_problems, arithmetic_reward, countdown_problems, countdown_reward, rewards_of
 
@@ -23,7 +26,8 @@ TRAIN_PROBLEMS, HELD_OUT = 4000, 200  # the train split and the held-out split, 
 
 
 def hf_directory(model: str | None) -> Path:
-    """The directory of ``hf:DIR``: a local ``from_pretrained`` directory (its config.json is checked)."""
+    """The directory of ``hf:DIR``: a local ``from_pretrained`` directory (its config.json is checked), or a PEFT
+    adapter directory (its adapter_config.json, and the local base model directory it names)."""
     if not model or not model.startswith(HF) or len(model) == len(HF):
         raise ValueError(f"the language-model tasks need --model hf:DIR, a local Hugging Face model directory; got "
                          f"{model!r}")
@@ -31,6 +35,10 @@ def hf_directory(model: str | None) -> Path:
         directory = Path(model[len(HF):]).expanduser()
     except RuntimeError as e:  # ~nobody: no such user
         raise ValueError(f"--model {model}: {e}") from e
+    if read_adapter(directory) is not None:  # checked; its base model directory is checked as any other
+        refuse_remote_code(directory)
+        hf_directory(HF + str(base_directory(directory)))
+        return directory
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} is not a Hugging Face model directory (no config.json); expected what "
                          f"save_pretrained writes")
@@ -55,10 +63,10 @@ def refuse_remote_code(directory: Path) -> None:
             config = json.loads((directory / name).read_text())
         except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # absent or unreadable: not code
             continue
-        auto_map = config.get("auto_map") if isinstance(config, dict) else None
-        if auto_map:
+        if isinstance(config, dict) and "auto_map" in config:  # any value, empty or nested: transformers reads it
+            auto_map = config["auto_map"]
             raise ValueError(f"{directory / name} has an auto_map that names code in the model directory "
-                             f"({', '.join(_code_files(auto_map)) or auto_map}); nesgpu never runs a model "
+                             f"({', '.join(_code_files(auto_map)) or repr(auto_map)[:80]}); nesgpu never runs a model "
                              f"directory's code: use a model transformers implements itself (or remove auto_map "
                              f"where its model_type is one transformers has)")
 
@@ -66,9 +74,14 @@ def refuse_remote_code(directory: Path) -> None:
 def _code_files(auto_map) -> list[str]:
     """The Python files an ``auto_map`` names: {"AutoModelForCausalLM": "modeling_x.XForCausalLM", ...}, a
     tokenizer's as a [slow, fast] pair, a hub reference as "repo--module.Class"."""
-    values = auto_map.values() if isinstance(auto_map, dict) else [auto_map]
-    names = [v for value in values for v in (value if isinstance(value, (list, tuple)) else [value])]
-    return sorted({f"{str(v).split('--')[-1].rpartition('.')[0]}.py" for v in names if isinstance(v, str) and "." in v})
+    names, values = [], [auto_map]
+    while values:  # every string in it, however nested
+        value = values.pop()
+        if isinstance(value, (dict, list)):
+            values.extend(value.values() if isinstance(value, dict) else value)
+        elif isinstance(value, str) and "." in value:
+            names.append(value)
+    return sorted({f"{v.split('--')[-1].rpartition('.')[0]}.py" for v in names})
 
 
 SHARD = "256MB"
@@ -78,17 +91,23 @@ shard is a larger copy of the model at the end of a run (a tensor larger than th
 
 def load_causal_lm(directory: Path, **options) -> nn.Module:
     """The causal LM of a local directory, in eval mode, with the parameters its architecture keeps fixed
-    frozen again (``from_pretrained`` makes every parameter trainable: RoFormer's sinusoidal table)."""
+    frozen again (``from_pretrained`` makes every parameter trainable: RoFormer's sinusoidal table). A PEFT adapter
+    directory: its base model with the adapter on it, the base frozen."""
     import torch
 
+    adapter = read_adapter(directory)
+    if adapter is not None:
+        refuse_remote_code(directory)
+        return with_adapter(load_causal_lm(adapter.base, **options), adapter)
     refuse_remote_code(directory)
     try:
         model, info = _causal_lm_class(directory).from_pretrained(directory, local_files_only=True,
                                                                    trust_remote_code=False,
                                                                    output_loading_info=True, **options)
     except Exception as e:  # a truncated or garbage weights file, a pickle that is no tensor: its loader's words
-        raise ValueError(f"{directory} holds no causal language model transformers can load "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ValueError(generation_config_error(directory) or f"{directory} holds no causal language model "
+                         f"transformers can load ({type(e).__name__}: {first})") from e
     for what, names in (("has no weights for", info.get("missing_keys")),
                         ("has weights the config has no place for:", info.get("unexpected_keys")),
                         ("has weights of another shape for", info.get("mismatched_keys"))):
@@ -129,7 +148,8 @@ def _context(directory: Path) -> int | None:
     import transformers
 
     try:
-        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
+        config = transformers.AutoConfig.from_pretrained(base_directory(directory), local_files_only=True,
+                                                         trust_remote_code=False)
     except (OSError, ValueError, KeyError):  # named when the model itself loads
         return None
     context = getattr(config, "max_position_embeddings", None)
@@ -137,9 +157,11 @@ def _context(directory: Path) -> int | None:
 
 
 def load_tokenizer(directory: Path):
-    """The directory's tokenizer, with a pad token (its eos token when it has none)."""
+    """The directory's tokenizer, with a pad token (its eos token when it has none); an adapter saved without a
+    tokenizer: its base model's."""
     from transformers import AutoTokenizer
 
+    directory = tokenizer_directory(directory)
     refuse_remote_code(directory)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
@@ -161,10 +183,17 @@ def check_vocabulary(tokenizer, lm: nn.Module, directory: Path) -> None:
 
 class PretrainedGenerationTask(GenerationTask):
     """A :class:`GenerationTask` whose model is a local Hugging Face directory: :meth:`make_model` loads it
-    and :meth:`save` writes the trained one beside the run's weights, loadable by ``from_pretrained``."""
+    and :meth:`save` writes the trained one beside the run's weights, loadable by ``from_pretrained``. With
+    ``lora`` (``--use-peft``) or an adapter directory, the model is a PEFT model whose adapter alone evolves, and
+    :meth:`save` writes the adapter (``adapter_config.json`` naming the base directory)."""
 
-    def __init__(self, directory: Path, dtype: str | None = None, tokenizer=None, **options):
-        self.directory, self.dtype = directory, dtype
+    def __init__(self, directory: Path, dtype: str | None = None, tokenizer=None, lora: Lora | None = None,
+                 **options):
+        self.directory, self.dtype, self.lora = directory, dtype, lora
+        self.base = base_directory(directory)
+        if lora is not None and self.base != directory:
+            raise ValueError(f"--use-peft puts a new LoRA adapter on a model; {directory} is a PEFT adapter already "
+                             f"({ADAPTER_CONFIG}), whose own adapter a run trains: drop --use-peft")
         super().__init__(tokenizer=load_tokenizer(directory) if tokenizer is None else tokenizer, **options)
         self.check_context(_context(directory))  # from config.json: before the weights load (a minute, for 1B)
         unknown = unreadable(self.tokenizer, self.prompts, "training prompts")
@@ -173,13 +202,35 @@ class PretrainedGenerationTask(GenerationTask):
 
     def make_model(self, hidden, model: str) -> nn.Module:
         lm = load_causal_lm(self.directory, dtype=self.dtype or "auto")
+        if self.lora is not None:
+            lm = with_lora(lm, self.lora.config(), self.base, self.directory)
         check_vocabulary(self.tokenizer, lm, self.directory)
         return lm
 
     def save(self, model: nn.Module, directory: Path) -> None:
-        """``model`` and the tokenizer in ``directory`` (save_pretrained), for ``from_pretrained``."""
-        model.save_pretrained(directory, max_shard_size=SHARD)  # safetensors holds a shard's bytes in memory
+        """``model`` and the tokenizer in ``directory`` (save_pretrained), for ``from_pretrained``; a PEFT model's
+        adapter, for ``PeftModel.from_pretrained`` over its base (and ``--model hf:DIR``)."""
+        if is_peft(model):
+            model.save_pretrained(directory)
+        else:
+            model.save_pretrained(directory, max_shard_size=SHARD)  # safetensors holds a shard's bytes in memory
         self.tokenizer.save_pretrained(directory)
+
+    def adapter_shapes(self) -> list[tuple[int, ...]] | None:
+        """The shapes of the parameters that evolve where an adapter is on the model (None: a full fine-tune), from
+        the configs alone: the model is built on the meta device."""
+        adapter = read_adapter(self.directory)
+        if adapter is None and self.lora is None:
+            return None
+        import torch
+        import transformers
+
+        config = transformers.AutoConfig.from_pretrained(self.base, local_files_only=True, trust_remote_code=False)
+        cls = _causal_lm_class(self.base)
+        with torch.device("meta"):
+            model = cls.from_config(config) if cls is transformers.AutoModelForCausalLM else cls(config)
+        return evolving_shapes(model, self.lora.config() if adapter is None else adapter_config(adapter),
+                               self.directory)
 
 
 def splits(problems) -> tuple[list[str], list[str]]:
@@ -200,7 +251,7 @@ def measures(options: PromptOptions) -> dict:
 def _maker(problems, verifier, max_new_tokens: int):
     def make(name: str, where: TaskContext, options: PromptOptions) -> PretrainedGenerationTask:
         train, held_out = splits(problems)
-        return PretrainedGenerationTask(hf_directory(where.model), where.dtype, prompts=train,
+        return PretrainedGenerationTask(hf_directory(where.model), where.dtype, lora=lora_of(options), prompts=train,
                                         eval_prompts=held_out, reward=rewards_of(verifier),
                                         max_new_tokens=max_new_tokens, prompts_per_step=options.batch_size,
                                         temperature=options.temperature, generations=options.generations,
@@ -224,9 +275,22 @@ class PromptOptions:
                                       f"{MAX_EVAL_GENERATIONS})", at_least=0, at_most=MAX_EVAL_GENERATIONS)
     drift_text: str | None = option(None, "a file of texts (lines, or JSON lines with 'text'): each evaluation "
                                           "logs their NLL per token, drift_nll, and its change")
+    # LoRA (TRL's ModelConfig names and defaults; see nesgpu.tasks.adapters): recorded, so resume and eval rebuild it
+    use_peft: bool = option(False, "evolve a LoRA adapter; base frozen (default off)", defines=True)
+    lora_r: int | None = option(None, f"with --use-peft: its rank (default {LORA_R}, TRL's)", at_least=1,
+                                at_most=MAX_COUNT, defines=True)
+    lora_alpha: int | None = option(None, f"its update scales by alpha / r (default {LORA_ALPHA}, TRL's)", at_least=1,
+                                    at_most=MAX_COUNT, defines=True)
+    lora_target_modules: str | None = option(None, "q_proj,v_proj or all-linear (default: PEFT's table)",
+                                             defines=True)
+    lora_dropout: float = option(0.0, "must be 0: ES scores in eval mode (default: 0.0)", at_least=0)
 
     def __post_init__(self):
         check_options(self, "reward task")
+
+    def for_run(self, strategy, hidden) -> PromptOptions:
+        """The options a run records: with ``use_peft``, the LoRA defaults filled in (see adapters.settled)."""
+        return settled(self)
 
 
 # fine-tuning a pretrained small model (OpenAI-ES on low-rank noise, plain SGD written into the weights: the memory

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import io
 import json
 import os
 import signal
@@ -29,12 +28,13 @@ from .loop import Interrupted, Loop, Progress, check_finite, evaluated, shown_st
 from .setup.build import Built, build, check_own, resolve_device
 from .setup.config import TrainConfig, is_supervised, resolve_for
 from .setup.defaults import budget_note, compiles, kept_compile, torch_env_tasks
+from .setup.paths import with_absolute_paths
 from .storage import rundir
-from .storage.checkpoint import STATE, find_checkpoint, require_safetensors, save_weights, write_directory, write_json
+from .storage.checkpoint import (STATE, find_checkpoint, read_state, require_safetensors, save_weights,
+                                 write_directory, write_json)
 from .storage.loggers import make_loggers
 from .storage.metrics import MetricsLog, plot_curve
 from .storage.resume import resume as resume_run
-from .storage.run_files import read_bytes
 
 
 class StopRequests:
@@ -131,7 +131,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
     require_safetensors()
     if cfg.out is None:  # the default: a new directory per run, never an old run's
         cfg.out = str(rundir.fresh_directory(Path("runs"), cfg.task.replace(":", "-").replace("/", "-")))
-    out = Path(cfg.out)
+    out = Path(cfg.out)  # as given, in messages; config.json records every path absolute (resume from anywhere)
+    cfg = with_absolute_paths(cfg)
     device = resolve_device(cfg.device)
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -169,13 +170,13 @@ def _train(job: _Job) -> dict:
     try:
         progress = resume_run(cfg, out, built.step, is_supervised(cfg.task, built.task), job.log, built.task) \
             if job.resume else Progress()
-        if main:
-            write_json(out / "config.json", json.loads(cfg.to_json()))
         metrics = MetricsLog(out, resume_step=built.step.step if job.resume else 0, loggers=loggers,
                              config=cfg.to_dict(), extra_columns=[
                                  *shown_statistics(built.task, built.step.progress_key),
                                  *getattr(built.step, "columns", ()), built.task.metric]) \
             if main else None
+        if main:  # once the run's files are read: a resume refused for one of them leaves config.json as it was
+            write_json(out / "config.json", json.loads(cfg.to_json()))
         loop = Loop(cfg, out, built.task, built.step, main, job.ranks.distributed, metrics, job.log,
                     _first_step_then(replaced.discard, job.callback, job.stop_requested), job.stop_requested,
                     progress, compiled)
@@ -218,10 +219,6 @@ def _compile_decision(job: _Job) -> tuple[TrainConfig, bool]:
     return dataclasses.replace(cfg, compile="on" if compiled else "off"), compiled
 
 
-# a built-in RL run's checkpoint state is a few kB to a few MB
-STATE_LIMIT = 256 << 20
-
-
 def _recorded_compile(out: Path) -> tuple[bool | None, dict]:
     """Whether ``out``'s checkpoint records that its rollouts ran compiled (None: it does not say), and the
     config it records ({}: none). A checkpoint that cannot be read gives (None, {}): resuming it says why."""
@@ -229,10 +226,8 @@ def _recorded_compile(out: Path) -> tuple[bool | None, dict]:
     if found is None:
         return None, {}
     try:
-        state = torch.load(io.BytesIO(read_bytes(found / STATE, STATE_LIMIT)), weights_only=True, map_location="cpu")
-    except Exception:  # noqa: BLE001 - any damage is reported by resume, which reads the file again
-        return None, {}
-    if not isinstance(state, dict):
+        state = read_state(found / STATE)
+    except (OSError, ValueError):  # any damage is reported by resume, which reads the file again
         return None, {}
     recorded, config = state.get("compiled"), state.get("config")
     return (recorded if isinstance(recorded, bool) else None), (config if isinstance(config, dict) else {})

@@ -14,6 +14,7 @@ heartbeat of a running trial, and the check that a resumed study is the same stu
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import threading
 import warnings
@@ -48,17 +49,47 @@ def locked(out: Path):
 
 
 @contextlib.contextmanager
+def writable_directory(out: Path):
+    """A tune directory that cannot be created or written (read-only, not permitted) is one ValueError."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        where = f": {e.filename}" if e.filename and e.filename != str(out) else ""
+        raise ValueError(f"--out {out}: the directory is not writable ({e.strerror}{where}); nesgpu tune writes "
+                         f"study.db, the trials' runs and its outputs there: choose another --out") from e
+
+
+def make_directory(out: Path) -> None:
+    """Create the tune directory ``out`` (and its parents) where it is not there; a ValueError where it cannot be
+    (what cannot be written in it is named where :func:`locked` opens its lock file)."""
+    with writable_directory(out):
+        out.mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
 def readable_database(out: Path):
-    """A study.db that SQLite cannot read (damaged, not a database, unreadable) is one ValueError, not
-    SQLAlchemy's traceback."""
+    """A study.db that SQLite cannot read (damaged, not a database, unreadable) or write (a full disk, a read-only
+    file or directory) is one ValueError saying which, not SQLAlchemy's traceback."""
     from sqlalchemy.exc import DatabaseError
 
     try:
         yield
     except DatabaseError as e:
-        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
-        raise ValueError(f"{out / DB} cannot be read as a study database ({reason}); move it away to start a "
-                         f"new study there, or choose another --out") from e
+        raise ValueError(database_error(out, str(getattr(e, "orig", None) or e).splitlines()[0])) from e
+
+
+def database_error(out: Path, reason: str) -> str:
+    """What SQLite's ``reason`` means for the study database of ``out``."""
+    if "disk is full" in reason:
+        return (f"{out / DB} cannot be written: the disk is full (SQLite: {reason}); free space on it, or choose "
+                f"another --out")
+    if "readonly" in reason or "unable to open" in reason:
+        return (f"{out / DB} cannot be written: the file or its directory {out} is not writable (SQLite: {reason}); "
+                f"choose another --out")
+    return (f"{out / DB} cannot be read as a study database ({reason}); move it away to start a new study there, "
+            f"or choose another --out")
 
 
 def open_storage(out: Path, heartbeat: int, on_stale=None) -> optuna.storages.RDBStorage:
@@ -186,5 +217,5 @@ def trial_id(storage, study: optuna.Study, number: int) -> int:
 
 
 __all__ = ["DB", "IDENTITY", "LOCK", "RUN_ONLY", "SETTINGS", "as_json", "ask", "fail_stale_trials", "heartbeat",
-           "load_study", "locked", "open_storage", "readable_database",
-           "trial_id"]
+           "load_study", "locked", "make_directory", "open_storage", "readable_database", "trial_id",
+           "writable_directory"]

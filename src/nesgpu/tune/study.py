@@ -42,9 +42,11 @@ from .storage import (
     heartbeat,
     load_study,
     locked,
+    make_directory,
     open_storage,
     readable_database,
     trial_id,
+    writable_directory,
 )
 
 SAMPLERS = ("tpe", "gp", "cmaes")
@@ -110,8 +112,9 @@ def tune(base: TrainConfig, space: SearchSpace | dict | str | Path | None = None
                                  study_pruner, log)
     with warnings.catch_warnings():  # fail_stale_trials and the matplotlib plots are "experimental" in Optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        try:
-            optimize(study, storage, base, space, out, trials, timeout, sampler, log, subject)
+        try:  # a full disk while the trials run: the database named, as when it opens
+            with readable_database(out):
+                optimize(study, storage, base, space, out, trials, timeout, sampler, log, subject)
         except (KeyboardInterrupt, Interrupted):
             write_outputs(study, base, space, out, plots=False, log=log)  # trials.csv shows the stopped trial
             raise
@@ -136,12 +139,12 @@ def _open_study(out: Path, attrs: dict, study_name: str | None, heartbeat: int, 
     """(storage, study) of the tune directory ``out``: a new study, or the one there if it matches ``attrs``."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; expected a directory for the tune (study.db, trials/, ...)")
-    out.mkdir(parents=True, exist_ok=True)
+    make_directory(out)
 
     def on_stale(study, trial):
         log(f"trial {trial.number} had no heartbeat for {3 * heartbeat} s (its process was killed): marked failed")
 
-    with locked(out), readable_database(out):
+    with writable_directory(out), locked(out), readable_database(out):
         storage = open_storage(out, heartbeat, on_stale)
         return storage, load_study(storage, out, study_name, attrs, sampler, pruner)
 

@@ -20,7 +20,7 @@ from ...population import Population
 from ...strategies import STRATEGIES, Schedule, Strategy
 from ...tasks import make_task
 from ...tasks.protocol import ModelMaker, check_differentiable, check_task
-from ...tasks.reward_tasks import HF, hf_directory
+from ...tasks.reward_tasks import HF, PretrainedGenerationTask, hf_directory
 from ..steps.activations import checkpoint_blocks
 from ..steps.backprop import Backprop, BackpropStep, shard_model
 from ..steps.evolution import AUTO, UNPROBED, EvolutionStep, Stepper
@@ -76,10 +76,14 @@ def model_device(model: nn.Module) -> torch.device:
 
 def planned(cfg: TrainConfig, task, device: torch.device, log) -> MemoryPlan | None:
     """An ES run of a model directory (hf:DIR): its memory plan, logged, and refused in one line where it cannot
-    fit, before the weights are loaded."""
+    fit, before the weights are loaded. With a LoRA adapter (``--use-peft``, an adapter directory), the base model's
+    weights and the adapter's evolving ones."""
     if cfg.strategy == BACKPROP or not str(cfg.model).startswith(HF):
         return None
-    plan = plan_run(cfg, hf_directory(cfg.model), task, device)
+    if isinstance(task, PretrainedGenerationTask):
+        plan = plan_run(cfg, task.base, task, device, task.adapter_shapes())
+    else:
+        plan = plan_run(cfg, hf_directory(cfg.model), task, device)
     if plan is not None:
         log(plan.describe())
         check_fits(plan, device, f"--model {cfg.model} with --update {cfg.update}")

@@ -3,7 +3,9 @@ weights are loaded: printed at the start of the run, and a run that cannot fit i
 
 What each part counts (bytes):
 
-- weights: every tensor of the directory's safetensors files, in the run's dtype (tied weights are stored once);
+- weights: every tensor of the directory's safetensors files, in the run's dtype (tied weights are stored once), and
+  a LoRA adapter's (float32 unless ``--dtype`` says, as PEFT keeps them); with an adapter, only its parameters evolve,
+  and the parts below count them alone (the base is frozen);
 - masters, gradient, optimizer state: ``--update strategy``: a float32 master of each half-precision weight, a
   float32 ``.grad``, and the strategy's optimizer state (Adam: 8 bytes a parameter), measured on one parameter;
   ``--update sgd`` writes the update into the weights and holds none of them, ``--update adam`` two moments in the
@@ -36,7 +38,8 @@ plain inference's peak less its weights (BENCHMARKS.md, issue 54)."""
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Bytes of each part of a run (see the module's docstring); ``chunk`` is the directions of a block."""
+    """Bytes of each part of a run (see the module's docstring); ``chunk`` is the directions of a block, and
+    ``evolving`` the parameters that evolve where a LoRA adapter is on the model (None: all of them)."""
 
     parameters: int
     weights: int
@@ -49,6 +52,7 @@ class MemoryPlan:
     workspace: int
     runtime: int
     chunk: int
+    evolving: int | None = None
 
     @property
     def total(self) -> int:
@@ -57,8 +61,12 @@ class MemoryPlan:
 
     def describe(self) -> str:
         """One line: the total, then each part that is not zero (:meth:`breakdown`)."""
-        count = f"{self.parameters / 1e9:.3g}B" if self.parameters >= 1e9 else f"{self.parameters / 1e6:.3g}M"
-        return f"memory plan: {_bytes(self.total)} for {count} parameters ({self.breakdown()})"
+        count = _count_text(self.parameters)
+        if self.evolving is not None:
+            count += f" parameters, {_count_text(self.evolving)} of them evolving in a LoRA adapter"
+        else:
+            count += " parameters"
+        return f"memory plan: {_bytes(self.total)} for {count} ({self.breakdown()})"
 
     def breakdown(self) -> str:
         """Each part that is not zero, with its bytes."""
@@ -68,6 +76,10 @@ class MemoryPlan:
                  (f"KV cache of {self.chunk} directions", self.cache), ("workspace", self.workspace),
                  ("runtime", self.runtime)]
         return ", ".join(f"{name} {_bytes(value)}" for name, value in parts if value)
+
+
+def _count_text(n: int) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
 def _bytes(n: int) -> str:
@@ -97,27 +109,32 @@ def tensor_shapes(directory: Path) -> list[tuple[tuple[int, ...], torch.dtype | 
     return shapes
 
 
-def plan_run(cfg, directory: Path, task, device: torch.device) -> MemoryPlan | None:
-    """The plan of an ES run of the model in ``directory`` (None: no safetensors headers to read). With chunk
-    "auto", the largest block that fits in the device's free memory (at least 1)."""
+def plan_run(cfg, directory: Path, task, device: torch.device,
+             adapter: list[tuple[int, ...]] | None = None) -> MemoryPlan | None:
+    """The plan of an ES run of the model in ``directory`` (None: no safetensors headers to read); ``adapter``: the
+    shapes of a LoRA adapter's parameters on it, which alone evolve. With chunk "auto", the largest block that fits
+    in the device's free memory (at least 1)."""
     floats = [(shape, dtype) for shape, dtype in tensor_shapes(directory) if dtype is not None
               and dtype.is_floating_point]
     if not floats:
         return None
     if cfg.dtype is not None:
         floats = [(shape, getattr(torch, cfg.dtype)) for shape, _ in floats]
-    numel = sum(_count(shape) for shape, _ in floats)
-    half = sum(_count(shape) for shape, dtype in floats if dtype in (torch.float16, torch.bfloat16))
-    weights = sum(_count(shape) * dtype.itemsize for shape, dtype in floats)
+    lora = [(shape, getattr(torch, cfg.dtype or "float32")) for shape in adapter or []]
+    evolving = floats if adapter is None else lora
+    numel = sum(_count(shape) for shape, _ in evolving)
+    half = sum(_count(shape) for shape, dtype in evolving if dtype in (torch.float16, torch.bfloat16))
+    weights = sum(_count(shape) * dtype.itemsize for shape, dtype in floats + lora)
+    evolved = sum(_count(shape) * dtype.itemsize for shape, dtype in evolving)  # their bytes
     in_place, directions = cfg.update != "strategy", cfg.directions
-    per_direction = sum(_noise(cfg, shape) for shape, _ in floats)
+    per_direction = sum(_noise(cfg, shape) for shape, _ in evolving)
     per_block = _task_bytes(task, directory, floats[0][1].itemsize, cfg.antithetic)
     fixed = dict(weights=weights, masters=0 if in_place else 4 * half,
                  grad=0 if in_place else 4 * numel,
-                 optimizer=(2 * weights if cfg.update == "adam" else 0) if in_place
+                 optimizer=(2 * evolved if cfg.update == "adam" else 0) if in_place
                  else optimizer_bytes(cfg, numel) * numel,
-                 start=weights if _keeps_start(cfg, task) else 0,
-                 workspace=_workspace(cfg, floats, in_place), runtime=RUNTIME_CPU if device.type == "cpu" else 0)
+                 start=evolved if _keeps_start(cfg, task) else 0,
+                 workspace=_workspace(cfg, evolving, in_place), runtime=RUNTIME_CPU if device.type == "cpu" else 0)
     update_noise = per_direction * directions if in_place else 0  # the in-place update draws every direction
     chunk = directions if cfg.chunk_size in (None, "auto") else cfg.chunk_size
     free = free_memory(device) if cfg.chunk_size == "auto" else None
@@ -126,7 +143,9 @@ def plan_run(cfg, directory: Path, task, device: torch.device) -> MemoryPlan | N
         room = free - sum(fixed.values()) - update_noise - drawn
         chunk = max(1, min(directions, room // max(1, per_direction + per_block)))
     noise = max(update_noise, per_direction * min(directions, chunk + (0 if in_place else BLOCK)))
-    return MemoryPlan(parameters=numel, **fixed, noise=noise, cache=per_block * chunk, chunk=chunk)
+    total = sum(_count(shape) for shape, _ in floats + lora)
+    return MemoryPlan(parameters=total, **fixed, noise=noise, cache=per_block * chunk, chunk=chunk,
+                      evolving=None if adapter is None else numel)
 
 
 def check_fits(plan: MemoryPlan, device: torch.device, where: str) -> None:
@@ -145,8 +164,8 @@ def _advice(plan: MemoryPlan, free: int) -> str:
     if plan.start:
         return "kl, --anchor and drift texts keep a copy of the starting weights: drop them"
     if plan.weights + plan.workspace + plan.runtime > free:
-        return ("the weights alone do not fit: a device with more memory, or a LoRA adapter over a frozen base "
-                "(docs/hf_models.md)")
+        return ("the weights alone do not fit: a device with more memory (a LoRA adapter, --use-peft, evolves less "
+                "but holds the same base)")
     return "a smaller --population or --chunk-size (auto fits the block to the memory)"
 
 
@@ -201,7 +220,7 @@ def _keeps_start(cfg, task) -> bool:
 
 def _workspace(cfg, floats, in_place: bool) -> int:
     """The update's temporaries: in place, a few float32 slices; else the float32 estimate of the largest weight."""
-    largest = max(_count(shape) for shape, _ in floats)
+    largest = max((_count(shape) for shape, _ in floats), default=0)
     if in_place:
         return 6 * 4 * min(SLICE, largest) + (4 * largest if cfg.layer != "lowrank" else 0)
     return 4 * largest

@@ -14,6 +14,7 @@ from ...tasks.protocol import Fingerprinted
 from ..loop import Progress
 from ..setup.config import TrainConfig
 from ..setup.options import own_only
+from ..setup.paths import PATHS, located
 from ..steps.evolution import Stepper
 from . import rundir
 from .checkpoint import STATE, WEIGHTS, find_checkpoint, load_checkpoint
@@ -26,7 +27,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
     new = cfg.to_dict()
 
     def check(state):
-        old = checked_record(state, out)
+        old = located(checked_record(state, out), out, optional=PATHS)  # an older run's relative paths
         old = own_only({**rundir.legacy(supervised), **old}, cfg.strategy, cfg.task)  # what an older nesgpu's run did
         if old.get("task") != cfg.task:
             raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
@@ -48,7 +49,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
         stepper.load_state_dict(state["strategy"])
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError) as e:
         raise ValueError(f"checkpoint in {out} does not match this configuration: {' '.join(str(e).split())}") from e
-    old = own_only(state["config"], cfg.strategy, cfg.task)
+    old = own_only(located(state["config"], out, optional=PATHS), cfg.strategy, cfg.task)
     stepper.apply_changes(old, cfg)
     # a new schedule (or a new --steps, which stretches one) applies from the next step: say where it jumps
     jumps = [f"{name} {before:.4g} -> {after:.4g}" for name, before, after in scheduled_values(old, cfg, stepper.step)

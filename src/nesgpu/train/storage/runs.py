@@ -18,6 +18,7 @@ from ...tasks.reward_tasks import HF
 from ..setup.build import build, resolve_device
 from ..setup.config import CUSTOM, TrainConfig, custom_label, is_supervised, resolve_for
 from ..setup.options import own_only
+from ..setup.paths import PATHS, located
 from . import rundir
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
 from .run_files import read_mapping
@@ -42,7 +43,8 @@ def read_config(directory: Path, task=None) -> TrainConfig:
         raise ValueError(f"{directory} is not a run directory ({_missing(directory)}); expected the --out of a run")
     if not os.path.lexists(config_path):
         raise ValueError(f"{directory} is not a run directory (no config.json){rundir.moved_aside(directory)}")
-    values = read_mapping(config_path)
+    # a run of an older nesgpu recorded relative paths; the model and the drift text, not found, are named below
+    values = located(read_mapping(config_path), directory, optional=("model", "drift_text"))
     supervised = is_supervised(str(values.get("task")), task)
     try:
         cfg = TrainConfig.from_dict({**rundir.legacy(supervised), **values}, source=str(config_path))
@@ -134,7 +136,8 @@ def with_saved_source(cfg: TrainConfig, directory: Path) -> TrainConfig:
     """The config to rebuild a run's model from: a finished ``--model hf:DIR`` run whose source directory is
     gone is rebuilt from its own copy, ``RUN/hf`` (the fine-tuned model and its tokenizer), with a warning."""
     model = cfg.model or ""
-    if not model.startswith(HF) or (Path(model[len(HF):]).expanduser() / "config.json").is_file():
+    source = Path(model[len(HF):]).expanduser()
+    if not model.startswith(HF) or (source / "config.json").is_file() or (source / "adapter_config.json").is_file():
         return cfg
     if not (directory / "hf" / "config.json").is_file():
         raise ValueError(f"{directory / 'config.json'} names --model {model}, the model the run started from, and "
@@ -151,7 +154,7 @@ def _check_saved_with(cfg: TrainConfig, metadata: dict, directory: Path) -> None
         saved = json.loads(metadata["nesgpu_config"])
     except (KeyError, ValueError):
         return  # weights saved without nesgpu's metadata: only their names, shapes and dtypes can be checked
-    saved = own_only(saved, cfg.strategy, cfg.task)
+    saved = own_only(located(saved, directory, optional=PATHS), cfg.strategy, cfg.task)
     differ = rundir.differences(saved, cfg.to_dict(), rundir.defining())
     if differ:
         raise ValueError(f"{directory}: config.json does not describe the run that saved model.safetensors "
