@@ -56,6 +56,17 @@ def test_a_model_directory_with_an_auto_map_is_refused_and_its_code_never_runs(t
     assert not (hf / "ran").exists()
 
 
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "config.json"])
+def test_a_model_directory_file_that_is_a_fifo_or_a_device_is_refused_not_read(tmp_path, name):
+    hf = model_dir(tmp_path / "m")
+    for target in ("fifo", "/dev/zero"):
+        (hf / name).unlink()
+        os.mkfifo(hf / name) if target == "fifo" else (hf / name).symlink_to(target)
+        # read, a FIFO would block until a writer came (none will): the file is refused before it is opened
+        with pytest.raises(ValueError, match=rf"{name}"):
+            hf_directory(f"hf:{hf}")
+
+
 def test_a_reward_module_leaves_the_import_path_as_it_was(tmp_path, monkeypatch):
     (tmp_path / "rw.py").write_text("import helpers_of_rw\n\ndef ok(completions, **kw):\n"
                                     "    return [helpers_of_rw.ONE] * len(completions)\n")

@@ -52,7 +52,7 @@ def _check_video(video) -> Path | None:
 
 def _run_task_name(directory: Path) -> str | None:
     """The task named in a run directory's config.json, when it can be read (load_run reports the errors)."""
-    from ..train.storage.run_files import read_json
+    from ..files import read_json
 
     try:
         return read_json(directory / "config.json").get("task")

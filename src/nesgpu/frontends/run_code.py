@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..tasks.user_code import code_file, named_code
 from ..train.setup.paths import PATHS, located
-from ..train.storage.run_files import read_mapping
+from ..files import read_mapping
 
 TRUST_FLAG = "--trust-run-code"
 

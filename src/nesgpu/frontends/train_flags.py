@@ -20,7 +20,7 @@ from ..strategies import STRATEGIES
 from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks, needs_gaussian
 from ..train.setup.options import STRATEGY, TASK
 from ..train.setup.validation import act_bits_apply, bits_apply
-from ..train.storage.run_files import read_json
+from ..files import read_json
 
 
 class Formatter(argparse.HelpFormatter):

@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
-import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
+from ..files import read_json
 from ..options import check_options, option
 from .adapters import (ADAPTER_CONFIG, LORA_ALPHA, LORA_R, Lora, adapter_config, base_directory, evolving_shapes,
                        is_peft, lora_of, read_adapter, settled, tokenizer_directory, with_adapter, with_lora)
@@ -43,8 +44,8 @@ def hf_directory(model: str | None) -> Path:
         raise ValueError(f"{directory} is not a Hugging Face model directory (no config.json); expected what "
                          f"save_pretrained writes")
     try:
-        json.loads((directory / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        read_json(directory / "config.json")
+    except (OSError, ValueError) as e:
         raise ValueError(f"{directory / 'config.json'} cannot be read as JSON ({e}); expected what save_pretrained "
                          f"writes") from e
     refuse_remote_code(directory)
@@ -59,10 +60,14 @@ def refuse_remote_code(directory: Path) -> None:
     """A model directory is data: refuse one whose configs name Python files of its own (``auto_map``), which
     transformers would import (asking on a terminal first) if trusted; nesgpu never runs them."""
     for name in CODE_CONFIGS:
-        try:
-            config = json.loads((directory / name).read_text())
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # absent or unreadable: not code
+        if not os.path.lexists(directory / name):
             continue
+        try:  # as data: a FIFO or a device is refused, not read (transformers would block on it or never end)
+            config = read_json(directory / name)
+        except OSError:  # unreadable: not code (the model's loading names it)
+            continue
+        except ValueError as e:
+            raise ValueError(f"{e}; expected what save_pretrained writes") from e
         if isinstance(config, dict) and "auto_map" in config:  # any value, empty or nested: transformers reads it
             auto_map = config["auto_map"]
             raise ValueError(f"{directory / name} has an auto_map that names code in the model directory "

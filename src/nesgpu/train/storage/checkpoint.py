@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .run_files import open_regular
+from ...files import open_regular
 from .tensor_file import batches, described, write_tensors
 
 WEIGHTS, STATE = "model.safetensors", "state.pt"

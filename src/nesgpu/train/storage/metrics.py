@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .checkpoint import atomic_write_text
 from .loggers import Logger, make_loggers
-from .run_files import open_regular
+from ...files import open_regular
 
 COLUMNS = ["step", "seconds"]
 # the columns a run has once a row fills them (a language model's run fills no RL or supervised column), and the

@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 from ..setup.options import defining_options
-from .run_files import read_json, read_text
+from ...files import read_json, read_text
 
 # the run options that define a run: changing them would make the checkpoint another run's (a strategy's or a
 # task's own options say so themselves: ``option(..., defines=True)``; see :func:`defining`)

@@ -21,7 +21,7 @@ from ..setup.options import own_only
 from ..setup.paths import PATHS, located
 from . import rundir
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
-from .run_files import read_mapping
+from ...files import read_mapping
 
 
 class Run(NamedTuple):

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from .checkpoint import atomic_write_text
-from .run_files import read_text
+from ...files import read_text
 
 LIMIT = 1 << 30  # an evaluation's samples are a few kB to a few MB; a run's thousands of them stay below this
 

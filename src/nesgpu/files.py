@@ -1,6 +1,7 @@
-"""Reading a run directory's small files (config.json, summary.json, drift text, lock files) as data from a
-stranger: only a regular file is read (a FIFO would block, /dev/zero would never end), never more than a stated
-size, and what cannot be read is a ValueError that names the file and what was expected."""
+"""Reading the small files of a run or model directory (config.json, summary.json, a drift text, a lock file,
+adapter_config.json) as data from a stranger: only a regular file is read (a FIFO would block, /dev/zero would
+never end), never more than a stated size, and what cannot be read is a ValueError that names the file and what
+was expected."""
 
 from __future__ import annotations
 
