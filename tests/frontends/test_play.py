@@ -55,6 +55,14 @@ def test_bad_video_paths_are_refused(cartpole_run, tmp_path):
         play_run(cartpole_run, episodes=1, video=tmp_path / "dir.gif")
 
 
+def test_a_run_of_a_task_of_ones_own_is_refused_with_advice_play_can_follow(tmp_path):
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "config.json").write_text(json.dumps({"task": "custom:toy"}))
+    with pytest.raises(ValueError, match=r"trained a task of your own \(custom:toy\), which nesgpu play cannot "
+                                         r"rebuild; evaluate it with nesgpu eval .* or load it in Python"):
+        play_run(tmp_path / "own")
+
+
 def test_supervised_runs_are_refused(tmp_path):
     out = tmp_path / "digits"
     train(TrainConfig(task="digits", steps=1, population=4, out=str(out), device="cpu"), log=quiet)

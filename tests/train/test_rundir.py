@@ -326,6 +326,16 @@ def test_without_out_every_run_gets_a_new_directory(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["cartpole", "cartpole-2"]
 
 
+def test_a_resume_that_changes_the_evaluation_cadence_says_so(tmp_path):
+    out, logs = tmp_path / "run", []
+    train(TrainConfig(**{**RUN, "steps": 10}, out=str(out)), log=quiet)  # eval_every 0: every step
+    train(TrainConfig(**{**RUN, "steps": 12}, out=str(out)), resume=True, log=logs.append)
+    assert "evaluations every" not in logs[0]  # a tenth of 10 or of 12 steps: every step either way
+    logs.clear()
+    train(TrainConfig(**{**RUN, "steps": 20}, out=str(out)), resume=True, log=logs.append)
+    assert "evaluations every 2 steps, a tenth of --steps (were every 1: the rows that evaluate differ" in logs[0]
+
+
 def test_resume_applies_a_new_schedule_or_a_stretched_one_from_the_next_step(tmp_path):
     out = tmp_path / "run"
     base = TrainConfig(**RUN).resolved().lr

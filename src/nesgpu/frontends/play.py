@@ -277,6 +277,10 @@ def play_run(directory: str | Path, episodes: int = 5, video: str | Path | None 
     name = _run_task_name(directory)
     if _is_other_task(name):  # refused before the dataset, the model or a language model's weights load
         raise _not_rl(directory, name)
+    if isinstance(name, str) and name.startswith("custom:"):  # load_run's advice names eval's --task, not play's
+        raise ValueError(f"{directory} trained a task of your own ({name}), which nesgpu play cannot rebuild; "
+                         f"evaluate it with nesgpu eval {directory} --task module:task [--model module:make_model], "
+                         f"or load it in Python: nesgpu.load_run({str(directory)!r}, task=..., model=...)")
     run = load_run(directory, device)
     task, model = run.task, run.model
     if not isinstance(task, RLTask):

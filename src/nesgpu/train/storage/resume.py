@@ -55,6 +55,10 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
     jumps = [f"{name} {before:.4g} -> {after:.4g}" for name, before, after in scheduled_values(old, cfg, stepper.step)
              if not math.isclose(before, after, rel_tol=1e-9)]
     changed = rundir.differences(old, new, [n for n in new if n not in rundir.defining() and n != "out"])
+    every = [max(1, int(steps or 1) // 10) for steps in (old.get("steps"), cfg.steps)]  # eval_every 0: a tenth
+    if not cfg.eval_every and not old.get("eval_every") and every[0] != every[1]:
+        changed.append(f"evaluations every {every[1]} steps, a tenth of --steps (were every {every[0]}: the rows that "
+                       f"evaluate differ from an uninterrupted run's, the weights do not)")
     log(f"resuming {out} at step {stepper.step} of {cfg.steps}"
         + (f"; from step {stepper.step + 1}: {'; '.join(changed)}" if changed else "")
         + (f" (at that step {', '.join(jumps)})" if jumps else ""))
