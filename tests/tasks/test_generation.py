@@ -165,6 +165,8 @@ def test_bad_inputs_are_refused_with_what_was_expected():
         task(reward=1.0)
     with pytest.raises(ValueError, match="shaping must be one of"):
         task(shaping="ranks")
+    with pytest.raises(TypeError, match="temperature must be a number \\(0: greedy\\); got str '1'"):
+        task(temperature="1")
     long = task(prompts=["1" * 62], max_new_tokens=5)
     with pytest.raises(ValueError, match="exceed the model's context of 64 tokens"):
         long.evaluate(tiny_llama())

@@ -32,6 +32,19 @@ def test_prompts_read_as_unknown_tokens_are_named():
     assert unreadable(tokenizer, ["3 7 12>33:"]) is None
 
 
+def test_a_tokenizer_that_cannot_encode_a_prompt_names_it():
+    import tokenizers
+
+    vocab = {"[PAD]": 0, "[EOS]": 1, **{c: i + 2 for i, c in enumerate("0123456789+=")}}  # no unknown token
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", eos_token="[EOS]")
+    assert unreadable(tokenizer, ["12+3="]) is None
+    with pytest.raises(ValueError, match=r"the tokenizer cannot encode the training prompt '1 2=' \(Exception: "
+                                         r"WordLevel error: Missing \[UNK\] token"):
+        unreadable(tokenizer, ["12+3=", "1 2="], "training prompts")
+
+
 def test_a_countdown_run_on_an_arithmetic_model_warns_at_the_start(tmp_path):
     config = transformers.LlamaConfig(vocab_size=18, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,

@@ -37,6 +37,8 @@ def check_arguments(tokenizer, reward, shaping: str, temperature: float, fitness
     for label, value in {**counts, "generations": generations}.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be an int >= 1; got {value!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a number (0: greedy); got {type(temperature).__name__} {temperature!r}")
     if not 0 <= temperature < math.inf:
         raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
     check_sampling(fitness, generations, temperature)
@@ -88,11 +90,18 @@ def check_sampling(fitness: str, generations: int, temperature: float) -> None:
 def unreadable(tokenizer, prompts: Sequence[str], what: str = "prompts") -> str | None:
     """A warning's text when ``tokenizer`` turns characters of some of ``prompts`` into its unknown token (the
     model sees them all as one token), naming them; None when it reads every prompt (or has no unknown token:
-    byte-level tokenizers)."""
+    byte-level tokenizers). A tokenizer that cannot encode a prompt at all (a word-level one without an unknown
+    token fails on a character it has no token for) is a ValueError naming the prompt."""
+    try:
+        ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+        bad = next((p for p in prompts if not _encodes(tokenizer, p)), None)
+        which = f"the {what}" if bad is None else f"the {what[:-1]} {bad!r:.60}"
+        raise ValueError(f"the tokenizer cannot encode {which} ({type(e).__name__}: {e}); expected a tokenizer "
+                         f"with a token (or an unknown token) for every character") from None
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None:
         return None
-    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     hit = [p for p, row in zip(prompts, ids) if unk in row]
     if not hit:
         return None
@@ -101,6 +110,14 @@ def unreadable(tokenizer, prompts: Sequence[str], what: str = "prompts") -> str 
             f"{hit[0]!r:.60}{' (' + ', '.join(map(repr, chars)) + ')' if chars else ''}: the model reads them all as "
             f"one token, {tokenizer.unk_token!r}, and is unlikely to learn these prompts; use a model whose "
             f"tokenizer covers their characters")
+
+
+def _encodes(tokenizer, text: str) -> bool:
+    try:
+        tokenizer(text, add_special_tokens=False)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
 
 
 class RewardError(ValueError):
