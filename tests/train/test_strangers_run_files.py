@@ -152,6 +152,10 @@ def test_a_resume_says_which_rows_it_drops_and_keeps_the_rest(tmp_path):
         log = MetricsLog(tmp_path, resume_step=3, loggers=[])
     assert [row["step"] for row in log.rows] == [0, 1, 2, 3]
     assert [row["step"] for row in MetricsLog.read(tmp_path / "metrics.csv")] == [0, 1, 2, 3]
+    log.write({"step": 4, "seconds": 4.0})
+    log.close()
+    with pytest.warns(UserWarning, match=r"the row of step 4, after the checkpoint's step 3, is dropped"):
+        MetricsLog(tmp_path, resume_step=3, loggers=[])
 
 
 def test_a_last_metrics_line_cut_short_is_dropped_with_a_warning(tmp_path):

@@ -44,8 +44,10 @@ class MetricsLog:
         self.rows = [r for r in rows if r["step"] <= resume_step]
         after = [r["step"] for r in rows if r["step"] > resume_step]
         if after:  # written after the checkpoint by the run that was stopped: the resumed run writes them again
-            warnings.warn(f"{self.path}: the rows of steps {min(after)}-{max(after)}, after the checkpoint's step "
-                          f"{resume_step}, are dropped: the run goes on from step {resume_step}", stacklevel=2)
+            rows, are = ((f"row of step {after[0]}", "is") if len(after) == 1 else
+                         (f"rows of steps {min(after)}-{max(after)}", "are"))
+            warnings.warn(f"{self.path}: the {rows}, after the checkpoint's step {resume_step}, {are} dropped: the "
+                          f"run goes on from step {resume_step}", stacklevel=2)
         self.columns = COLUMNS + [c for c in dict.fromkeys(extra_columns) if c not in COLUMNS]
         self.columns += [k for k in dict.fromkeys(k for r in self.rows for k in r) if k not in self.columns]  # every
         # column a resumed run's rows have (an older nesgpu's too)
