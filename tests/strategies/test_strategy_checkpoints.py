@@ -69,6 +69,9 @@ CASES = {  # strategy, how the checkpoint is changed, what the error says
                                r"covariance factor for strategy 'xnes' has det B\^\(1/n\) = 1e\+30; expected det B = 1"),
     "xnes factor on the meta device": ("xnes", replace("state", "covariance", lambda s: s["covariance"].to("meta")),
                                        "covariance factor for strategy 'xnes' holds no data"),
+    "xnes factor of det 1 and condition 1e30": ("xnes", replace("state", "covariance", lambda s: torch.diag(
+        torch.tensor([1e15, 1e-15] + [1.0] * (N - 2), dtype=s["covariance"].dtype))),
+        r"covariance factor for strategy 'xnes' has singular values 1e\+30 times apart; expected at most 1e\+07"),
     "xnes paths": ("xnes", replace("paths", "p_s", lambda s: torch.zeros(N)), "paths for strategy 'xnes' are"),
     "sep_cma_es p_s times 1e30": ("sep_cma_es", times("p_s:weight", 1e30),
                                   "paths 'p_s:\\*' for strategy 'sep_cma_es' has length"),

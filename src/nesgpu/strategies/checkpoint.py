@@ -9,7 +9,8 @@ Tolerances (generous: a checkpoint a run wrote passes by orders of magnitude):
   factor's dtype, float32 for a float32 model).
 - A consistent with C: the eigenvalues of A^-1 C A^-T within [1/4, 4] (A is C's square root as last decomposed;
   C moves by about a tenth in between).
-- xNES's B: det B = 1 (its update is the exponential of a traceless matrix), taken as |det B|^(1/n) in [1/2, 2].
+- xNES's B: det B = 1 (its update is the exponential of a traceless matrix), taken as |det B|^(1/n) in [1/2, 2],
+  and B B^T conditioned as C may be (its singular values at most 1e7 apart).
 - The paths: |p_s| at most the length that kicks of members :data:`LONGEST` times longer than typical sum up to,
   sqrt((2 - c_s) mu_eff / c_s) LONGEST E|N(0, I)|; |p_c| the same for c_c, times :data:`TYPICAL` sqrt(tr C)
   (it sums y = A z under the A of past steps).
@@ -124,5 +125,15 @@ def unit_determinant(strategy: str, factor: torch.Tensor) -> None:
                       f"[{low:g}, {high:g}])")
 
 
+def well_conditioned(strategy: str, factor: torch.Tensor) -> None:
+    """A factor B whose covariance B B^T keeps the condition number C may have (1 / :data:`CONDITION`): its
+    singular values within a ratio of sqrt(1 / CONDITION) (det B = 1 says nothing of their spread)."""
+    values = torch.linalg.svdvals(factor.double())
+    ratio = float(values[0] / values[-1]) if float(values[-1]) > 0 else math.inf
+    if not ratio <= math.sqrt(1 / CONDITION):
+        raise refusal(strategy, "covariance factor", f"has singular values {ratio:.3g} times apart",
+                      f"at most {math.sqrt(1 / CONDITION):.3g} (a covariance conditioned to {1 / CONDITION:.0e})")
+
+
 __all__ = ["consistent", "no_paths", "path_length", "paths", "positive_definite", "refusal", "tensor",
-           "unit_determinant"]
+           "unit_determinant", "well_conditioned"]

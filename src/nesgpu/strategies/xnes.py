@@ -71,11 +71,12 @@ class XNES(ScaleAdapting):
         return new_factor.to(factor.dtype), paths, dataclasses.replace(state, sigma=sigma)
 
     def check_state(self, state: StrategyState, values: dict) -> None:
-        """The checkpoint's factor B: (n, n), finite, det B = 1 (within the tolerance of
-        :mod:`nesgpu.strategies.checkpoint`); no evolution paths."""
+        """The checkpoint's factor B: (n, n), finite, det B = 1 and conditioned as a covariance may be (within
+        the tolerances of :mod:`nesgpu.strategies.checkpoint`); no evolution paths."""
         checkpoint.no_paths(self.name, values)
         factor = checkpoint.tensor(self.name, "covariance factor", values.get("covariance"), (self.n, self.n))
         checkpoint.unit_determinant(self.name, factor)
+        checkpoint.well_conditioned(self.name, factor)
 
 
 __all__ = ["MAX_PARAMETERS", "XNES"]
