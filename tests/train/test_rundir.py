@@ -107,6 +107,16 @@ def test_resume_refuses_defining_changes_before_writing_and_applies_the_others(t
     assert float(last["sigma"]) == pytest.approx(0.2, rel=0.05) and float(last["lr"]) == pytest.approx(0.05)
 
 
+def test_per_parameter_sigmas_out_of_range_never_reach_a_checkpoint(tmp_path):
+    # SNES at --scale-lr 1e9 takes its scales to float32's largest in one step: finite, and no resume takes them
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"step 1 made non-finite \(or out of range\) values in \[\"scales\['net"
+                                         r"\.0\.weight'\] over 1e\+18\".*no checkpoint was written"):
+        train(TrainConfig(**{**RUN, "task": "pendulum", "strategy": "snes", "scale_lr": 1e9},
+                          out=str(out)), log=quiet)
+    assert find_checkpoint(out / "checkpoint") is None
+
+
 def test_non_finite_weights_never_reach_a_checkpoint(tmp_path, monkeypatch):
     original = EvolutionStep.run
 
@@ -119,8 +129,8 @@ def test_non_finite_weights_never_reach_a_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(EvolutionStep, "run", diverging)
     out = tmp_path / "run"
-    with pytest.raises(ValueError, match=r"step 3 made non-finite values in \['net.0.weight'.*checkpoint of step 2 "
-                                         r"is kept; resume it with a smaller --lr or --sigma"):
+    with pytest.raises(ValueError, match=r"step 3 made non-finite \(or out of range\) values in \['net.0.weight'.*"
+                                         r"checkpoint of step 2 is kept; resume it with a smaller --lr or --sigma"):
         train(TrainConfig(**RUN, out=str(out)), log=quiet)
     state = torch.load(find_checkpoint(out / "checkpoint") / "state.pt", weights_only=True)
     assert state["strategy"]["step"] == 2

@@ -36,6 +36,10 @@ OUTER_RTOL = 1e-3
 it, the scale is replaced by the outer product of its first column and row (a strategy's multiplicative updates
 drift from it by rounding only)."""
 
+# the largest scale taken, as for sigma (nesgpu.model.MAX_SIGMA): the noise sigma * scale stays within float32's
+# range, and a scale past it is a diverged strategy or a damaged checkpoint, never a model's
+MAX_SCALE = 1e18
+
 
 def takes_scale(slot) -> bool:
     """Whether a perturbed parameter (a layer's slot) can carry a sigma per entry: kind "gaussian" always,
@@ -64,10 +68,10 @@ def check_scale(name: str, value, p: torch.Tensor, slot) -> torch.Tensor:
         raise ValueError(f"scales[{name!r}] must hold values; got a tensor on the meta device")
     dtype = torch.float32 if p.dtype in HALF else p.dtype
     scale = value.detach().to(device=p.device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)
-    good = scale.isfinite() & (scale > 0)
+    good = (scale > 0) & (scale <= MAX_SCALE)  # NaN fails both
     if not bool(good.all()):  # one host read per scale: set_scales runs once per step at most
         index = tuple((~good).nonzero()[0].tolist())
-        raise ValueError(f"scales[{name!r}] must be finite and > 0 everywhere (in {dtype}); got "
+        raise ValueError(f"scales[{name!r}] must be in (0, {MAX_SCALE:g}] everywhere (in {dtype}); got "
                          f"{scale[index].item()} at [{', '.join(map(str, index))}]")
     return scale if kind.per_element_scale else outer_scale(name, scale, kind)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..layers.scales import MAX_SCALE
 from ..tasks.protocol import DescribesFitness, Fingerprinted, KeepsSamples, LogsMetrics, ReportsEvaluation
 from .setup.config import TrainConfig
 from .steps.evolution import Stepper
@@ -297,9 +298,12 @@ def check_finite(stepper: Stepper, step: int, last_good: int | None, checkpoint:
     model = stepper.model
     tensors = [(n, p) for n, p in model.named_parameters()]
     tensors += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]  # observation statistics
-    tensors += [(f"optimizer state {k}", v) for st in stepper.state_dict()["optimizer"]["state"].values()
+    state = stepper.state_dict()
+    tensors += [(f"optimizer state {k}", v) for st in state["optimizer"]["state"].values()
                 for k, v in st.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
     bad = non_finite(tensors)
+    scales = state.get("scales") or {}  # a sigma per parameter past MAX_SCALE: no resume would take it
+    bad += [f"scales[{n!r}] over {MAX_SCALE:g}" for n, v in scales.items() if not bad and float(v.amax()) > MAX_SCALE]
     if not bad:
         return
     sizes = "--lr" if stepper.chunk is None else "--lr or --sigma"  # backprop has no sigma
@@ -311,7 +315,7 @@ def check_finite(stepper: Stepper, step: int, last_good: int | None, checkpoint:
                   f"a smaller step size cannot save it: start a new run with a smaller {sizes}")
     else:
         advice = f"the checkpoint of step {last_good} is kept; resume it with a smaller {sizes}"
-    raise ValueError(f"step {step} made non-finite values in {bad[:4]}{' ...' if len(bad) > 4 else ''}; the run "
+    raise ValueError(f"step {step} made non-finite (or out of range) values in {bad[:4]}{' ...' if len(bad) > 4 else ''}; the run "
                      f"stops: {advice}")
 
 
