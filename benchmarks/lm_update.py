@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "src"), str(HERE)]
 from lm_drift import final_measures, write_drift_texts  # noqa: E402
-from lm_vs_grpo import MODELS, REWARD, SETTINGS as RACE, es_run, prepare, score  # noqa: E402
+from lm_vs_grpo import REWARD, SETTINGS as RACE, es_run, prepare, race_parser, score  # noqa: E402
 
 TWICE_AUTO = "2x-auto"  # placeholder: twice the lr that sgd's default run took at its probed sigma
 THIRD_SIGMA = "sigma/3"  # placeholder: a third of the sigma that sgd's default run probed (lr auto from it: 1/9)
@@ -145,19 +145,10 @@ def table(result: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/update54"))
-    parser.add_argument("--seconds", type=float, default=120, help="each run's wall-clock budget")
-    parser.add_argument("--eval-seconds", type=float, default=20)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--models", nargs="+", default=["flawed", "last-digit"], choices=list(MODELS))
+    parser = race_parser(__doc__.splitlines()[0], "runs/update54", ["flawed", "last-digit"])
     parser.add_argument("--reward", help="the training reward of every model (default: REWARDS's, else the race's "
                                           "dense one; scoring is always the exact-answer accuracy)")
-    parser.add_argument("--pretrain-steps", type=int, default=1500)
     parser.add_argument("--drift-lines", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=1, help="threads of each run (two run at a time)")
-    parser.add_argument("--results", default="results.json", help="the file in OUT the results go to")
-    parser.add_argument("--report", action="store_true", help="only print the tables of OUT/RESULTS")
     args = parser.parse_args()
     path = args.out / args.results
     if args.report:

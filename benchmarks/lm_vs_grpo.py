@@ -201,21 +201,28 @@ def curves(result: dict) -> None:
         print(f"| {seconds:.0f} | " + " | ".join(cells) + " |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/race"))
+def race_parser(description: str, out: str, models: list[str]) -> argparse.ArgumentParser:
+    """The options every race over MODELS takes (this one's and lm_update.py's): where, how long, which seeds and
+    models, the pretraining, threads and the results file."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=Path(out))
     parser.add_argument("--seconds", type=float, default=120, help="each run's wall-clock budget")
     parser.add_argument("--eval-seconds", type=float, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--models", nargs="+", default=["last-digit", "first-digit"], choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=models, choices=list(MODELS))
+    parser.add_argument("--pretrain-steps", type=int, default=1500)
+    parser.add_argument("--threads", type=int, default=1, help="threads of each run (two run at a time)")
+    parser.add_argument("--results", default="results.json", help="the file in OUT the results go to")
+    parser.add_argument("--report", action="store_true", help="only print the tables of OUT/RESULTS")
+    return parser
+
+
+def main() -> None:
+    parser = race_parser(__doc__.splitlines()[0], "runs/race", ["last-digit", "first-digit"])
     parser.add_argument("--trl-python", default="python", help="a python with trl installed")
     parser.add_argument("--reward", default=REWARD, help="the training reward of both methods (scoring is always the "
                                                          "exact-answer accuracy); arith_reward:exact is binary")
-    parser.add_argument("--pretrain-steps", type=int, default=1500)
-    parser.add_argument("--threads", type=int, default=1, help="threads of each run (two run at a time)")
     parser.add_argument("--tuned", type=Path, help="an earlier results.json: its tuning and choices, not a new one")
-    parser.add_argument("--results", default="results.json", help="the file in OUT the results go to")
-    parser.add_argument("--report", action="store_true", help="only print the tables of OUT/RESULTS")
     args = parser.parse_args()
     if args.report:
         for result in json.loads((args.out / args.results).read_text()):
