@@ -83,6 +83,14 @@ def test_a_run_naming_an_installed_module_as_its_gym_env_is_refused(gym_run, tmp
     assert "--trust-run-code" in done.stderr
 
 
+def test_a_reward_module_not_found_from_here_says_where_it_is_looked_for(gym_run, tmp_path):
+    run = with_config(gym_run, tmp_path / "run", reward="no_such_rewards_module:f")
+    done = nesgpu("eval", str(run), cwd=tmp_path)
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert ("imports no_such_rewards_module (not found from this directory: a module is imported from the working "
+            "directory, so run from where the run started)") in done.stderr
+
+
 def test_python_m_nesgpu_inside_a_run_directory_imports_none_of_its_files(gym_run, tmp_path):
     run = with_config(gym_run, tmp_path / "run")
     for name in ("gymnasium", "tabulate"):

@@ -43,6 +43,9 @@ def consent_to_run_code(run: Path, trusted: bool, command: str) -> None:
     for (what, _), (_, module) in named:
         file = code_file(module)
         imports = module if file is None else str(file) if module.endswith(".py") else f"{module} ({file})"
+        if file is None and module.split(".")[0] not in (*sys.modules, *sys.builtin_module_names):
+            imports += (" (not found from this directory: a module is imported from the working directory, so run "
+                        "from where the run started)")
         if not trusted:
             raise ValueError(f"{run / 'config.json'} names {what}, which imports {imports}: a run directory can name "
                              f"any code, installed or not; read it, then pass {TRUST_FLAG} to import it")
