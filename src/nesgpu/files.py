@@ -66,11 +66,11 @@ def read_json(path: str | Path, limit: int = LIMIT, depth: int = DEPTH):
         raise ValueError(f"{path} is not valid JSON ({e})") from e
 
 
-def read_mapping(path: str | Path, what: str = "a run's mapping of options"):
-    """The JSON object in ``path`` (``read_json``) as a dict; a ValueError, naming the file and ``what`` was
-    expected, for one that cannot be read or holds anything else."""
+def read_mapping(path: str | Path, what: str = "a run's mapping of options", limit: int = LIMIT):
+    """The JSON object in ``path`` (``read_json``, at most ``limit`` bytes) as a dict; a ValueError, naming the file
+    and ``what`` was expected, for one that cannot be read or holds anything else."""
     try:
-        values = read_json(path)
+        values = read_json(path, limit)
     except OSError as e:
         raise ValueError(f"cannot read {path} ({e.strerror or e}); expected {what}") from e
     if not isinstance(values, dict):

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
+
+from ..files import read_mapping
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -94,7 +95,7 @@ def read_adapter(directory: Path) -> Adapter | None:
     file = directory / ADAPTER_CONFIG
     if not file.exists():
         return None
-    config = _read_config(file)
+    config = read_mapping(file, "what PEFT's save_pretrained writes", MAX_CONFIG)
     if config.get("peft_type") != "LORA":
         raise ValueError(f"{file}: peft_type {config.get('peft_type')!r}; nesgpu trains LoRA adapters (peft_type "
                          f"LORA)")
@@ -109,18 +110,6 @@ def read_adapter(directory: Path) -> Adapter | None:
         raise ValueError(f"{directory} has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}; expected what PEFT's "
                          f"save_pretrained writes")
     return Adapter(directory, _base(file, config.get("base_model_name_or_path")), config)
-
-
-def _read_config(file: Path) -> dict:
-    try:
-        if not file.is_file() or file.stat().st_size > MAX_CONFIG:
-            raise ValueError(f"expected a regular file of at most {MAX_CONFIG} bytes")
-        config = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{file} cannot be read as JSON ({e}); expected what PEFT's save_pretrained writes") from e
-    if not isinstance(config, dict):
-        raise ValueError(f"{file}: expected a JSON object; got {type(config).__name__}")
-    return config
 
 
 def _base(file: Path, name) -> Path:

@@ -303,7 +303,9 @@ def check_finite(stepper: Stepper, step: int, last_good: int | None, checkpoint:
                 for k, v in st.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
     bad = non_finite(tensors)
     scales = state.get("scales") or {}  # a sigma per parameter past MAX_SCALE: no resume would take it
-    bad += [f"scales[{n!r}] over {MAX_SCALE:g}" for n, v in scales.items() if not bad and float(v.amax()) > MAX_SCALE]
+    if scales and not bad:  # NaN fails "<=" too; one host read for every scale
+        largest = torch.stack([v.amax().to(next(iter(scales.values())).device) for v in scales.values()]).tolist()
+        bad = [f"scales[{n!r}] over {MAX_SCALE:g}" for n, m in zip(scales, largest) if not m <= MAX_SCALE]
     if not bad:
         return
     sizes = "--lr" if stepper.chunk is None else "--lr or --sigma"  # backprop has no sigma

@@ -73,10 +73,12 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
     return values
 
 
-def needs_gaussian(strategy, layer: str) -> bool:
-    """Whether ``strategy`` (a class; None: backprop) adapts a covariance or a sigma per parameter by default,
-    which ``layer`` cannot carry (SNES's outer-product scales ride on low-rank noise)."""
-    if strategy is None or not (strategy.adapts_covariance or strategy.scales_with(strategy.Options())):
+def needs_gaussian(strategy, layer: str, options=None) -> bool:
+    """Whether ``strategy`` (a class or an instance; None: backprop) adapts a covariance or a sigma per parameter
+    with ``options`` (default: its own), which ``layer`` cannot carry (SNES's outer-product scales ride on low-rank
+    noise)."""
+    options = strategy.Options() if strategy is not None and options is None else options
+    if strategy is None or not (strategy.adapts_covariance or strategy.scales_with(options)):
         return False
     return layer != "gaussian" and not (strategy.outer_scales and KINDS[layer].outer_scale)
 

@@ -13,7 +13,7 @@ from ...options import check_type
 from ...strategies import STRATEGIES
 from ...tasks import TASKS as TASKS_BY_NAME
 from ...tasks import supervised_tasks, task_spec
-from .defaults import BACKPROP, CUSTOM, ES_ONLY, compiling_tasks, is_supervised
+from .defaults import BACKPROP, CUSTOM, ES_ONLY, compiling_tasks, is_supervised, needs_gaussian
 from .options import STRATEGY
 
 
@@ -117,9 +117,7 @@ def _check_es(cfg) -> None:
                          f"--update strategy (float32 masters) or float32 weights")
     if strategy is not None and strategy.adapts_sigma and cfg.sigma_schedule != "constant":
         raise ValueError(f"strategy {cfg.strategy!r} adapts sigma itself; a sigma_schedule does not apply to it")
-    outer = strategy is not None and strategy.outer_scales and KINDS[cfg.layer].outer_scale  # SNES on low-rank
-    if strategy is not None and (strategy.scales_with(options) or strategy.adapts_covariance) and \
-            cfg.layer != "gaussian" and not outer:
+    if needs_gaussian(strategy, cfg.layer, options):
         what = "a covariance" if strategy.adapts_covariance else "a sigma per parameter"
         raise ValueError(f"strategy {cfg.strategy!r} adapts {what}, which layer {cfg.layer!r} cannot carry (its "
                          f"noise is shared or structured); use --layer gaussian")
