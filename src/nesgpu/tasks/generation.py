@@ -186,7 +186,7 @@ class GenerationTask(Evaluating):
                                            drawn.rewards.to(drawn.base)[varied.to(at)])
             weighted = weighted.view(signs, varied.numel(), -1).to(fitness)
             fitness.view(signs, drawn.rewards.shape[0], -1)[:, varied] = weighted
-        lengths = drawn.kept.sum(1).tolist() if generated else []  # counted once, as the tokens are
+        lengths = drawn.kept.sum(1) if generated else []  # counted once, as the tokens are
         return fitness, {LENGTHS: length_counts(lengths, self.max_new_tokens, drawn.ids.device),
                          "env_steps": torch.tensor(generated, device=drawn.ids.device),
                          **self._drawn_kl(pm, drawn)}

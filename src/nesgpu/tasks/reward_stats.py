@@ -67,11 +67,11 @@ blocks and processes; :func:`length_columns` makes it TRL's ``completions/mean_l
 ``/max_length``."""
 
 
-def length_counts(lengths: list[int], max_new_tokens: int, device=None) -> torch.Tensor:
-    """How many of ``lengths`` (tokens, at most ``max_new_tokens``) have each length: (max_new_tokens + 1,)."""
-    counts = torch.zeros(max_new_tokens + 1, dtype=torch.float64)
-    counts.index_add_(0, torch.tensor(lengths, dtype=torch.long), torch.ones(len(lengths), dtype=torch.float64))
-    return counts.to(device)
+def length_counts(lengths, max_new_tokens: int, device=None) -> torch.Tensor:
+    """How many of ``lengths`` (tokens, at most ``max_new_tokens``: a list, or a tensor counted where it lies,
+    without a host read) have each length: (max_new_tokens + 1,)."""
+    lengths = torch.as_tensor(lengths, dtype=torch.long, device=device)
+    return torch.bincount(lengths, minlength=max_new_tokens + 1).to(torch.float64)
 
 
 def length_columns(counts) -> dict[str, torch.Tensor]:
