@@ -22,8 +22,7 @@ from torch import nn
 from ..decode import CompiledDecode, check_compilable
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from .generation_checks import (FITNESSES, SHAPINGS, RewardError, check_arguments, check_measures, check_prompts,
-                                reward_error)
+from .generation_checks import FITNESSES, SHAPINGS, check_arguments, check_measures, check_prompts
 from .generation_eval import KL_KEYS, Evaluating
 from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
 from .reward_calls import RewardCalls
@@ -357,12 +356,8 @@ class GenerationTask(Evaluating):
             context["step"] = self._step
         if "evaluating" in wanted:
             context["evaluating"] = evaluating
-        try:  # copies: samples.jsonl keeps what was made
-            rewards = self._reward_calls(self.reward, list(prompts), list(completions), **context)
-        except Exception as e:  # the user's function: its error, named as its own, with where it raised
-            if isinstance(e, RewardError) or getattr(self.reward, "names_its_errors", False):
-                raise  # Rewards names the function of each of its errors
-            raise reward_error(self.reward, e) from e
+        # copies: samples.jsonl keeps what was made; an error is named as the function's own (see RewardCalls)
+        rewards = self._reward_calls(self.reward, list(prompts), list(completions), **context)
         return checked_rewards(rewards, completions)
 
 

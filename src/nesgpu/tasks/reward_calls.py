@@ -12,7 +12,7 @@ import os
 import warnings
 from collections.abc import Callable
 
-from .generation_checks import reward_error
+from .generation_checks import RewardError, reward_error
 
 
 class RewardCalls:
@@ -23,14 +23,21 @@ class RewardCalls:
         self.moved: set[str] = set()
 
     def __call__(self, function: Callable, *args, **kwargs):
-        """``function(*args, **kwargs)``, its coroutine awaited; a SystemExit it raises is a RewardError naming it
-        (other errors propagate as raised: the caller names them); the working directory is restored."""
+        """``function(*args, **kwargs)``, its coroutine awaited; its error (a SystemExit too: ``exit(0)`` must not
+        end the run as if it had succeeded) is a RewardError naming it and the line it raised at, unless it is one
+        already or the function ``names_its_errors`` itself (``Rewards``); the working directory is restored."""
         cwd = os.getcwd()
         try:
             value = function(*args, **kwargs)
             return _awaited(value) if inspect.isawaitable(value) else value
-        except SystemExit as e:  # exit(0) in a reward function must not end the run as if it had succeeded
+        except RewardError:
+            raise
+        except SystemExit as e:
             raise reward_error(function, e) from None
+        except Exception as e:  # the user's function: its error, named as its own
+            if getattr(function, "names_its_errors", False):
+                raise
+            raise reward_error(function, e) from e
         finally:
             self._restore(cwd, function)
 

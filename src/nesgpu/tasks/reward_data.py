@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from .generation_checks import RewardError, reward_error
 from .reward_calls import RewardCalls
 from .user_code import load_function, load_object
 
@@ -199,14 +198,9 @@ class Rewards:
         total: list[float | None] = [None] * len(completions)  # None: no function scored it (NaN)
         self.values = []
         for f, weight, takes in zip(self.functions, self.weights, self.takes):
-            try:
-                values = self.calls(f, completions=texts, prompts=list(originals),
-                                    **{k: list(v) for k, v in columns.items()},
-                                    **{k: v for k, v in extras.items() if k in takes and k not in columns})
-            except RewardError:
-                raise
-            except Exception as e:  # the user's function: named, with the line it raised at
-                raise reward_error(f, e) from e
+            values = self.calls(f, completions=texts, prompts=list(originals),  # its error named (RewardCalls)
+                                **{k: list(v) for k, v in columns.items()},
+                                **{k: v for k, v in extras.items() if k in takes and k not in columns})
             _add_checked(f, values, weight, total)
             self.values.append([None if v is None else float(v) for v in values])
         self._note_unscored(total, originals)
