@@ -124,12 +124,17 @@ class RewardError(ValueError):
     """A reward function raised: its message names the function, its file and the line it raised at."""
 
 
+def reward_name(function: Callable) -> str:
+    """A reward function as ``module:name`` (a callable object by its class)."""
+    owner = function if hasattr(function, "__qualname__") else type(function)
+    return f"{getattr(owner, '__module__', None) or '?'}:{owner.__qualname__}"
+
+
 def reward_error(function: Callable, error: BaseException) -> RewardError:
     """A :class:`RewardError` for ``error``, raised by the reward function ``function``, in one line: the
     function as ``module:name``, what it raised, and the last line of the traceback in the function's own file
     (the innermost line where the function's file has none: a builtin, a callable object)."""
-    owner = function if hasattr(function, "__qualname__") else type(function)
-    name = f"{getattr(owner, '__module__', None) or '?'}:{owner.__qualname__}"
+    name = reward_name(function)
     code = getattr(inspect.unwrap(function), "__code__", None)
     frames = traceback.extract_tb(error.__traceback__)
     own = [f for f in frames if code is not None and f.filename == code.co_filename]
@@ -141,4 +146,4 @@ def reward_error(function: Callable, error: BaseException) -> RewardError:
 
 
 __all__ = ["FITNESSES", "MAX_EVAL_GENERATIONS", "SHAPINGS", "RewardError", "check_arguments", "check_measures",
-           "check_prompts", "check_sampling", "reward_error", "unreadable"]
+           "check_prompts", "check_sampling", "reward_error", "reward_name", "unreadable"]

@@ -12,7 +12,7 @@ import os
 import warnings
 from collections.abc import Callable
 
-from .generation_checks import RewardError, reward_error
+from .generation_checks import RewardError, reward_error, reward_name
 
 
 class RewardCalls:
@@ -49,8 +49,7 @@ class RewardCalls:
         if now == cwd:
             return
         os.chdir(cwd)
-        name = getattr(function, "__qualname__", None) or type(function).__qualname__
-        name = f"{getattr(function, '__module__', None) or '?'}:{name}"
+        name = reward_name(function)
         if name not in self.moved:
             self.moved.add(name)
             warnings.warn(f"the reward function {name} changed the working directory (to {now}); nesgpu changes it "
