@@ -180,6 +180,14 @@ def test_in_place_sgd_holds_the_step_size_and_refuses_a_grad():
             InPlaceSGD([p], lr=bad)
 
 
+@pytest.mark.parametrize("cls", [InPlaceSGD, InPlaceAdam])
+def test_a_resumed_in_place_optimizer_keeps_the_runs_l2_not_the_checkpoints(cls):
+    saved = cls([nn.Parameter(torch.ones(3))], lr=0.1, l2=0.5).state_dict()
+    resumed = cls([nn.Parameter(torch.ones(3))], lr=0.1, l2=0.01)
+    resumed.load_state_dict(saved)
+    assert resumed.param_groups[0]["l2"] == 0.01
+
+
 @pytest.mark.parametrize("kind", ["lowrank", "gaussian"])
 def test_in_place_adam_is_torch_adam_over_the_grad_estimate_in_float64(kind):
     nets = [_net(kind), _net(kind)]

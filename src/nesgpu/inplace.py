@@ -38,6 +38,14 @@ class InPlace(torch.optim.Optimizer):
             raise ValueError(f"l2 must be a finite number >= 0; got {l2!r}")
         super().__init__(params, {**defaults, "lr": float(lr), "l2": float(l2)})
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, keeping this optimizer's L2 coefficient: the run's, not the checkpoint's (an optimizer over
+        .grad reads the strategy's at every step too)."""
+        l2 = [group["l2"] for group in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, value in zip(self.param_groups, l2):
+            group["l2"] = value
+
     def begin(self) -> None:
         """An update starts (Adam counts its steps)."""
 

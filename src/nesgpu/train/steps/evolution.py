@@ -252,9 +252,7 @@ class EvolutionStep:
             self.population.pm.set_covariance(state["covariance"])
             self.paths = dict(state.get("paths") or {})
         self._load_start(state)
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.in_place:  # the run's L2 coefficient, not the checkpoint's (as the .grad path reads the strategy's)
-            self.optimizer.param_groups[0]["l2"] = float(self.strategy.l2)
+        self.optimizer.load_state_dict(state["optimizer"])  # an in-place one keeps the run's L2 (InPlace)
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
         self.lrs.load(state["lr"] if "lr" in state else legacy, self.state.step)
 
