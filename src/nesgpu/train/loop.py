@@ -84,7 +84,7 @@ class Loop:
                           f"--time-budget: a run the budget stops first ends part-way through it; set --steps to "
                           f"about the steps the budget reaches", stacklevel=2)
         if self.main:
-            self._keep_samples_to(self.stepper.step)
+            keep_samples_to(self.out / "samples.jsonl", self.stepper.step, self.log)  # as metrics rows
         # the task's optional protocols, checked once (a runtime Protocol's isinstance costs ~10 us a step)
         self.logs_metrics = isinstance(self.task, LogsMetrics)
         self.reports = isinstance(self.task, ReportsEvaluation)
@@ -93,10 +93,6 @@ class Loop:
         if cfg.eval_seconds and self.stepper.needs_sync:
             raise ValueError("eval_seconds cannot time the evaluations of a sharded job (every rank gathers the "
                              "weights at the same step); use --eval-every")
-
-    def _keep_samples_to(self, step: int) -> None:
-        """A resumed run: the samples after its checkpoint go, as metrics rows do (see :func:`keep_samples_to`)."""
-        keep_samples_to(self.out / "samples.jsonl", step, self.log)
 
     def run(self) -> None:
         """Steps until ``cfg.steps``, a target, the time budget, the callback or a stop request."""
@@ -317,8 +313,8 @@ def check_finite(stepper: Stepper, step: int, last_good: int | None, checkpoint:
                   f"a smaller step size cannot save it: start a new run with a smaller {sizes}")
     else:
         advice = f"the checkpoint of step {last_good} is kept; resume it with a smaller {sizes}"
-    raise ValueError(f"step {step} made non-finite (or out of range) values in {bad[:4]}{' ...' if len(bad) > 4 else ''}; the run "
-                     f"stops: {advice}")
+    raise ValueError(f"step {step} made non-finite (or out of range) values in {bad[:4]}"
+                     f"{' ...' if len(bad) > 4 else ''}; the run stops: {advice}")
 
 
 def non_finite(tensors: list) -> list[str]:
