@@ -11,6 +11,7 @@ gain over the start (the metric at step 0) of the default run, of the best tuned
     python benchmarks/defaults_table.py --out runs/defaults --workloads lm-demo lm-first lm-weak-binary
     python benchmarks/defaults_table.py --out runs/defaults --workloads digits mnist1d cartpole
     python benchmarks/defaults_table.py --out runs/defaults --report      # the table of every result so far
+    python benchmarks/defaults_table.py --out runs/defaults56 --lm-tuning sigma --workloads lm-demo   # issue 56
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ sys.path[:0] = [str(HERE.parent / "examples"), str(HERE)]
 
 LM_TUNING = [["--sigma", "0.003", "--lr", "1e-4"], ["--sigma", "0.01", "--lr", "1e-3"],
              ["--sigma", "0.001", "--lr", "3e-5"], ["--sigma", "0.03", "--lr", "3e-3"]]
+# issue 56: the LM tasks' update is sgd, whose lr rule from sigma is not Adam's: fixed sigmas, each with its lr rule
+LM_SIGMA_TUNING = [["--sigma", s, "--lr", "auto"] for s in ("0.001", "0.003", "0.01", "0.03")]
 
 
 def around(sigma: float, lr: float) -> list[list[str]]:
@@ -116,6 +119,26 @@ def lr_rule(out: Path, done: list[dict], seed: int) -> list[dict]:
         return list(pool.map(lambda job: run(out, *job, seed), jobs))
 
 
+def span(values: list[float]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.3g}" if low == high else f"{low:.3g}-{high:.3g}"
+
+
+def per_seed(results: list[dict]) -> None:
+    """Per workload and seed: the default's (probed) sigma against the sigma of that seed's best tuned setting."""
+    print("\n| workload | seed | default sigma | its gain | best tuned sigma | its gain | default / best sigma |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
+    for workload in WORKLOADS:
+        for seed in sorted({r["seed"] for r in results if r["workload"] == workload}):
+            rows = {r["setting"]: r for r in results if r["workload"] == workload and r["seed"] == seed}
+            tuned = [r for i, r in rows.items() if i > 0]
+            if 0 not in rows or not tuned:
+                continue
+            d, best = rows[0], max(tuned, key=lambda r: r["gain"])
+            print(f"| {workload} | {seed} | {d['sigma']:.3g} | {d['gain']:+.3f} | {best['sigma']:.3g} | "
+                  f"{best['gain']:+.3f} | {d['sigma'] / best['sigma']:.2f} |")
+
+
 def table(results: list[dict]) -> None:
     """Per workload: the default's gain and the best tuned setting's, each the median over the seeds run."""
     print("| workload | default: sigma, lr | start | default gain | best tuned setting | its gain | default / best | "
@@ -131,9 +154,10 @@ def table(results: list[dict]) -> None:
             continue
         best = max(tuned, key=lambda i: gain[i])
         d = by_setting[0][0]
+        sigmas, lrs = [r["sigma"] for r in by_setting[0]], [r["lr"] for r in by_setting[0]]
         ratio = f"{gain[0] / gain[best]:.2f}" if gain[best] > 1e-6 else "n/a (no tuned gain)"
         rule = "".join(f"; lr sigma/{divisor}: {gain[i]:+.3f}" for i, divisor in ((-1, 3), (-2, 30)) if i in gain)
-        print(f"| {workload} | {d['sigma']:.3g}, {d['lr']:.3g} | {d['start']:.3f} | {gain[0]:+.3f} | "
+        print(f"| {workload} | {span(sigmas)}, {span(lrs)} | {d['start']:.3f} | {gain[0]:+.3f} | "
               f"`{' '.join(by_setting[best][0]['options'])}` | {gain[best]:+.3f} | {ratio} | "
               f"{len(by_setting[0])}{rule} |")
 
@@ -147,10 +171,17 @@ def main() -> None:
                                                                   "and sigma / 30 (the rule is sigma / 10)")
     parser.add_argument("--default-only", action="store_true", help="run only the default setting (the tuned ones "
                                                                        "kept from earlier runs)")
+    parser.add_argument("--lm-tuning", choices=["adam", "sigma"], default="adam",
+                        help="the language models' four settings: adam (issue 43's fixed sigma and Adam lr) or "
+                             "sigma (issue 56's fixed sigmas with --lr auto)")
     parser.add_argument("--report", action="store_true")
     args = parser.parse_args()
     results_file = args.out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else []
+    if args.lm_tuning == "sigma":
+        for spec in WORKLOADS.values():
+            if "model" in spec:
+                spec["tuning"] = LM_SIGMA_TUNING
     if not args.report:
         prepare(args.out, [WORKLOADS[w]["model"] for w in args.workloads if "model" in WORKLOADS[w]])
         jobs = [(w, i, s) for w in args.workloads for i, s in enumerate([[], *WORKLOADS[w]["tuning"]])
@@ -165,6 +196,7 @@ def main() -> None:
         results = [r for r in results if (r["workload"], r["setting"], r["seed"]) not in keys] + done
         results_file.write_text(json.dumps(results, indent=1))
     table(results)
+    per_seed(results)
 
 
 if __name__ == "__main__":

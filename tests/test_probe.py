@@ -2,13 +2,15 @@
 same chunked or not, and leaves the task as it was; the trainer takes it (and lr from it) before a new run's
 first step, records it, and a resumed run keeps it."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
 import nesgpu
 from nesgpu.population import Population
-from nesgpu.probe import FALLBACK, FLOOR, GRID, PROBE_STEP, REWARD_SPREAD, Probe, probe_sigma, response
+from nesgpu.probe import FLOOR, GRID, MORE_PROMPTS, PROBE_STEP, Probe, probe_line, probe_sigma, response
 from nesgpu.train import TrainConfig, train
 
 PROMPTS = 8
@@ -69,41 +71,106 @@ def population(chunk=None, directions=12, antithetic=True):
     return Population(pm, chunk=chunk, log=lambda *a: None)
 
 
-def spread_at(pop, task, sigma):
-    return float(pop.evaluate(task, PROBE_STEP, sigma, finish=False).info["prompts_with_spread"])
+class ShapedReward(QuantisedReward):
+    """Rewards by rule, on every prompt alike: at sigma s, in a share ``odd(s)`` of the directions the + member scores
+    1 and the - member 0 (a response: signal), in a share ``even(s)`` both score -1 (broken answers: spread, but no
+    signal), elsewhere both 0, as the plain model does; from step ``first`` on only (0 before)."""
 
-
-def test_a_reward_takes_the_smallest_sigma_at_which_half_the_prompts_spread():
-    pop, task = population(), QuantisedReward()
-    probe = probe_sigma(pop, task)
-    assert probe.measure == "prompts_with_spread" and not probe.note
-    assert spread_at(pop, task, probe.sigma) >= REWARD_SPREAD
-    smaller = [t["sigma"] for t in probe.tried if t["sigma"] < probe.sigma]
-    assert smaller and all(spread_at(pop, task, s) < REWARD_SPREAD for s in smaller)
-    assert GRID[0] < probe.sigma < GRID[-1]
-    assert set(task.steps) == {PROBE_STEP} and task.finished == 0  # the first step's data; the task left as it was
-
-
-def test_a_reward_that_never_spreads_is_said_in_the_note():
-    pop, task = population(), QuantisedReward(quantum=1e9, offset=5e8)  # every member scores 0
-    probe = probe_sigma(pop, task)
-    assert [t["sigma"] for t in probe.tried] == [FLOOR, *GRID]  # the plain population first
-    assert "gives this model no signal" in probe.note
-
-
-class SampledReward(QuantisedReward):
-    """Rewards that differ between members with no perturbation at all, as sampled completions do."""
+    def __init__(self, odd, even=lambda s: 0.0, first=1, noise=False, pair=(1.0, 0.0)):
+        super().__init__()
+        self.odd, self.even, self.first, self.noise, self.pair = odd, even, first, noise, pair
 
     def fitness(self, pm, step):
-        fitness, info = super().fitness(pm, step)
-        gen = torch.Generator().manual_seed(step)
-        return fitness + torch.randint(0, 2, fitness.shape, generator=gen).to(fitness), info
+        self.steps.append(step)
+        d = pm.local_directions
+        members = torch.zeros(2, d, dtype=torch.float64)
+        if step >= self.first and pm.sigma > 1e-6:
+            up, broken = round(self.odd(pm.sigma) * d), round(self.even(pm.sigma) * d)
+            members[0, :up], members[1, :up] = self.pair
+            members[:, d - broken:] = -1.0
+        fitness = members.view(2, 1, d).expand(2, PROMPTS, d).reshape(2 * PROMPTS, d).clone()
+        if self.noise:  # sampled completions: members differ on some prompts with no perturbation at all
+            gen = torch.Generator().manual_seed(step * 1000 + round(1e4 * pm.sigma))
+            fitness += 0.2 * torch.randint(0, 2, fitness.shape, generator=gen).double()
+        return fitness, {}
 
 
-def test_a_reward_that_spreads_without_any_perturbation_cannot_tell_sigma_and_says_so():
-    probe = probe_sigma(population(), SampledReward())
-    assert probe.sigma == FALLBACK and len(probe.tried) == 1 and probe.tried[0]["sigma"] == FLOOR
-    assert "spread with no perturbation" in probe.note and "give --sigma" in probe.note
+def bump(peak, height=0.5, width=2.0):
+    return lambda s: max(0.0, height - abs(math.log10(s / peak)) / width)
+
+
+def test_a_reward_takes_the_sigma_of_the_strongest_odd_response():
+    task = ShapedReward(bump(0.01))
+    probe = probe_sigma(population(), task)
+    assert probe.measure == "prompts_with_spread" and not probe.note
+    assert probe.sigma == pytest.approx(0.01)
+    assert [t["sigma"] for t in probe.tried[1:]] == list(GRID[:7])  # to 0.1, where the signal fell below half its peak
+    assert set(task.steps) == {1, 2, 3, 4} and task.finished == 0  # the first 32 prompts; the task left as it was
+
+
+def test_where_members_mostly_fall_below_the_plain_model_one_more_candidate_refines_the_choice():
+    task = ShapedReward(bump(0.01), pair=(0.0, -1.0))  # a model that half knows the task: members only lose
+    probe = probe_sigma(population(), task)
+    assert all(t["above"] == 0 for t in probe.tried[1:])
+    assert [t["sigma"] for t in probe.tried[1:-1]] == list(GRID[:7])
+    assert probe.tried[-1]["sigma"] == pytest.approx(math.sqrt(GRID[4] * GRID[3]))  # to the neighbour with more
+    assert probe.sigma == pytest.approx(0.01)  # (a tie: below), which has less signal
+
+
+def test_broken_answers_spread_the_rewards_but_carry_no_signal():
+    task = ShapedReward(bump(0.003, width=1.0), even=lambda s: 0.5 if s > 0.005 else 0.0)  # half broken from 0.01
+    probe = probe_sigma(population(), task)
+    broken = next(t for t in probe.tried if t["sigma"] == GRID[4])
+    assert broken["prompts_with_spread"] == 1 and broken["below"] == 0.5 and broken["signal"] == 0
+    assert probe.sigma == pytest.approx(GRID[3])  # the response's peak, not where answers break
+
+
+class CliffReward(ShapedReward):
+    """From sigma 0.002 half the directions respond, + member 1 and - member 0; past 0.015 the response grows (+1 and
+    -1) but the other half break (both -1): more signal, and more members below the plain model than above it."""
+
+    def __init__(self):
+        super().__init__(lambda s: 0.0)
+
+    def fitness(self, pm, step):
+        self.steps.append(step)
+        d, s = pm.local_directions, pm.sigma
+        members = torch.zeros(2, d, dtype=torch.float64)
+        if s > 0.002:
+            members[0, :d // 2] = 1.0
+        if s > 0.015:
+            members[1, :d // 2] = -1.0
+            members[:, d // 2:] = -1.0
+        return members.view(2, 1, d).expand(2, PROMPTS, d).reshape(2 * PROMPTS, d).clone(), {}
+
+
+def test_the_choice_stays_where_the_most_members_beat_the_plain_model_net_of_those_below():
+    probe = probe_sigma(population(), CliffReward())
+    stronger = next(t for t in probe.tried if t["sigma"] == GRID[5])
+    chosen = next(t for t in probe.tried if t["sigma"] == probe.sigma)
+    assert stronger["signal"] > chosen["signal"] and stronger["below"] > stronger["above"]
+    assert probe.sigma == pytest.approx(GRID[3])  # the smaller of the two where the net share peaks
+
+
+def test_a_reward_with_no_signal_on_the_first_prompts_looks_at_the_next_steps():
+    task = ShapedReward(bump(0.01), first=5)
+    probe = probe_sigma(population(), task)
+    assert set(task.steps) == set(range(1, 9))  # 64 prompts
+    assert probe.note == "no signal on the first 32 prompts: probed on steps 1-8"
+    assert probe.sigma == pytest.approx(0.01)
+
+
+def test_a_reward_that_never_spreads_is_refused_with_what_to_change():
+    task = QuantisedReward(quantum=1e9, offset=5e8)  # every member scores 0 at every sigma
+    with pytest.raises(ValueError, match=f"at no sigma from {GRID[0]:g} to {GRID[-1]:g} did a direction's two members "
+                                         f"score apart .* on {MORE_PROMPTS} prompts .steps 1-8.*--temperature"):
+        probe_sigma(population(), task)
+
+
+def test_sampled_rewards_are_read_above_their_own_noise():
+    probe = probe_sigma(population(), ShapedReward(bump(0.01), noise=True))
+    assert probe.tried[0]["prompts_with_spread"] > 0  # sampling spreads the plain model's members
+    assert probe.sigma == pytest.approx(0.01)
 
 
 def test_the_probe_is_the_same_chunked_and_not():
@@ -137,6 +204,14 @@ def test_a_probe_round_trips_through_a_dict():
     assert Probe.from_dict(probe.as_dict()) == probe
 
 
+def test_the_probe_line_says_how_many_members_beat_the_plain_model_at_each_sigma():
+    probe = probe_sigma(population(), ShapedReward(bump(0.01)))
+    line = probe_line(probe)
+    assert line.startswith("sigma auto: 0.01 after 8 probe evaluations") and "0.01: 0.25 (0.25/0.00)" in line
+    old = Probe(0.01, "prompts_with_spread", [{"sigma": 0.01, "prompts_with_spread": 0.5}])  # recorded before
+    assert "(signal (members above/below the plain model) by sigma: 0.01: 0.50)" in probe_line(old)
+
+
 def own_model():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).double()
@@ -155,7 +230,9 @@ def test_a_task_of_your_own_probes_sigma_and_takes_lr_from_it(tmp_path):
     probe = summary["sigma_probe"]
     assert summary["sigma"] == probe["sigma"] and summary["lr"] == pytest.approx(probe["sigma"] / 10)
     assert any(line.startswith("sigma auto: ") for line in lines)
-    assert task.steps == [PROBE_STEP] * len(probe["tried"]) + [1, 2, 3, 4]  # probed on step 1, then steps 1-4
+    probed, trained = task.steps[:-4], task.steps[-4:]
+    assert trained == [1, 2, 3, 4] and set(probed) == {1, 2, 3, 4}  # probed on the first 32 prompts, then steps 1-4
+    assert len(probed) == 1 + 4 * len(probe["tried"])  # a first look at step 1, then each candidate on four steps
 
 
 def test_a_sigma_you_set_wins_and_nothing_is_probed(tmp_path):

@@ -126,17 +126,19 @@ class Population:
             self.pm.set_noise(step=step, directions=block, sigma=sigma)
 
     # ----- the step ----------------------------------------------------------------------------------
-    def evaluate(self, task, step: int, sigma: float, sq_norms: bool = False, finish: bool = True) -> Evaluation:
+    def evaluate(self, task, step: int, sigma: float, sq_norms: bool = False, finish: bool = True,
+                 shape: bool = True) -> Evaluation:
         """Fitness (R, D) of the whole population at ``step`` with noise scale ``sigma`` (every process's),
         ||z_d||^2 when ``sq_norms``, and the step's statistics. With chunk "auto", an out-of-memory error
         halves the chunk and evaluates the step again. ``finish=False`` leaves the task as it was (no
         ``finish_step``: an RL task's observation statistics do not take in what the evaluation saw), for
-        evaluations that are not a training step (the sigma probe)."""
+        evaluations that are not a training step (the sigma probe); ``shape=False`` returns the raw fitness of a task
+        that shapes its own (the probe reads rewards)."""
         if not self.blocks.sized:
             self.blocks.size_for(task, self.device)
         while True:  # each fallback takes more of the model, so it ends (fall_back refuses a second time)
             try:
-                return self._evaluate(task, step, sigma, sq_norms, finish)
+                return self._evaluate(task, step, sigma, sq_norms, finish, shape)
             except NeedsFallback as e:  # a module exact only in the fallback (once per module, at the first call)
                 self.pm.fall_back(e)
             except RuntimeError as e:  # torch.OutOfMemoryError is one too
@@ -154,7 +156,7 @@ class Population:
             self._protocols = (task, tuple(isinstance(task, p) for p in (LogsMetrics, DescribesFitness, ShapesFitness)))
         return self._protocols[1]
 
-    def _evaluate(self, task, step: int, sigma: float, sq_norms: bool, finish: bool) -> Evaluation:
+    def _evaluate(self, task, step: int, sigma: float, sq_norms: bool, finish: bool, shape: bool) -> Evaluation:
         logs, describes, shapes = self._meets(task)
         if logs:  # what an earlier try of this step logged is not this step's
             task.logged_metrics()
@@ -191,7 +193,7 @@ class Population:
             task.finish_step(self.pm, info)
         if describes:  # the raw fitness, before shaping makes it a mean of zero
             info.update(task.describe(fitness))
-        if shapes:  # over the whole population, the same in every process
+        if shapes and shape:  # over the whole population, the same in every process
             fitness = task.shape(fitness)
         return Evaluation(fitness, norms, info)
 
@@ -199,8 +201,13 @@ class Population:
         """Add the ES estimate of the last evaluated step, with ``weights`` (R, D) or (D,) over all
         directions (lower is better), to ``.grad``: block by block, each block's noise drawn again where
         another one replaced it. The weights' finiteness is not checked here (a host read per block): the
-        trainer refuses non-finite fitness before shaping (:func:`~nesgpu.strategies.base.fitness_statistics`)."""
+        trainer refuses non-finite fitness before shaping (:func:`~nesgpu.strategies.base.fitness_statistics`).
+        Outside the step's subspace (``PerturbedModel.set_subspace``) a ``.grad`` stays as it was (None: the
+        optimizer skips the parameter)."""
+        untouched = [p for p in self.pm.outside_subspace(self.step) if p.grad is None]
         self.update_scaled(weights, sigma)
+        for p in untouched:
+            p.grad = None
 
     def apply(self, weights: torch.Tensor, sigma: float, rule) -> None:
         """Step the weights in place by ``rule`` (:class:`~nesgpu.inplace.InPlaceSGD`, :class:`~nesgpu.inplace.
@@ -208,7 +215,8 @@ class Population:
         ``weights`` (R, D) or (D,) over all directions (lower is better): seed replay, layer by layer and slice by
         slice, no ``.grad`` and no float32 master. The noise of every direction is drawn at once, whatever the
         chunk or the processes, so every run computes the same update; half-precision weights (and Adam's moments)
-        take it by stochastic rounding seeded by (seed, step, parameter)."""
+        take it by stochastic rounding seeded by (seed, step, parameter). Modules outside the step's subspace
+        (``PerturbedModel.set_subspace``) are not stepped."""
         pm, step = self.pm, self.step
         if pm.keeps_masters and any(p.dtype in HALF for p in self.parameters_of_layers()):
             raise ValueError("Population.apply writes the update into the weights, but this half-precision model "
@@ -217,8 +225,9 @@ class Population:
         coef = member_weights(weights, pm.directions, pm.antithetic, None, check_finite=False)
         coef = coef * (rule.coef_factor / (pm.directions * float(sigma)))  # SGD's -lr folded in: g is the step
         rule.begin()
-        for layer in pm.layers.values():
-            if layer.perturbs:
+        inside = pm.subspace_modules(step)
+        for name, layer in pm.layers.items():
+            if layer.perturbs and (inside is None or name in inside):
                 key = layer.layer_key
                 layer.apply_update_(coef, lambda slot, device, key=key: rounding_generator(
                     device, pm.seed, step, key, slot), rule)

@@ -2,18 +2,29 @@
 before the first step.
 
 Each probe call evaluates the whole population at one sigma on the first step's data and noise (step 1: a task
-is only ever asked for its training steps, and a data stream for them in order), through
+is only ever asked for its training steps, and a data stream for them in order; a reward's prompts, which any step
+may ask for: the first steps' too), through
 :meth:`Population.evaluate`, so it is chunked, exchanged between processes and exact like a training step, and
 every process finds the same sigma; ``finish=False`` leaves the task as it was. The candidates are a geometric
 grid, ``GRID`` (1e-4 to 1, sqrt(10) apart), climbed from the bottom, with one more candidate halfway
-(geometrically) where the rule first holds (a reward) or first fails (any other fitness):
+(geometrically) next to the choice (a reward) or where the rule first fails (any other fitness):
 
-- **A reward** (a task that describes ``prompts_with_spread``: the generation tasks): the spread is the share of
-  the step's prompts on which the members' rewards differ (a prompt where they all tie carries no signal). One
-  call at sigma ``FLOOR`` measures what spreads with no perturbation (sampled completions); the probe takes the
-  smallest sigma at which ``REWARD_SPREAD`` of the prompts that sampling leaves tied spread too (with greedy
-  decoding: half of all prompts); if none does, the one with the most spread (the smaller on a tie), and says
-  so. Where sampling alone spreads half of the prompts, the spread cannot tell sigma: ``FALLBACK``, with a note.
+- **A reward** (a task that describes ``prompts_with_spread``: the generation tasks), read from the raw rewards of
+  the first steps' prompts, ``PROBE_PROMPTS`` of them (on 8, neighbouring candidates differ by less than the noise).
+  The signal is the spread over the directions of their odd response, (f+ - f-) / 2 of the members' mean rewards:
+  one member of a pair beating the other. A sigma too small changes no answer; one too large breaks both members
+  of a pair alike (spread, but even: what the antithetic difference cancels). The plain model's call at ``FLOOR``
+  gives the odd spread that sampling alone makes (0 with greedy decoding); a candidate is *heard* above
+  ``NOISE_RATIO`` x that. The climb goes up the grid until the signal has fallen to half its peak. Each trial also
+  counts the members whose mean reward beats the plain model's and those that fall below it: where the net share
+  that beats it peaks (at ``MIN_NET`` or more, with half the strongest signal or more), answers past it break
+  faster than they improve, and the choice
+  stays at or below it: the heard candidate there with the strongest signal (the smaller on a tie). Without such a
+  peak (a model whose members mostly fall below it, as where it already half knows a dense reward), the probe takes
+  the strongest signal of the climb, after one more candidate halfway to its neighbour with the more signal.
+  Where no candidate is heard on those prompts, it climbs again
+  on the next steps' prompts too (``MORE_PROMPTS`` in all, from at most ``MORE_STEPS`` steps), and then refuses:
+  no sigma would carry signal.
 - **Any other fitness**: the plain model's fitness f0 and the evaluation noise come from one call at sigma
   ``FLOOR`` (every member is the plain model there: what still differs between directions is the task's own
   noise). At each candidate, the *signal* is the spread over the directions of their odd response,
@@ -39,8 +50,10 @@ from .strategies.base import check_fitness
 
 GRID = tuple(10 ** (k / 2) for k in range(-8, 1))  # 1e-4, 3.2e-4, ..., 0.32, 1
 FLOOR = 1e-9  # a sigma at which every member is the plain model, up to rounding
-REWARD_SPREAD = 0.5
-FALLBACK = 0.01  # a reward whose spread cannot tell sigma (sampling alone spreads it): a guess, said as one
+MIN_NET = 0.1  # the net share of members above the plain model that caps the choice (not a chance of sampling)
+PROBE_PROMPTS = 32  # a reward's candidates are measured on this many prompts (the first steps'): 8 are too noisy
+MORE_PROMPTS = 64  # where no candidate carries signal, the probe takes the next steps' prompts too, up to this many
+MORE_STEPS = 8  # and at most this many steps' (each candidate is then that many population evaluations)
 NOISE_RATIO = 2.0
 PROBE_STEP = 1  # the first training step's data and noise
 
@@ -109,30 +122,120 @@ def _climb(measure, met) -> tuple[list[dict], float | None]:
     return tried, None
 
 
-def _probe_reward(population: Population, task) -> Probe:
-    def measure(sigma: float) -> dict:
-        info = _evaluate(population, task, sigma).info
-        return {"sigma": sigma, "prompts_with_spread": float(info["prompts_with_spread"])}
+def reward_trial(fitness: torch.Tensor, plain: torch.Tensor, signs: int, sigma: float, noise: float = 0.0) -> dict:
+    """What one candidate's raw rewards (signs * prompts, D; ``signs`` 2 with antithetic pairs) say against the plain
+    model's (the call at ``FLOOR``, of the same shape): the share of prompts whose rewards spread; the shares of
+    members whose mean reward is above and below the plain model's by more than the band, ``NOISE_RATIO`` x
+    ``noise`` (sampling's own spread); the spread over the directions of their odd response, ``signal``, and how
+    far the average member falls below the plain model, ``drop``."""
+    fitness = fitness.double()
+    prompts = fitness.shape[0] // signs
+    by_prompt = fitness.view(signs, prompts, -1).transpose(0, 1).reshape(prompts, -1)
+    gap = fitness.view(signs, prompts, -1).mean(1).flatten() - float(plain.double().mean())
+    odd, even = response(fitness, signs == 2)
+    band = NOISE_RATIO * noise
+    return {"sigma": sigma, "band": band,
+            "prompts_with_spread": float((by_prompt.amax(1) > by_prompt.amin(1)).double().mean()),
+            "above": float((gap > band).double().mean()), "below": float((gap < -band).double().mean()),
+            "signal": float(odd.std(unbiased=False)), "drop": float(plain.double().mean() - even.mean())}
 
-    plain = measure(FLOOR)  # what spreads with no perturbation: sampled completions (a temperature above 0)
-    floor = plain["prompts_with_spread"]
-    if floor >= REWARD_SPREAD:
-        return Probe(FALLBACK, "prompts_with_spread", [plain],
-                     f"{floor:.2f} of the prompts spread with no perturbation at all (sampled completions), so the "
-                     f"spread cannot tell sigma; sigma {FALLBACK:g} is a guess: give --sigma")
-    target = floor + REWARD_SPREAD * (1 - floor)  # half of the prompts that sampling alone leaves tied
-    tried, chosen = _climb(measure, lambda t: t["prompts_with_spread"] >= target)
-    tried = [plain, *tried]
-    if chosen is not None:
-        return Probe(chosen, "prompts_with_spread", tried)
-    best = max(tried[1:], key=lambda t: (t["prompts_with_spread"], -t["sigma"]))
-    if best["prompts_with_spread"] <= floor:
-        note = (f"no sigma up to {GRID[-1]:g} made the members' rewards differ on any probe prompt: the reward "
-                f"gives this model no signal (every completion scores alike); sigma {best['sigma']:g} is a guess")
-    else:
-        note = (f"no sigma reached a spread of {target:.2f} of the prompts; the most was "
-                f"{best['prompts_with_spread']:.2f}, at sigma {best['sigma']:g}")
-    return Probe(best["sigma"], "prompts_with_spread", tried, note)
+
+def _odd_spread(plain: torch.Tensor, signs: int) -> float:
+    """The spread of the plain population's odd response: what sampling alone gives (0 with greedy decoding)."""
+    return float(response(plain.double(), signs == 2)[0].std(unbiased=False))
+
+
+def _mean_trial(trials: list[dict]) -> dict:
+    """One candidate's trials over several steps' prompts as one: shares and drops averaged, signals by their rms."""
+    mean = {k: sum(t[k] for t in trials) / len(trials)
+            for k in ("prompts_with_spread", "above", "below", "drop", "band")}
+    mean["signal"] = math.sqrt(sum(t["signal"] ** 2 for t in trials) / len(trials))
+    return {"sigma": trials[0]["sigma"], **{k: round(v, 6) for k, v in mean.items()}}
+
+
+def _heard(trial: dict) -> bool:
+    return trial["signal"] > trial["band"]
+
+
+def _probe_reward(population: Population, task) -> Probe:
+    signs = 2 if population.pm.antithetic else 1
+    prompts = population.evaluate(task, PROBE_STEP, FLOOR, finish=False, shape=False).fitness.shape[0] // signs
+
+    def steps_for(count: int) -> list[int]:  # the first steps whose prompts make ``count`` (at most MORE_STEPS)
+        return list(range(PROBE_STEP, PROBE_STEP + min(MORE_STEPS, max(1, -(-count // prompts)))))
+
+    steps = steps_for(PROBE_PROMPTS)
+    probe = _reward_climb(population, task, steps)
+    if probe is None and len(steps_for(MORE_PROMPTS)) > len(steps):
+        steps = steps_for(MORE_PROMPTS)
+        probe = _reward_climb(population, task, steps, f"no signal on the first {len(steps_for(PROBE_PROMPTS)) * prompts} "
+                                                       f"prompts: probed on steps 1-{steps[-1]}")
+    if probe is None:
+        raise ValueError(
+            f"--sigma auto: at no sigma from {GRID[0]:g} to {GRID[-1]:g} did a direction's two members score apart "
+            f"(beyond sampling's own spread) on {len(steps) * prompts} prompts (steps {steps[0]}-{steps[-1]}): the "
+            f"reward gives this model no signal, and no sigma would train it; sample (--temperature 0.7 "
+            f"--generations 4) or score partial answers (a --sigma you give skips this probe)")
+    return probe
+
+
+def _reward_climb(population: Population, task, steps: list[int], note: str = "") -> Probe | None:
+    """The climb on the prompts of ``steps`` (see the module's rule): the probe, with ``note``, or None where no
+    candidate carried signal."""
+    signs = 2 if population.pm.antithetic else 1
+
+    def raw(step: int, sigma: float) -> torch.Tensor:
+        return population.evaluate(task, step, sigma, finish=False, shape=False).fitness
+
+    plains = {step: raw(step, FLOOR) for step in steps}
+    noise = {step: _odd_spread(p, signs) for step, p in plains.items()}
+
+    def measure(sigma: float) -> dict:
+        return _mean_trial([reward_trial(raw(step, sigma), plains[step], signs, sigma, noise[step])
+                            for step in steps])
+
+    tried = []
+    for sigma in GRID:
+        tried.append(measure(sigma))
+        heard = [t["signal"] for t in tried if _heard(t)]
+        if heard and tried[-1]["signal"] <= max(heard) / 2:  # past the peak
+            break
+    if not any(_heard(t) for t in tried):
+        return None
+    cap = _cap(tried)
+    refined = _refined(tried, measure) if cap == math.inf else None  # below a cap the grid's candidate stands
+    tried += [refined] if refined is not None else []
+    chosen = _strongest(tried, cap)
+    plain = {"sigma": FLOOR, "prompts_with_spread": _mean_trial([reward_trial(p, p, signs, FLOOR, noise[s])
+                                                                   for s, p in plains.items()])["prompts_with_spread"]}
+    return Probe(chosen["sigma"], "prompts_with_spread", [plain, *tried], note)
+
+
+def _cap(tried: list[dict]) -> float:
+    """The sigma at which the most members beat the plain model net of those that fall below it (the smaller on a
+    tie), where that net share reaches ``MIN_NET`` and the signal there half the climb's strongest: past it answers
+    break faster than they improve; else (no such peak, or a trickle of wins below the response) no cap."""
+    net = max(sorted(tried, key=lambda t: t["sigma"]), key=lambda t: t["above"] - t["below"])
+    strong = net["signal"] >= max(t["signal"] for t in tried) / 2
+    return net["sigma"] if net["above"] - net["below"] >= MIN_NET and strong else math.inf
+
+
+def _strongest(tried: list[dict], cap: float = math.inf) -> dict:
+    """The heard candidate up to ``cap`` with the strongest odd response (the smaller sigma on a tie)."""
+    heard = sorted((t for t in tried if _heard(t) and t["sigma"] <= cap), key=lambda t: t["sigma"])
+    return max(heard or sorted(filter(_heard, tried), key=lambda t: t["sigma"]), key=lambda t: t["signal"])
+
+
+def _refined(tried: list[dict], measure) -> dict | None:
+    """One more candidate, halfway (geometrically) between the strongest and its neighbour with the more signal
+    (None: it has none)."""
+    best = _strongest(tried)
+    ordered = sorted(tried, key=lambda t: t["sigma"])
+    i = ordered.index(best)
+    neighbours = [t for t in (ordered[i - 1] if i else None, ordered[i + 1] if i + 1 < len(ordered) else None) if t]
+    if not neighbours:
+        return None
+    return measure(math.sqrt(best["sigma"] * max(neighbours, key=lambda t: t["signal"])["sigma"]))
 
 
 def response(fitness: torch.Tensor, antithetic: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,13 +288,22 @@ def _probe_response(population: Population, task) -> Probe:
 
 def probe_line(probe: Probe) -> str:
     """One line for the console: the chosen sigma and what it rests on."""
-    measured = ", ".join(f"{t['sigma']:.2g}: {t['prompts_with_spread']:.2f}" if "prompts_with_spread" in t
-                         else f"{t['sigma']:.2g}: {t['signal']:.3g}/{t['drop']:.3g}" for t in probe.tried)
-    what = "prompts with spread" if probe.measure == "prompts_with_spread" else "signal/drop"
-    calls = len(probe.tried) + (probe.measure != "prompts_with_spread")  # a response's plain call is not in tried
+    reward = probe.measure == "prompts_with_spread"
+    shown = [t for t in probe.tried if "above" in t] or probe.tried  # not the plain call (an old record: all)
+    measured = ", ".join(_trial_text(t) for t in shown)
+    what = "signal (members above/below the plain model)" if reward else "signal/drop"
+    calls = len(probe.tried) + (not reward)  # a response's plain call is not in tried
     return (f"sigma auto: {probe.sigma:.3g} after {calls} probe evaluations in {probe.seconds:.1f} s ({what} by "
             f"sigma: {measured})" + (f"; {probe.note}" if probe.note else ""))
 
 
-__all__ = ["FALLBACK", "FLOOR", "GRID", "NOISE_RATIO", "PROBE_STEP", "Probe", "REWARD_SPREAD", "probe_line",
-           "probe_sigma", "response"]
+def _trial_text(trial: dict) -> str:
+    if "above" in trial:
+        return f"{trial['sigma']:.2g}: {trial['signal']:.3g} ({trial['above']:.2f}/{trial['below']:.2f})"
+    if "prompts_with_spread" in trial:  # a probe recorded before the members were counted
+        return f"{trial['sigma']:.2g}: {trial['prompts_with_spread']:.2f}"
+    return f"{trial['sigma']:.2g}: {trial['signal']:.3g}/{trial['drop']:.3g}"
+
+
+__all__ = ["FLOOR", "GRID", "MIN_NET", "MORE_PROMPTS", "MORE_STEPS", "PROBE_PROMPTS", "NOISE_RATIO", "PROBE_STEP", "Probe", "probe_line", "probe_sigma",
+           "response", "reward_trial"]

@@ -55,7 +55,9 @@ def test_the_command_runs_from_the_repository_root(tmp_path):
     args = generation_command()  # "train", then its options
     args[args.index("--model") + 1] = f"hf:{model}"
     args[args.index("--out") + 1] = str(tmp_path / "run")
+    # a sigma given: a random model answers no prompt, so the probe of --sigma auto would refuse it (test_probe.py)
     done = subprocess.run([sys.executable, "-m", "nesgpu", *args, "--steps", "1", "--population", "2",
-                           "--batch-size", "2", "--log", "none"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           "--batch-size", "2", "--sigma", "0.01", "--log", "none"], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["metric"] == "accuracy"

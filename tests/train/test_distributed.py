@@ -24,6 +24,8 @@ ARGS = {
                         "4", "--hidden", "8", "--batch-size", "8"],  # in place, stochastically rounded on every rank
     "digits-adam-bf16": ["--task", "digits", "--update", "adam", "--dtype", "bfloat16", "--population", "16", "--steps",
                          "4", "--hidden", "8", "--batch-size", "8"],  # Adam's bf16 moments, in place on every rank
+    "digits-subspace": ["--task", "digits", "--subspace", "0.5", "--population", "16", "--steps", "4", "--hidden",
+                        "8,8", "--batch-size", "8"],  # each step's subset of the modules, the same on every rank
     "cartpole-cma_es": ["--task", "cartpole", "--strategy", "cma_es", "--layer", "gaussian", "--population", "16",
                         "--steps", "4", "--hidden", "4"],  # a full covariance, adapted on every rank
 }

@@ -18,8 +18,9 @@ OLD = Path(__file__).parent / "data" / "old_runs"
 
 
 @pytest.mark.parametrize("name, strategy, task", [
-    ("es_lowrank", "OpenAIESOptions(shaping='centered_ranks', weight_decay=0.005)", "BatchOptions(batch_size=128)"),
-    ("ars_pend", "ARSOptions(top_b=4, ars_version='v2')", "observation_clip=0.0)"),
+    ("es_lowrank", "OpenAIESOptions(shaping='centered_ranks', weight_decay=0.005, subspace=1.0)",
+     "BatchOptions(batch_size=128)"),
+    ("ars_pend", "ARSOptions(top_b=4, ars_version='v2', subspace=1.0)", "observation_clip=0.0)"),
     ("pgpe_cart", "sigma_lr=0.1", "policy_output='tanh', observation_clip=5.0)"),
     ("bp_digits", "BackpropOptions(optimizer='adamw', weight_decay=0.01", "BatchOptions(batch_size=128)"),
 ])

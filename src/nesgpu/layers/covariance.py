@@ -20,12 +20,13 @@ import torch
 
 from .layout import check_weights
 from .scales import full_name, signed_weights, statistic_weights
+from .subspace import ModelSubspace
 
 
-class ModelCovariance:
+class ModelCovariance(ModelSubspace):
     """Mixin of :class:`nesgpu.PerturbedModel`: a covariance over all its perturbed entries (see the module
-    docstring). Uses the model's ``layers``, ``seed``, ``step``, ``antithetic``, ``local_directions``,
-    ``noise_range`` and ``scales()``."""
+    docstring), and the drawing of the model's noise (zero outside a step's subspace: :mod:`.subspace`). Uses the
+    model's ``layers``, ``seed``, ``step``, ``antithetic``, ``local_directions``, ``noise_range`` and ``scales()``."""
 
     def covariance_entries(self) -> tuple[tuple[str, int], ...]:
         """(parameter name, entries) of every perturbed parameter, in the order of A's rows; a ValueError names
@@ -70,6 +71,9 @@ class ModelCovariance:
         if self.scales():
             raise ValueError("the model has a sigma per parameter (set_scales); a covariance replaces it: "
                              "set_scales(None) first")
+        if self.subspace < 1:
+            raise ValueError(f"the model perturbs a subspace per step (set_subspace({self.subspace})), whose zero "
+                             f"noise a covariance would adapt from; set_subspace(1) first")
         params = [layer.get_parameter(slot.name) for layer in self.layers.values() for slot in layer.slots]
         dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
         held = factor.detach().to(device=params[0].device, dtype=dtype, copy=True).contiguous()
@@ -91,9 +95,11 @@ class ModelCovariance:
         held.copy_(factor)
 
     def draw_noise(self, step: int, directions: range) -> None:
-        """Every module's noise of ``directions`` at ``step``, then A applied across them (if set)."""
+        """Every module's noise of ``directions`` at ``step`` (zero outside the step's subspace), then A applied
+        across them (if set)."""
         for layer in self.layers.values():
             layer.set_noise(self.seed, step, directions.start, directions.stop)
+        self.zero_outside_subspace(step)
         held = self.__dict__.get("_covariance")
         if held is not None:
             held["unit"] = self._mix(held)

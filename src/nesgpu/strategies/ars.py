@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 
 from ..options import check_options, option
-from .base import Strategy, antithetic_halves
+from .base import SUBSPACE_HELP, Strategy, antithetic_halves
 from .schedules import Schedule
 from .shaping import top_directions
 
@@ -22,6 +22,7 @@ class ARSOptions:
     top_b: int | None = option(None, "directions used per step (default: all)", at_least=1, defines=True)
     ars_version: str = option("v2", "v1 (raw observations) or v2 (running observation statistics)",
                               choices=("v1", "v2"), arg="version", defines=True)
+    subspace: float = option(1.0, SUBSPACE_HELP, above=0, at_most=1)
 
     def __post_init__(self):
         check_options(self, "ars")
@@ -34,6 +35,8 @@ class ARS(Strategy):
         directions: the population's directions; sampling must be antithetic.
         top_b: how many directions to use (default: all).
         version: "v1" (raw observations) or "v2" (normalised observations).
+        subspace: the share of the perturbed parameters each step perturbs and updates (a random subset of the
+            modules per step; 1: all): see :mod:`nesgpu.layers.subspace`.
 
     Its default optimizer, ``torch.optim.SGD``, gives the paper's update exactly.
     """
@@ -55,9 +58,9 @@ class ARS(Strategy):
             raise ValueError(f"top_b must be in [1, {directions}] (the directions); got {options.top_b}")
 
     def __init__(self, directions: int, antithetic: bool = True, top_b: int | None = None, version: str = "v2",
-                 sigma_schedule: Schedule | None = None):
+                 sigma_schedule: Schedule | None = None, subspace: float = 1.0):
         super().__init__(directions, antithetic, sigma_schedule)
-        self.options = ARSOptions(top_b, version)
+        self.options = ARSOptions(top_b, version, subspace)
         self.check_options(self.options, directions)
         self.top_b = directions if top_b is None else top_b
         self.version = version

@@ -28,6 +28,8 @@ from .schedules import Schedule
 # since a strategy knows nothing of the model; above the largest, sigma^2 overflows float32
 SIGMA_RANGE = (1e-12, 1e18)
 DIVERGED = "check the task or lower sigma / lr"  # what a non-finite fitness points to by default
+# option subspace's doc: each step perturbs and updates a random subset of the modules (nesgpu.layers.subspace)
+SUBSPACE_HELP = "share of parameters evolved per step"
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,12 @@ class Strategy:
     def l2(self) -> float:
         """The L2 coefficient :meth:`regularize` adds to the gradient (an in-place update applies it itself)."""
         return 0.0
+
+    @property
+    def subspace(self) -> float:
+        """The share of the perturbed parameters each step perturbs and updates (option ``subspace`` of the
+        strategies that take it; 1: all)."""
+        return getattr(self.options, "subspace", 1.0)
 
     # ----- what a strategy builds on -----------------------------------------------------------------
     def weights(self, fitness: torch.Tensor, sigma: float) -> torch.Tensor:

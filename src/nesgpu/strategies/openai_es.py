@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from ..options import check_options, option
-from .base import Strategy
+from .base import SUBSPACE_HELP, Strategy
 from .schedules import Schedule
 from .shaping import SHAPINGS, centered_per_repeat, get_shaping
 
@@ -18,6 +18,7 @@ from .shaping import SHAPINGS, centered_per_repeat, get_shaping
 class OpenAIESOptions:
     shaping: str = option("centered_ranks", "fitness shaping", choices=tuple(SHAPINGS), defines=True)
     weight_decay: float = option(0.0, "L2 coefficient added to the gradient (the paper: 0.005)", at_least=0)
+    subspace: float = option(1.0, SUBSPACE_HELP, above=0, at_most=1)
 
     def __post_init__(self):
         check_options(self, "openai_es")
@@ -33,6 +34,8 @@ class OpenAIES(Strategy):
         shaping: "centered_ranks" (default), "z_score" or "raw".
         weight_decay: L2 coefficient added to the gradient (the paper uses 0.005).
         sigma_schedule: the factor of the initial sigma per step.
+        subspace: the share of the perturbed parameters each step perturbs and updates (a random subset of the
+            modules per step; 1: all): see :mod:`nesgpu.layers.subspace`.
 
     Its default optimizer is ``torch.optim.Adam``.
     """
@@ -42,9 +45,9 @@ class OpenAIES(Strategy):
     Options: ClassVar[type] = OpenAIESOptions
 
     def __init__(self, directions: int, antithetic: bool = True, shaping: str = "centered_ranks",
-                 weight_decay: float = 0.0, sigma_schedule: Schedule | None = None):
+                 weight_decay: float = 0.0, sigma_schedule: Schedule | None = None, subspace: float = 1.0):
         super().__init__(directions, antithetic, sigma_schedule)
-        self.options = OpenAIESOptions(shaping, weight_decay)
+        self.options = OpenAIESOptions(shaping, weight_decay, subspace)
         self.shaping = get_shaping(shaping)
         self.weight_decay = weight_decay
 

@@ -24,6 +24,7 @@ from ..model import PerturbedModel
 from ..noise import derive_seed
 from .generation_checks import FITNESSES, SHAPINGS, check_arguments, check_measures, check_prompts
 from .generation_eval import KL_KEYS, Evaluating
+from .kl_penalty import PENALTY, PenalisesKL, check_beta
 from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
 from .reward_calls import RewardCalls
 from .reward_stats import (LENGTHS, clipped_ratio, function_columns, function_names, function_sums, length_columns,
@@ -33,7 +34,7 @@ from .scores import checked_rewards
 DRAW = 0x6C696B  # a key of its own for the likelihood fitness's completions (seed, step, DRAW)
 
 
-class GenerationTask(Evaluating):
+class GenerationTask(PenalisesKL, Evaluating):
     """Fine-tune a causal LM on a reward.
 
     Args:
@@ -68,6 +69,9 @@ class GenerationTask(Evaluating):
             ``eval_pass@K`` and ``eval_pass@1`` (needs ``correct_at``).
         drift_texts: texts the task never trains on; each evaluation logs the model's mean negative
             log-likelihood per token of them (``drift_nll``) and its change from the starting model.
+        beta: TRL's KL penalty (0: none): each member's fitness is its reward less beta times its mean per-token
+            KL (k3) from the starting model on its own completions (``fitness="reward"`` only; logs
+            ``kl_penalty``; see :mod:`nesgpu.tasks.kl_penalty`); a run keeps the starting weights for it.
     """
 
     default_target = None
@@ -87,7 +91,8 @@ class GenerationTask(Evaluating):
                  prompts_per_step: int = 8, shaping: str = "per_prompt", correct_at: float | None = 1.0,
                  seed: int = 0, eval_batch: int = 64, name: str = "generation", generations: int = 1,
                  fitness: str = "reward", compile: bool | CompiledDecode = False, data_fingerprint: str | None = None,
-                 kl: bool = True, eval_generations: int = 0, drift_texts: Sequence[str] | None = None):
+                 kl: bool = True, eval_generations: int = 0, drift_texts: Sequence[str] | None = None,
+                 beta: float = 0.0):
         self.prompts = check_prompts(prompts, "prompts")
         self.eval_prompts = check_prompts(self.prompts if eval_prompts is None else eval_prompts, "eval_prompts")
         stop = check_arguments(tokenizer, reward, shaping, temperature, fitness, generations, compile, correct_at, stop,
@@ -111,9 +116,11 @@ class GenerationTask(Evaluating):
         self.compile, self._compiled = bool(compile), compile if isinstance(compile, CompiledDecode) else None
         self._graphs_seen: tuple[int, int] | None = None  # (step, graphs compiled by its end) of the last step
         self.reward_names = function_names(reward)
-        self.summed_info = type(self).summed_info | summed_keys(self.reward_names) | frozenset(KL_KEYS)
+        self.summed_info = type(self).summed_info | summed_keys(self.reward_names) | frozenset(KL_KEYS) | {PENALTY}
         self.kl, self.eval_generations = check_measures(kl, eval_generations, correct_at)
         self.describes = type(self).describes if kl else tuple(k for k in type(self).describes if k != "kl")
+        self.beta = check_beta(beta, fitness)
+        self.describes += ("kl_penalty",) if self.beta else ()
         self.drift_texts = None if drift_texts is None else check_prompts(drift_texts, "drift_texts")
         self._evaluation: dict[str, float] = {}  # the latest evaluation's columns beside the metric
 
@@ -163,7 +170,8 @@ class GenerationTask(Evaluating):
                          "env_steps": torch.tensor(new.numel(), device=ids.device),
                          "completions/clipped_ratio": torch.tensor(clipped, device=ids.device),
                          **function_sums(self.reward, scored.to(ids.device), self.reward_names),
-                         **self._step_kl(pm, ids, mask, new)}
+                         **self._step_kl(pm, ids, mask, new),
+                         **self._penalty_info(pm, ids, mask, new, distinct, row_of)}
 
     def _likelihood_fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
         """Every member's expected reward on the step's completions, drawn once (every block and process of
@@ -214,7 +222,10 @@ class GenerationTask(Evaluating):
     def shape(self, fitness: torch.Tensor) -> torch.Tensor:
         """Per-prompt shaping of the whole population's fitness (after the exchange between processes): each
         prompt's rewards standardised over both signs and every direction (a prompt all members answer
-        alike contributes nothing)."""
+        alike contributes nothing). With ``beta``, beta x each member's KL is subtracted after (see
+        :mod:`nesgpu.tasks.kl_penalty`)."""
+        if self._penalty is not None:
+            return self._penalised(fitness)
         if self.shaping == "none":
             return fitness
         signs = fitness.shape[0] // self.prompts_per_step
@@ -235,8 +246,8 @@ class GenerationTask(Evaluating):
         """Bytes the rows of one direction take in ``generate()``, which ``chunk="auto"`` counts: for each of
         its signs x prompts x generations rows, the KV cache of the longest prompt and the new tokens, one
         layer's activations over those tokens, and one token's logits in float32 (the likelihood fitness: the
-        logits of every new token and one more, twice, for their log-softmax) (0 for a model without a
-        ``transformers`` config)."""
+        logits of every new token and one more, twice, for their log-softmax; with ``beta``, also one prompt's rows'
+        logits of them, three times, in the KL penalty's forwards) (0 for a model without a ``transformers`` config)."""
         config = getattr(pm.model, "config", None)
         return self.activation_bytes_of(config, next(pm.model.parameters()).element_size(), pm.antithetic)
 
@@ -253,7 +264,9 @@ class GenerationTask(Evaluating):
         layer = tokens * (4 * hidden + 2 * (getattr(config, "intermediate_size", None) or 4 * hidden)) * size
         rows = (2 if antithetic else 1) * self.prompts_per_step * self.generations
         positions = self.max_new_tokens + 1 if self.fitness_kind == "likelihood" else 1
-        return rows * (cache + layer + 2 * positions * config.vocab_size * 4)
+        # the penalty's forwards take whole prompts' rows, as many as stay below divergence.LOGITS_BYTES (at least one)
+        penalty = (2 if antithetic else 1) * 3 * (self.max_new_tokens + 1) * config.vocab_size * 4 if self.beta else 0
+        return rows * (cache + layer + 2 * positions * config.vocab_size * 4) + penalty
 
     def check_context(self, context: int | None, longest: int | None = None) -> None:
         """Refuse prompts of ``longest`` tokens (default: the longest training or held-out prompt, counted before
@@ -284,7 +297,9 @@ class GenerationTask(Evaluating):
 
     def finish_step(self, pm: PerturbedModel, info: dict) -> None:
         """Nothing carries over between steps; in ``info``, the step's summed rewards per function become their
-        mean and std, and its length counts the completions' mean, min and max length."""
+        mean and std, and its length counts the completions' mean, min and max length (and with ``beta`` the
+        members' KL is kept for :meth:`shape`)."""
+        self._keep_penalty(info)
         if f"rewards/{self.reward_names[0]}/sum" in info:
             info.update(function_columns(info, self.reward_names))
         if KL_KEYS[0] in info:

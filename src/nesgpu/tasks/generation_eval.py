@@ -31,8 +31,8 @@ class Evaluating:
 
     @property
     def wants_start(self) -> bool:
-        """Whether the task measures from the starting model (``kl``, or a drift text)."""
-        return self.kl or self.drift_texts is not None
+        """Whether the task measures from the starting model (``kl``, a drift text, or the KL penalty ``beta``)."""
+        return self.kl or self.drift_texts is not None or self.beta > 0
 
     def compare_to(self, start) -> None:
         """Measure ``kl`` and the change of ``drift_nll`` from ``start`` (an object whose ``loaded()`` holds the

@@ -247,10 +247,10 @@ def splits(problems) -> tuple[list[str], list[str]]:
 
 
 def measures(options: PromptOptions) -> dict:
-    """The task's options of what it measures beside its reward (kl, pass@k, drift), the drift texts read now:
-    a mistake in the file is named before the model loads."""
+    """The task's options of what it measures beside its reward (kl, pass@k, drift) and the KL penalty (beta), the
+    drift texts read now: a mistake in the file is named before the model loads."""
     texts = None if options.drift_text is None else read_texts(options.drift_text)
-    return dict(kl=options.kl, eval_generations=options.eval_generations, drift_texts=texts)
+    return dict(kl=options.kl, eval_generations=options.eval_generations, drift_texts=texts, beta=options.beta)
 
 
 def _maker(problems, verifier, max_new_tokens: int):
@@ -276,6 +276,8 @@ class PromptOptions:
     fitness: str = option("reward", "reward: each member's reward on its completions; likelihood: its expected "
                                     "reward on sampled ones (no population generate)", choices=FITNESSES)
     kl: bool = option(False, "log kl and eval_kl: TRL's per-token KL from the start (a copy of the start)")
+    beta: float = option(0.0, "TRL's KL penalty: fitness = reward - beta x each member's KL from the start (0: off)",
+                         at_least=0, defines=True)
     eval_generations: int = option(0, f"K > 0: sample K completions per held-out prompt: eval_pass@K (K at most "
                                       f"{MAX_EVAL_GENERATIONS})", at_least=0, at_most=MAX_EVAL_GENERATIONS)
     drift_text: str | None = option(None, "a file of texts (lines, or JSON lines with 'text'): each evaluation "

@@ -89,7 +89,7 @@ class Loop:
         self.logs_metrics = isinstance(self.task, LogsMetrics)
         self.reports = isinstance(self.task, ReportsEvaluation)
         self.shown = (*shown_statistics(self.task, self.stepper.progress_key), self.task.metric)
-        self.watch = SignalWatch(self.log, cfg.sigma, self.metrics.rows if self.metrics is not None else ())
+        self.watch = SignalWatch(self.log, self.metrics.rows if self.metrics is not None else ())
         if cfg.eval_seconds and self.stepper.needs_sync:
             raise ValueError("eval_seconds cannot time the evaluations of a sharded job (every rank gathers the "
                              "weights at the same step); use --eval-every")
@@ -124,7 +124,7 @@ class Loop:
                     continue
                 row = named({"step": step, "seconds": self.progress.elapsed, "env_steps": self.progress.env_steps,
                              **stats, **logged}, self.task)
-                self.watch.see(step, row)
+                self.watch.see(step, row, getattr(self.stepper, "probe", None))  # an ES step's probe, if it ran
                 stop = self._after_step(step, row)
                 last_line = self._show(bar, row, last_line)
                 if stop or step == self.cfg.steps:

@@ -10,7 +10,7 @@ What each part counts (bytes):
   float32 ``.grad``, and the strategy's optimizer state (Adam: 8 bytes a parameter), measured on one parameter;
   ``--update sgd`` writes the update into the weights and holds none of them, ``--update adam`` two moments in the
   weights' dtype;
-- starting weights: a copy of the weights, kept for ``--anchor``, ``kl`` or a drift text;
+- starting weights: a copy of the weights, kept for ``--anchor``, ``kl``, ``--beta`` or a drift text;
 - noise: the directions a block evaluates (``sgd``: the update draws every direction's at once), float32: low-rank
   factors of a matrix exactly, one value an entry for the other kinds (exact for IID Gaussian, an upper bound else);
 - KV cache: the task's own count per direction (its cache, one layer's activations, the logits), times the block;
@@ -162,7 +162,7 @@ def _advice(plan: MemoryPlan, free: int) -> str:
     if plan.masters or plan.grad or plan.optimizer:
         return "--update sgd holds no masters, .grad or optimizer state"
     if plan.start:
-        return "kl, --anchor and drift texts keep a copy of the starting weights: drop them"
+        return "kl, --beta, --anchor and drift texts keep a copy of the starting weights: drop them"
     if plan.weights + plan.workspace + plan.runtime > free:
         return ("the weights alone do not fit: a device with more memory (a LoRA adapter, --use-peft, evolves less "
                 "but holds the same base)")

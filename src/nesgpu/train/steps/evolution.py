@@ -114,6 +114,7 @@ class EvolutionStep:
             population.pm.set_scales(population.pm.unit_scales())
         if strategy.adapts_covariance:  # CMA-ES: A = I, then adapted
             population.pm.set_covariance(torch.eye(population.pm.num_perturbed))  # in the noise's dtype
+        population.pm.set_subspace(strategy.subspace)  # a random subset of the modules per step (1: all)
 
     @property
     def step(self) -> int:
@@ -153,6 +154,8 @@ class EvolutionStep:
         self._hold_sigma_at_the_floor()
         self.lrs.apply(self.state.step)
         fitness = {k: stats.pop(k) for k in ("fitness_mean", "fitness_max", "fitness_min")}
+        if self.strategy.subspace < 1:  # counted on the host
+            stats["subspace_share"] = self.population.pm.subspace_share(state.step + 1)
         return {**fitness, "sigma": self.state.sigma, "lr": self.optimizer.param_groups[0]["lr"], **stats}
 
     def _hold_sigma_at_the_floor(self) -> None:
@@ -205,8 +208,10 @@ class EvolutionStep:
     @property
     def columns(self) -> tuple[str, ...]:
         """The statistics of its own a step logs beside the fitness: a strategy with a sigma per parameter logs
-        the mean scale (``sigma_scale``)."""
-        return ("sigma_scale",) if self.strategy.adapts_scales or self.strategy.adapts_covariance else ()
+        the mean scale (``sigma_scale``), one with a subspace the share of the parameters it perturbed
+        (``subspace_share``)."""
+        adapts = self.strategy.adapts_scales or self.strategy.adapts_covariance
+        return ("sigma_scale",) * adapts + ("subspace_share",) * (self.strategy.subspace < 1)
 
     def probed(self, probe: Probe) -> None:
         """Take the probe's sigma (and, with ``lr="auto"``, its step size) from this step on."""

@@ -5,9 +5,10 @@ most steps have none, with what to change.
 Members that all tie at the best fitness the run has seen, after it has seen lower ones, have saturated the
 reward (CartPole at 500 of 500, an accuracy of 1): the task is finished, and a larger sigma would not help. The
 tasks declare no maximum of their fitness (``default_target`` is the evaluation metric's, gymnasium's
-``reward_threshold``, and the fitness may be shifted or penalised), so that is what the watch goes by; a run
-tied at one value from its first step cannot tell a saturated reward from a sigma too small, and is told to
-raise it."""
+``reward_threshold``, and the fitness may be shifted or penalised), so that is what the watch goes by. Otherwise the
+advice follows what the probe of ``--sigma auto`` measured: it chose the sigma of the strongest response, so sigma is
+not the cause (and where no member beat the plain model at any sigma, the reward may be saturated). A sigma that
+was given is told to be probed."""
 
 from __future__ import annotations
 
@@ -26,12 +27,12 @@ class SignalWatch:
 
     Args:
         log: where the warning goes (the run's console).
-        sigma: the run's sigma, named in the advice (``"auto"``: chosen by the probe).
         rows: the metrics rows of a resumed run (their ``no_signal`` and fitness values are counted as this run's).
     """
 
-    def __init__(self, log, sigma, rows=()):
-        self.log, self.sigma = log, sigma
+    def __init__(self, log, rows=()):
+        self.log = log
+        self.probe = None  # what --sigma auto measured (a Probe), once it has: the advice reads it
         self.latest: deque[bool] = deque(maxlen=WINDOW)
         self.saturated: deque[bool] = deque(maxlen=WINDOW)
         self.steps = self.silent = 0
@@ -54,8 +55,10 @@ class SignalWatch:
         if low is not None:
             self.worst = low if self.worst is None else min(self.worst, low)
 
-    def see(self, step: int, row: dict) -> None:
-        """The row of a finished step (``no_signal`` absent: not an ES step, nothing counted)."""
+    def see(self, step: int, row: dict, probe=None) -> None:
+        """The row of a finished step (``no_signal`` absent: not an ES step, nothing counted), and what the probe
+        of ``--sigma auto`` measured (None: no probe ran)."""
+        self.probe = probe
         if row.get("no_signal") is None:
             return
         self._count(bool(row["no_signal"]), _number(row.get("fitness_max")), _number(row.get("fitness_min")))
@@ -70,18 +73,39 @@ class SignalWatch:
                      f"Stop here (--target ends a run at a metric), or make the task harder (more episodes or "
                      f"prompts, a stricter reward)")
             return
-        probed = self.sigma == "auto"
-        raise_it = "raise --sigma" if probed else ("raise --sigma (or use --sigma auto, which probes for the sigma at "
-                                                   "which members differ)")
-        self.log(f"{said}: every member of the population scored the same, so those steps changed nothing. The "
-                 f"population does not spread at sigma {row['sigma']:.3g}{' (probed)' if probed else ''}: "
-                 f"{raise_it}; for a reward, also sample (--temperature 0.7 --generations 4), give more prompts per "
-                 f"step (--batch-size), or score partial answers")
+        self.log(f"{said}: every member of the population scored the same, so those steps changed nothing. "
+                 + advice(row["sigma"], self.probe))
 
     @property
     def share(self) -> float | None:
         """The share of the run's steps without signal (None before any ES step)."""
         return self.silent / self.steps if self.steps else None
+
+
+def advice(sigma: float, probe) -> str:
+    """What to change where most steps carry no signal, from what the probe measured (``probe``: a
+    :class:`~nesgpu.probe.Probe`, None where sigma was given), never a larger sigma where the probe saw one do worse."""
+    if probe is None:
+        return (f"The population does not spread at sigma {sigma:.3g}: --sigma auto measures the sigma at which "
+                f"members differ (or raise --sigma); for a reward, also sample (--temperature 0.7 --generations 4), "
+                f"or score partial answers")
+    chosen = next((t for t in reversed(probe.tried) if t["sigma"] == probe.sigma), {})
+    larger = sorted((t for t in probe.tried if t["sigma"] > probe.sigma and "above" in t), key=lambda t: t["sigma"])
+    if "above" not in chosen:  # a fitness other than a reward, or a probe recorded before members were counted
+        return (f"The probe chose sigma {probe.sigma:.3g} on the first step, where the members' fitness spread; the "
+                f"ties since then are the task's (a fitness of few values, or one that has saturated): a larger sigma "
+                f"measures a smoothed model rather than this one. Make the fitness finer-grained, or stop here")
+    seen = (f"on the first step's prompts the probe measured the strongest response at sigma {probe.sigma:.3g} "
+            f"(the two members of a direction scoring apart; {chosen['above']:.0%} of the members beat the plain "
+            f"model, {chosen['below']:.0%} fell below it)")
+    worse = "; ".join(f"at {t['sigma']:.2g}: {t['signal']:.3g} against {chosen['signal']:.3g}" for t in larger[:2])
+    said = (f"Sigma is not the cause: {seen}" + (f", and larger sigmas responded less ({worse})" if worse else "")
+            + ". A step ties when no member answers its prompts differently from the others; if the metric still "
+              "rises, that is expected. To give more steps a signal, sample (--temperature 0.7 --generations 4) or "
+              "score partial answers")
+    if not any(t.get("above") for t in probe.tried):  # no member ever beat the plain model: a reward at its top?
+        said += "; no member beat the plain model at any sigma the probe tried: if the reward is saturated, stop here"
+    return said
 
 
 def _number(value) -> float | None:
@@ -95,4 +119,4 @@ def _number(value) -> float | None:
     return number if math.isfinite(number) else None
 
 
-__all__ = ["FIRST_LOOK", "SignalWatch", "WINDOW"]
+__all__ = ["FIRST_LOOK", "SignalWatch", "WINDOW", "advice"]
