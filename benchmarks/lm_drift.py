@@ -66,7 +66,7 @@ def pair(args, anchor: float, es_seed: int, grpo_seed: int) -> list[dict]:
     """An ES run (``--anchor anchor``) beside a GRPO run, both with the drift text; each with its curve."""
     work = args.out / f"anchor{anchor:g}-es{es_seed}-grpo{grpo_seed}"
     drift = ["--drift-text", str(args.out / "drift.txt")]
-    runs = [("nesgpu_es", [*ES, "--anchor", f"{anchor:g}", *drift], es_run, es_seed),
+    runs = [("nesgpu_es", [*args.es, "--anchor", f"{anchor:g}", *drift], es_run, es_seed),
             ("grpo", [*GRPO, *drift], grpo_run, grpo_seed)]
     for method, *_ in runs:
         (work / method).mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,7 @@ def short_run(args, method: str, seconds: float, seed: int) -> dict:
     work = args.out / f"stop{seconds:g}s" / method
     work.mkdir(parents=True, exist_ok=True)
     drift = ["--drift-text", str(args.out / "drift.txt")]
-    setting = [*ES, "--anchor", "0", *drift] if method == "nesgpu_es" else [*GRPO, *drift]
+    setting = [*args.es, "--anchor", "0", *drift] if method == "nesgpu_es" else [*GRPO, *drift]
     run = (es_run if method == "nesgpu_es" else grpo_run)(argparse.Namespace(**{**vars(args), "seconds": seconds}),
                                                         work, args.model, setting, seed, "test")
     curve = es_curve(work / f"es-seed{seed}") if method == "nesgpu_es" else run["curve"]
@@ -227,6 +227,8 @@ def main() -> None:
     parser.add_argument("--es-stops", type=float, nargs="*", default=[20, 60], help="budgets of the short ES runs")
     parser.add_argument("--grpo-stops", type=float, nargs="*", default=[5, 10, 20], help="those of GRPO's")
     parser.add_argument("--drift-lines", type=int, default=300)
+    parser.add_argument("--es", nargs="*", default=ES, help="ES's options over the task's (given empty: its "
+                                                            "defaults; default: the race's tuned setting)")
     parser.add_argument("--trl-python", default="python", help="a python with trl installed")
     parser.add_argument("--reward", default="arith_reward:exact")
     parser.add_argument("--threads", type=int, default=1)
