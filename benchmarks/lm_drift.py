@@ -152,7 +152,8 @@ def at_level(curve: list[dict], level: float) -> dict | None:
     for before, after in itertools.pairwise(curve):
         if after["accuracy"] >= level > before["accuracy"]:
             t = (level - before["accuracy"]) / (after["accuracy"] - before["accuracy"])
-            return {k: before[k] + t * (after[k] - before[k]) for k in ("seconds", "drift_nll_change", "eval_kl")}
+            return {k: before[k] + t * (after[k] - before[k]) if before.get(k) is not None and after.get(k) is not None
+                    else None for k in ("seconds", "drift_nll_change", "eval_kl")}  # eval_kl: none with kl off
     return None
 
 
@@ -185,7 +186,8 @@ def tables(results: list[dict], seconds: float) -> None:
     for name, runs in groups(results, budgets=True).items():
         cells = [cell([100 * r["score"] for r in runs], ".1f") + "%"]
         cells += [cell([r[k] for r in runs], f) for k, f in columns[:1]]
-        cells += [cell([r["curve"][-1]["eval_kl"] for r in runs], ".3f")]
+        kl = [r["curve"][-1].get("eval_kl") for r in runs]  # none where kl was off (ES's default)
+        cells += [cell([k for k in kl if k is not None], ".3f")]
         cells += [cell([r[k] for r in runs], f) for k, f in columns[1:]]
         cells += [cell([r["curve"][-1]["iteration"] for r in runs], ".0f")]
         print(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
@@ -202,7 +204,7 @@ def tables(results: list[dict], seconds: float) -> None:
             if len(at) < len(runs):
                 cells.append(f"reached by {len(at)} of {len(runs)}")
                 continue
-            cells.append("; ".join(cell([a[k] for a in at], f) for k, f in
+            cells.append("; ".join(cell([a[k] for a in at if a[k] is not None], f) for k, f in
                                    (("drift_nll_change", ".3f"), ("eval_kl", ".3f"), ("seconds", ".0f"))) + " s")
         print(f"| {level:.1%} | " + " | ".join(cells) + " |")
 
