@@ -157,6 +157,7 @@ def test_a_reward_with_no_signal_on_the_first_prompts_looks_at_the_next_steps():
     probe = probe_sigma(population(), task)
     assert set(task.steps) == set(range(1, 9))  # 64 prompts
     assert probe.note == "no signal on the first 32 prompts: probed on steps 1-8"
+    assert len(task.steps) == probe.tried[0]["evaluations"]  # steps 1-4 not evaluated again by the second climb
     assert probe.sigma == pytest.approx(0.01)
 
 
@@ -207,7 +208,7 @@ def test_a_probe_round_trips_through_a_dict():
 def test_the_probe_line_says_how_many_members_beat_the_plain_model_at_each_sigma():
     probe = probe_sigma(population(), ShapedReward(bump(0.01)))
     line = probe_line(probe)
-    assert line.startswith("sigma auto: 0.01 after 8 probe evaluations") and "0.01: 0.25 (0.25/0.00)" in line
+    assert line.startswith("sigma auto: 0.01 after 32 probe evaluations") and "0.01: 0.25 (0.25/0.00)" in line  # 8 x 4
     old = Probe(0.01, "prompts_with_spread", [{"sigma": 0.01, "prompts_with_spread": 0.5}])  # recorded before
     assert "(signal (members above/below the plain model) by sigma: 0.01: 0.50)" in probe_line(old)
 
@@ -232,7 +233,7 @@ def test_a_task_of_your_own_probes_sigma_and_takes_lr_from_it(tmp_path):
     assert any(line.startswith("sigma auto: ") for line in lines)
     probed, trained = task.steps[:-4], task.steps[-4:]
     assert trained == [1, 2, 3, 4] and set(probed) == {1, 2, 3, 4}  # probed on the first 32 prompts, then steps 1-4
-    assert len(probed) == 1 + 4 * len(probe["tried"])  # a first look at step 1, then each candidate on four steps
+    assert len(probed) == 4 * len(probe["tried"]) == probe["tried"][0]["evaluations"]  # each on four steps, once
 
 
 def test_a_sigma_you_set_wins_and_nothing_is_probed(tmp_path):

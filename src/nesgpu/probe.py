@@ -158,35 +158,37 @@ def _heard(trial: dict) -> bool:
 
 
 def _probe_reward(population: Population, task) -> Probe:
-    signs = 2 if population.pm.antithetic else 1
-    prompts = population.evaluate(task, PROBE_STEP, FLOOR, finish=False, shape=False).fitness.shape[0] // signs
+    signs, done = (2 if population.pm.antithetic else 1), {}
+
+    def raw(step: int, sigma: float) -> torch.Tensor:  # each (step, sigma) evaluated once, whichever climb asks
+        if (step, sigma) not in done:
+            done[step, sigma] = population.evaluate(task, step, sigma, finish=False, shape=False).fitness
+        return done[step, sigma]
+
+    prompts = raw(PROBE_STEP, FLOOR).shape[0] // signs
 
     def steps_for(count: int) -> list[int]:  # the first steps whose prompts make ``count`` (at most MORE_STEPS)
         return list(range(PROBE_STEP, PROBE_STEP + min(MORE_STEPS, max(1, -(-count // prompts)))))
 
     steps = steps_for(PROBE_PROMPTS)
-    probe = _reward_climb(population, task, steps)
+    probe = _reward_climb(raw, signs, steps)
     if probe is None and len(steps_for(MORE_PROMPTS)) > len(steps):
         steps = steps_for(MORE_PROMPTS)
-        probe = _reward_climb(population, task, steps, f"no signal on the first {len(steps_for(PROBE_PROMPTS)) * prompts} "
-                                                       f"prompts: probed on steps 1-{steps[-1]}")
+        probe = _reward_climb(raw, signs, steps, f"no signal on the first {len(steps_for(PROBE_PROMPTS)) * prompts} "
+                                                 f"prompts: probed on steps 1-{steps[-1]}")
     if probe is None:
         raise ValueError(
             f"--sigma auto: at no sigma from {GRID[0]:g} to {GRID[-1]:g} did a direction's two members score apart "
             f"(beyond sampling's own spread) on {len(steps) * prompts} prompts (steps {steps[0]}-{steps[-1]}): the "
             f"reward gives this model no signal, and no sigma would train it; sample (--temperature 0.7 "
             f"--generations 4) or score partial answers (a --sigma you give skips this probe)")
+    probe.tried[0]["evaluations"] = len(done)  # the plain call's record: what the probe line counts
     return probe
 
 
-def _reward_climb(population: Population, task, steps: list[int], note: str = "") -> Probe | None:
-    """The climb on the prompts of ``steps`` (see the module's rule): the probe, with ``note``, or None where no
-    candidate carried signal."""
-    signs = 2 if population.pm.antithetic else 1
-
-    def raw(step: int, sigma: float) -> torch.Tensor:
-        return population.evaluate(task, step, sigma, finish=False, shape=False).fitness
-
+def _reward_climb(raw, signs: int, steps: list[int], note: str = "") -> Probe | None:
+    """The climb on the prompts of ``steps`` (see the module's rule; ``raw(step, sigma)``: the raw rewards): the
+    probe, with ``note``, or None where no candidate carried signal."""
     plains = {step: raw(step, FLOOR) for step in steps}
     noise = {step: _odd_spread(p, signs) for step, p in plains.items()}
 
@@ -292,7 +294,8 @@ def probe_line(probe: Probe) -> str:
     shown = [t for t in probe.tried if "above" in t] or probe.tried  # not the plain call (an old record: all)
     measured = ", ".join(_trial_text(t) for t in shown)
     what = "signal (members above/below the plain model)" if reward else "signal/drop"
-    calls = len(probe.tried) + (not reward)  # a response's plain call is not in tried
+    # a reward's plain call counts them all (a record from before: one per trial); a response's is not in tried
+    calls = probe.tried[0].get("evaluations", len(probe.tried)) if reward else len(probe.tried) + 1
     return (f"sigma auto: {probe.sigma:.3g} after {calls} probe evaluations in {probe.seconds:.1f} s ({what} by "
             f"sigma: {measured})" + (f"; {probe.note}" if probe.note else ""))
 
@@ -305,5 +308,5 @@ def _trial_text(trial: dict) -> str:
     return f"{trial['sigma']:.2g}: {trial['signal']:.3g}/{trial['drop']:.3g}"
 
 
-__all__ = ["FLOOR", "GRID", "MIN_NET", "MORE_PROMPTS", "MORE_STEPS", "PROBE_PROMPTS", "NOISE_RATIO", "PROBE_STEP", "Probe", "probe_line", "probe_sigma",
-           "response", "reward_trial"]
+__all__ = ["FLOOR", "GRID", "MIN_NET", "MORE_PROMPTS", "MORE_STEPS", "NOISE_RATIO", "PROBE_PROMPTS", "PROBE_STEP",
+           "Probe", "probe_line", "probe_sigma", "response", "reward_trial"]

@@ -160,7 +160,8 @@ class GenerationTask(PenalisesKL, Evaluating):
         texts = self._decode(distinct)
         lengths = [len(t) for t in self.tokenizer(texts, add_special_tokens=False).input_ids]
         completions = [texts[i] for i in row_of]
-        scored = self._score(row_prompts, completions, distinct, row_of)
+        kept = kept_tokens(self.tokenizer, distinct, self.stop) if self.beta else None  # once, for both readers
+        scored = self._score(row_prompts, completions, distinct, row_of, kept)
         rewards = pm.by_member(scored.to(ids.device))  # (S, P*K, D)
         # sorted first: members whose samples scored the same values in another order tie exactly, not to rounding
         fitness = rewards.view(signs, len(prompts), self.generations, d).sort(2).values.mean(2)
@@ -171,7 +172,7 @@ class GenerationTask(PenalisesKL, Evaluating):
                          "completions/clipped_ratio": torch.tensor(clipped, device=ids.device),
                          **function_sums(self.reward, scored.to(ids.device), self.reward_names),
                          **self._step_kl(pm, ids, mask, new),
-                         **self._penalty_info(pm, ids, mask, new, distinct, row_of)}
+                         **self._penalty_info(pm, ids, mask, new, kept, row_of)}
 
     def _likelihood_fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
         """Every member's expected reward on the step's completions, drawn once (every block and process of

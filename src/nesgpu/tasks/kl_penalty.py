@@ -25,7 +25,7 @@ from torch import nn
 
 from ..model import PerturbedModel
 from .divergence import rows_per_forward
-from .likelihood import joined, kept_tokens, token_logp
+from .likelihood import joined, token_logp
 
 PENALTY = "kl_penalty/members"  # (signs * prompts, D) the members' KL, summed over the blocks and processes
 
@@ -103,16 +103,17 @@ class PenalisesKL:
     _penalty: torch.Tensor | None = None  # the step's members' KL (signs * prompts, D), until the fitness is shaped
 
     def _penalty_info(self, pm: PerturbedModel, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor,
-                      distinct: torch.Tensor, row_of: list[int]) -> dict:
+                      kept: torch.Tensor | None, row_of: list[int]) -> dict:
         """The block's members' KL in their directions' columns of a (signs * prompts, D) statistic (nothing
-        where beta is 0). ``distinct``, ``row_of``: the distinct rows of ``new`` (on the host), and each row's."""
+        where beta is 0). ``kept``: the kept tokens of the distinct rows of ``new`` (on the host), ``row_of``: each
+        row's."""
         self._penalty = None  # a step's penalty is that of its own evaluation only
         if not self.beta:
             return {}
         if self._start is None:
             raise ValueError(f"beta {self.beta} measures each member's KL from the run's starting weights; this "
                              f"task was given none (the trainer gives them: compare_to)")
-        kept = kept_tokens(self.tokenizer, distinct, self.stop)[torch.tensor(row_of)]
+        kept = kept[torch.tensor(row_of)]
         kl = member_kl(pm, self._start, ids, mask, new, kept, self.tokenizer.pad_token_id,
                        self._temperature_or_one(), self.generations)
         full = kl.new_zeros(kl.shape[0], pm.directions)
