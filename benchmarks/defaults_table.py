@@ -96,7 +96,7 @@ def run(out: Path, workload: str, index: int, setting: list[str], seed: int) -> 
     args = [a.format(out=out) for a in spec["args"]]
     command = [sys.executable, "-m", "nesgpu", "train", *args, *setting, "--seed", str(seed), "--out",
                str(directory), "--overwrite", "--log", "none"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(HERE))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), str(HERE)]))  # this checkout's nesgpu
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode:
         raise RuntimeError(f"{workload} {setting} failed: {result.stderr[-2000:]}")

@@ -38,6 +38,12 @@ SETTINGS = {  # name: nesgpu train options over the generation task's defaults
     "beta 0.04": ["--beta", "0.04"],
     "anchor 1e-3": ["--anchor", "1e-3"],
     "adam, beta 0.04": ["--update", "adam", "--beta", "0.04"],
+    # SGD's step size at the probe's usual sigma: --lr auto (sigma^2 sqrt(16) / 3 = 1.33e-4), then 2x, 4x and 8x it
+    "sigma 0.01": ["--sigma", "0.01"],
+    "sigma 0.01, lr x2": ["--sigma", "0.01", "--lr", "2.667e-4"],
+    "sigma 0.01, lr x4": ["--sigma", "0.01", "--lr", "5.333e-4"],
+    "sigma 0.01, lr x8": ["--sigma", "0.01", "--lr", "1.0667e-3"],
+    "sigma 0.01, lr x2, constant": ["--sigma", "0.01", "--lr", "2.667e-4", "--lr-schedule", "constant"],
 }
 REWARD = "arith_reward:exact"
 
@@ -62,7 +68,7 @@ def one_run(args, name: str, seed: int) -> dict:
     key = {"setting": name, "options": SETTINGS[name], "seed": seed, "run": str(run)}
     if (run / "summary.json").is_file():
         return {**key, **collect(args, run, None)}
-    environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
     start = time.perf_counter()
     done = subprocess.run(command(args, name, seed, run), env=environ, capture_output=True, text=True)
     wall = time.perf_counter() - start

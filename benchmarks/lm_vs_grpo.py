@@ -40,7 +40,9 @@ REWARD = "arith_reward:correct"
 # examples/lm_reward_demo.py's model as the demo makes it: its corpus holds the validation prompts, not the test's)
 MODELS = {"last-digit": ("last", True), "first-digit": ("first", True), "demo": ("last", False),
           # its teacher always one too high in the last digit: near 0% before fine-tuning (issue 43's binary race)
-          "flawed": ("last", True, 1.0)}
+          "flawed": ("last", True, 1.0),
+          # its teacher always wrong in the first digit: a second binary race near 0% (issue 56)
+          "flawed-first": ("first", True, 1.0)}
 SETTINGS = {  # the same number per method, over its own main options; the first is each one's default
     "nesgpu_es": [[], ["--sigma", "0.01", "--lr", "3e-4"], ["--population", "64", "--batch-size", "4"],
                   ["--sigma", "0.001", "--lr", "3e-5"]],
@@ -162,8 +164,9 @@ def race(args, name: str) -> dict:
         best = {m: max((r for r in tuning if r["method"] == m), key=lambda r: r["score"])["setting"]
                 for m in SETTINGS}
     final, work = [], args.out / name / f"final-{args.seconds:.0f}s"
+    es_final = [] if args.es_defaults else best["nesgpu_es"]
     for seed in args.seeds:
-        final += side_by_side(args, work, model, best["nesgpu_es"], best["grpo"], seed, "test")
+        final += side_by_side(args, work, model, es_final, best["grpo"], seed, "test")
     return {"model": name, "start": score(str(model), args.out / "test.jsonl"), "tuning": tuning, "best": best,
             "final": final}
 
@@ -179,7 +182,7 @@ def table(result: dict) -> None:
     for method in SETTINGS:
         runs = [r for r in result["final"] if r["method"] == method]
         end = [r["score"] for r in runs]
-        print(f"| {method} | `{' '.join(result['best'][method]) or 'defaults'}` | {statistics.median(end):.1%} "
+        print(f"| {method} | `{' '.join(runs[0]['setting']) or 'defaults'}` | {statistics.median(end):.1%} "
               f"({min(end):.1%}-{max(end):.1%}) | {statistics.median(r['curve'][-1]['accuracy'] for r in runs):.1%} | "
               f"{statistics.median(r['curve'][-1]['iteration'] for r in runs):.0f} | "
               f"{statistics.median(r['curve'][-1]['tokens'] for r in runs):,.0f} |")
@@ -223,6 +226,8 @@ def main() -> None:
     parser.add_argument("--reward", default=REWARD, help="the training reward of both methods (scoring is always the "
                                                          "exact-answer accuracy); arith_reward:exact is binary")
     parser.add_argument("--tuned", type=Path, help="an earlier results.json: its tuning and choices, not a new one")
+    parser.add_argument("--es-defaults", action="store_true",
+                        help="the final runs race ES at its defaults (not its best tuning setting) against tuned GRPO")
     args = parser.parse_args()
     if args.report:
         for result in json.loads((args.out / args.results).read_text()):
