@@ -10,7 +10,7 @@ mkdir -p "${OUT:-benchmarks/results}"
 OUT=${OUT:-benchmarks/results}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 # GPU tests: the sync-debug test runs only with CUDA; the rest must pass on the GPU as on the CPU
-$PY -m pytest -q tests/train/test_sync.py tests/layers tests/test_model.py -x  # tests/layers: every module too
+$PY -m pytest -q tests/train/steps/test_sync.py tests/kinds tests/layers tests/test_model.py -x  # every kind and module
 # every module family against the plain torch module on CUDA (issue 8): transformer block, embedding, norms, ...
 $PY -m nesgpu bench modules --device cuda --repeats 20 --json "$OUT/modules_cuda.json" | sed -n '/^| module/,$p'
 # layer tables on CUDA (the seed's sizes, P = 1024)
@@ -56,7 +56,7 @@ p = r["precision"]
 print(f"ES step, P = {p['population']}: bf16 {p['bf16_speed_vs_fp32']:.2f}x fp32")
 PYEOF
 # issue 9/10: config, compiled rollouts (inductor on CUDA) and the shared-input path on the GPU
-$PY -m pytest -q tests/train/test_config.py tests/tasks/test_compiled.py tests/test_noise.py -x
+$PY -m pytest -q tests/train/setup/test_config.py tests/tasks/test_compiled.py tests/test_noise.py -x
 $PY benchmarks/population_floor.py --device cuda --rounds 9 | tail -3
 $PY benchmarks/iid_noise.py --device cuda --rounds 7 | tail -4
 # issue 13: low-bit layers (binary / int8) against the float layer, and the int8 / XNOR products, on CUDA

@@ -13,8 +13,8 @@ from nesgpu.layers import estimate
 from nesgpu.population import Population
 from nesgpu.rounding import rounding_generator, stochastic_round_
 from nesgpu.inplace import InPlaceAdam, InPlaceSGD
+from nesgpu.kinds import KINDS  # every registered kind
 
-KINDS = ["lowrank", "gaussian", "sparse", "permuted", "flipout"]
 SIGMA, LR = 0.1, 0.5
 
 

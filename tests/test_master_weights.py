@@ -94,8 +94,9 @@ def test_the_right_optimizer_and_chunked_updates_give_no_warning():
     model = half_mlp()
     pm = nesgpu.PerturbedModel(model, 8, sigma=1e-2, antithetic=True)
     opt = torch.optim.Adam(pm.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in pm.parameters()]
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error")  # a warning fails the test
         for step in range(1, 4):
             opt.zero_grad()
             for block in (range(0, 4), range(4, 8)):  # the blocks of one step add up before the step
@@ -103,6 +104,7 @@ def test_the_right_optimizer_and_chunked_updates_give_no_warning():
                 pm.update(torch.randn(2, 4))
             opt.step()
             pm.set_noise(step=step + 1)
+    assert all(p.dtype == torch.float32 and not torch.equal(p, b) for p, b in zip(pm.parameters(), before))
 
 
 def test_export_right_after_a_step_has_the_steps_weights():

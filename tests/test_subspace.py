@@ -11,6 +11,7 @@ from torch.func import functional_call
 
 import nesgpu
 from nesgpu.cli import main
+from nesgpu.kinds import KINDS  # every registered kind
 from nesgpu.layers.subspace import subspace_modules
 from nesgpu.population import Population
 from nesgpu.strategies import ARS, OpenAIES
@@ -18,7 +19,6 @@ from nesgpu.train import TrainConfig, train
 from nesgpu.train.steps.evolution import EvolutionStep
 
 D, SIGMA, STEP = 4, 0.1, 2
-KINDS = ["gaussian", "lowrank", "flipout", "permuted", "sparse"]
 
 
 def small_model(kind):

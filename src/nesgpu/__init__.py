@@ -5,12 +5,8 @@ The public names (``convert``, ``PerturbedModel``, the perturbed layers, ...) lo
 """
 
 import importlib
-import warnings
 
 from .version import __version__  # noqa: F401 (nesgpu.__version__)
-
-# torch runs without numpy (nesgpu's core needs only torch) but warns at import that it could not load it
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 # public name -> the module that defines it (the perturbed layers come from nesgpu.layers' __all__)
 _HOMES = {"PerturbedModel": "model", "convert": "conversion", "summary": "conversion", "export": "exporting",

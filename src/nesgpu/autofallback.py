@@ -1,5 +1,5 @@
 """The exact fallback for a module that a population call found it needs (see
-:class:`nesgpu.layers.guard.NeedsFallback`): a parent that computes with a child's weight, or regroups its
+:class:`nesgpu.layers.guarded_value.NeedsFallback`): a parent that computes with a child's weight, or regroups its
 rows, or whose own code fails on the population's rows (a shape error in a module that mixes them). The
 module's subtree is made plain again and runs, as one, through torch.func, exactly."""
 
@@ -9,7 +9,7 @@ from torch import nn
 
 from .exporting import unconvert
 from .layers import FunctionalPerturbed, PerturbedModule, functional_fallback
-from .layers.guard import NeedsFallback
+from .layers.guarded_value import NeedsFallback
 from .memory import out_of_memory
 
 _ERRORS = (RuntimeError, IndexError, ValueError, TypeError)  # what a module's code raises on rows it cannot take

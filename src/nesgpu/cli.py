@@ -128,6 +128,8 @@ def _build_parser_answering_ctrl_c(argv: list[str] | None) -> argparse.ArgumentP
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nesgpu`` console script and ``python -m nesgpu``."""
+    # torch runs without numpy (nesgpu's core needs only torch) but warns at import that it could not load it
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # at once: without torch and the commands
         print(f"nesgpu {__version__}")
         return 0

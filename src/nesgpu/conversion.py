@@ -20,10 +20,10 @@ from torch.nn.utils import parametrize
 
 from .kinds import Gaussian, Kind, check_kind_options, make_kind
 from .layers import PerturbedModule, functional_fallback
-from .layers.forms import recognise
+from .layers.form_table import recognise
 from .layers.functional import FunctionalPerturbed
 from .layers.lowbit import check_low_bit_options
-from .layers.registry import LOW_BIT, PATH_SWAPS, conversion_for
+from .layers.registry import LOW_BIT_SWAPS, PATH_SWAPS, conversion_for
 from .layers.sharing import ALIASES, Alias, AliasHolder
 from .layers.swap import swap_class
 from .trainable import check_trainable, uncovered_parameters
@@ -128,7 +128,7 @@ def _swap_new(module: nn.Module, name: str, opts: _Options) -> nn.Module:
         return module
     if isinstance(module, nn.TransformerEncoder):  # nested tensors cannot carry population rows
         module.enable_nested_tensor = module.use_nested_tensor = False
-    frozen_low_bit = opts.bits is not None and type(module) in LOW_BIT  # quantised though it does not evolve
+    frozen_low_bit = opts.bits is not None and type(module) in LOW_BIT_SWAPS  # quantised though it does not evolve
     if not frozen_low_bit and not any(p.requires_grad for p in module.parameters()) and not any(
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
         return module  # nothing to perturb, and no batch statistics to keep apart: it runs as it is
@@ -182,11 +182,11 @@ def _rebuild_known(module: nn.Module, name: str, label: str, opts: _Options) -> 
     extra = {} if conversion.product is None else {"kind": module_kind}
     target = conversion.target
     if opts.bits is not None and conversion.product is not None:
-        if conversion.source not in LOW_BIT:
+        if conversion.source not in LOW_BIT_SWAPS:
             raise ValueError(f"bits={opts.bits}: {label} has no low-bit version; expected only Linear and "
                              f"Conv1d/2d/3d to hold trainable matrices, or freeze it with "
                              f"convert(..., freeze=[{name!r}])")
-        target, extra = LOW_BIT[conversion.source], {**extra, "bits": opts.bits, "noise_on": opts.noise_on}
+        target, extra = LOW_BIT_SWAPS[conversion.source], {**extra, "bits": opts.bits, "noise_on": opts.noise_on}
         if opts.act_bits is not None:
             if conversion.source is not nn.Linear:
                 raise ValueError(f"act_bits={opts.act_bits}: {label} has no int8-activation version; expected "

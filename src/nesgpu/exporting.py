@@ -20,7 +20,7 @@ from .layers.registry import CONVERSIONS
 from .layers.sharing import ALIASES
 from .masters import MASTERS, sync_masters
 
-LOW_BIT = (LowBitLinear, LowBitConv1d, LowBitConv2d, LowBitConv3d)
+LOW_BIT_LAYERS = (LowBitLinear, LowBitConv1d, LowBitConv2d, LowBitConv3d)
 
 
 def export(model: nn.Module) -> nn.Module:
@@ -82,7 +82,7 @@ def _plain(module: nn.Module) -> nn.Module:
     """The plain module of one of nesgpu's: a rebuilt torch type is built again as that type (a new
     module); a class swapped in place gets its own class back (the same module)."""
     rebuilt = next((c for c in CONVERSIONS if type(module) is c.target or
-                    (isinstance(module, LOW_BIT) and c.source in type(module).__mro__)), None)
+                    (isinstance(module, LOW_BIT_LAYERS) and c.source in type(module).__mro__)), None)
     if rebuilt is not None:
         return _rebuilt(module, rebuilt)
     original = next(c for c in type(module).__mro__[1:] if not _converting(c))
@@ -98,7 +98,7 @@ def _rebuilt(module: PerturbedModule, conversion) -> nn.Module:
         raise ValueError(f"{type(module).__name__} with act_bits={module.act_bits} quantises its inputs: no plain "
                          f"torch module computes the same; export the model trained without act_bits")
     plain = rebuilt_as(conversion.source, module, **conversion.args(module))
-    if isinstance(module, LOW_BIT):
+    if isinstance(module, LOW_BIT_LAYERS):
         plain.weight = nn.Parameter(module.quantized_weight().detach().clone(),
                                     requires_grad=module.weight.requires_grad)
     plain.train(module.training)

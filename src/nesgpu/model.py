@@ -16,7 +16,7 @@ from .autofallback import failing_module, fall_back, fallback_root
 from .kinds import check_kind_options
 from .layers import PerturbedModule
 from .layers.covariance import ModelCovariance
-from .layers.guard import NeedsFallback
+from .layers.guarded_value import NeedsFallback
 from .layers.layout import RowLayout, member_weights, one_sequence_per_row
 from .layers.scales import ModelScales
 from .layers.sequential import shared_forward

@@ -2,7 +2,7 @@
 choices and their lower bound, checked once when it is built. The training configuration holds the chosen
 strategy's and task's as objects of their own; config files and the CLI name each option flat (``top_b:`` in
 YAML, ``--top-b`` under ``--strategy ars``), and :class:`Owners` (the components of one kind, read from their
-registry at each call) says whose it is (see :mod:`nesgpu.train.setup.options`).
+registry at each call) says whose it is (see :mod:`nesgpu.train.setup.component_options`).
 
 A strategy's options, as ARS declares them::
 

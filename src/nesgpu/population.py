@@ -15,7 +15,7 @@ import torch
 from .blocks import Blocks
 from .distributed import Ranks
 from .layers import HALF
-from .layers.guard import NeedsFallback
+from .layers.guarded_value import NeedsFallback
 from .layers.layout import member_weights
 from .memory import out_of_memory
 from .model import PerturbedModel

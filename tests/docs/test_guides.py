@@ -34,9 +34,12 @@ def test_guide_runs(guide, tmp_path, monkeypatch, capsys):
     assert all(text in out for text in PRINTS[guide.name]), out
 
 
-def test_architecture_doc_names_files_that_exist():
+def test_architecture_doc_names_files_and_folders_that_exist():
     text = (DOCS / "architecture.md").read_text()
     root = Path(__file__).resolve().parents[2]
-    named = set(re.findall(r"`((?:[a-z_]+/)*[a-z_]+\.py)`", text))
-    missing = [n for n in named if not (root / n).is_file() and not list((root / "src" / "nesgpu").rglob(n))]
-    assert named and not missing, f"docs/architecture.md names {missing}, which do not exist"
+    src = root / "src" / "nesgpu"
+    files = set(re.findall(r"`((?:[a-z_]+/)*[a-z_]+\.py)`", text))
+    folders = set(re.findall(r"`((?:[a-z_]+/)+)`", text))  # `kinds/`, `tests/layers/`
+    missing = [n for n in files if not (root / n).is_file() and not list(src.rglob(n))]
+    missing += [n for n in folders if not (root / n).is_dir() and not any(p.is_dir() for p in src.rglob(n[:-1]))]
+    assert files and folders and not missing, f"docs/architecture.md names {sorted(missing)}, which do not exist"

@@ -1,6 +1,7 @@
 """Every Python snippet in the README runs as written (with fewer loop steps, to keep the suite fast), and
 every `nesgpu train` command in it parses and resolves."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -14,12 +15,25 @@ def test_the_readme_has_python_snippets():
     assert len(SNIPPETS) >= 2
 
 
+def final_label(code: str) -> str | None:
+    """The text a snippet's last top-level print starts with (``print("accuracy", ...)``: "accuracy"), if any."""
+    prints = [node.value for node in ast.parse(code).body if isinstance(node, ast.Expr)
+              and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "print"]
+    first = prints[-1].args[0] if prints and prints[-1].args else None
+    if isinstance(first, ast.JoinedStr) and first.values:
+        first = first.values[0]
+    return first.value.split("{")[0] if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
 def test_readme_snippet_runs(index, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a snippet's run directories go there
     code = re.sub(r"range\((\d+), (\d+)\)", r"range(\1, \1 + 3)", SNIPPETS[index])  # the same loops, 3 steps each
     code = re.sub(r"range\((\d+)\)", "range(3)", code)
     exec(compile(code, f"README.md snippet {index}", "exec"), {"__name__": "readme"})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines and lines[-1].startswith(final_label(code) or ""), lines  # it ran to its last print ...
+    assert not re.search(r"\b(nan|inf)\b", "\n".join(lines), flags=re.I), lines  # ... and printed finite numbers
 
 
 def readme_train_commands() -> list[str]:

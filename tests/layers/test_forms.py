@@ -7,7 +7,7 @@ from torch import nn
 
 import nesgpu
 from nesgpu.kinds import Gaussian
-from nesgpu.layers import Form, PerturbedModule, forms, register_form
+from nesgpu.layers import Form, PerturbedModule, form_table, register_form
 from nesgpu.layers.swap import swap_class
 
 
@@ -42,7 +42,7 @@ def scale_form():
     form = Form("scale", lambda m: isinstance(m, Scale), adopt_scale, None)
     register_form(form)
     yield form
-    forms.REGISTERED.remove(form)
+    form_table.REGISTERED.remove(form)
 
 
 def test_a_registered_form_converts_its_module_type_to_a_batched_exact_version(scale_form):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import nesgpu
-from nesgpu.layers.guard import NeedsFallback
+from nesgpu.layers.guarded_value import NeedsFallback
 
 
 class Flattening(nn.Module):

@@ -7,6 +7,7 @@ from scipy.stats import rankdata
 from torch import nn
 
 import nesgpu
+from nesgpu.kinds import KINDS
 from nesgpu.population import Population
 from nesgpu.strategies import ARS, PGPE, OpenAIES, centered_ranks
 from nesgpu.strategies.shaping import SHAPINGS, centered_per_repeat, tied_ranks
@@ -131,7 +132,7 @@ def test_a_run_whose_members_all_tie_leaves_the_weights_as_they_were(tmp_path, s
 
 
 def test_zero_weights_add_exactly_nothing_to_grad_for_every_kind():
-    for kind in ("gaussian", "lowrank", "permuted", "flipout", "sparse"):
+    for kind in KINDS:  # every registered kind
         net = nesgpu.convert(nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)), kind)
         pm = nesgpu.PerturbedModel(net, 6, sigma=0.1, antithetic=True, seed=0)
         population = Population(pm, chunk=2, log=lambda *a: None)

@@ -188,6 +188,17 @@ def test_eval_names_the_reward_file_it_imports_and_asks_before_one_from_elsewher
         assert not (tmp_path / "run" / "ran").exists() and not (tmp_path / "ran").exists()
 
 
+# a reward module that notes (a file named "rendering") when the chat template starts to render
+RENDERING_NOTED = """import pathlib
+from transformers import PreTrainedTokenizerBase
+render = PreTrainedTokenizerBase.apply_chat_template
+def noted(*args, **kwargs):
+    pathlib.Path("rendering").touch()
+    return render(*args, **kwargs)
+PreTrainedTokenizerBase.apply_chat_template = noted
+"""
+
+
 def test_one_sigterm_stops_a_run_whose_chat_template_renders_forever(tmp_path):
     import signal
     import time
@@ -197,17 +208,17 @@ def test_one_sigterm_stops_a_run_whose_chat_template_renders_forever(tmp_path):
     loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     (hf / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": loops + "{{ messages }}"}))
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "1+1="}]}) + "\n")
-    (tmp_path / "rw.py").write_text("import pathlib\npathlib.Path('imported').touch()\n"  # just before rendering
-                                    "def ok(completions, **kw):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "rw.py").write_text(RENDERING_NOTED
+                                    + "def ok(completions, **kw):\n    return [1.0] * len(completions)\n")
     run = subprocess.Popen([sys.executable, "-m", "nesgpu", "train", "--task", "generation", "--model", f"hf:{hf}",
                             "--prompts", "p.jsonl", "--reward", "rw:ok", "--steps", "1", "--out", "run"],
                            cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
-        started = time.monotonic()
-        while not (tmp_path / "imported").exists() and time.monotonic() - started < 240 and run.poll() is None:
+        deadline = time.monotonic() + 240  # a guard against a hang, not a speed limit
+        while not (tmp_path / "rendering").exists() and time.monotonic() < deadline and run.poll() is None:
             time.sleep(0.2)
-        time.sleep(1)
-        run.send_signal(signal.SIGTERM)  # once, as a scheduler or `timeout` sends it
+        assert (tmp_path / "rendering").exists(), "the chat template never started to render"
+        run.send_signal(signal.SIGTERM)  # once, as a scheduler or `timeout` sends it, while the template renders
         _, err = run.communicate(timeout=300)
     finally:
         run.kill()

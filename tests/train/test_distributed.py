@@ -112,10 +112,11 @@ def test_dead_rank_ends_the_job_with_a_clear_error_and_resume_continues(tmp_path
         assert procs[0].poll() is None, procs[0].stderr.read()
         time.sleep(0.2)
     procs[1].send_signal(signal.SIGKILL)
-    start = time.time()
-    _, err = procs[0].communicate(timeout=300)
+    try:
+        _, err = procs[0].communicate(timeout=300)  # a guard against a hang, not a speed limit
+    finally:
+        procs[0].kill()
     assert procs[0].returncode != 0
-    assert time.time() - start < 240  # within --dist-timeout 30 (and a loaded machine's slack), not a hang
     assert "another process died or hung" in err, err[-2000:]
     # the last checkpoint is intact: one process continues the run (blocks of D / 2, as the two did)
     at = torch.load(find_checkpoint(out / "checkpoint") / "state.pt", weights_only=True)["strategy"]["step"]

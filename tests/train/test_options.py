@@ -16,7 +16,7 @@ from nesgpu.options import NoOptions, check_options, option
 from nesgpu.strategies import ARS, PGPE, STRATEGIES, OpenAIES
 from nesgpu.tasks.rl_options import RLOptions
 from nesgpu.train import TrainConfig
-from nesgpu.train.setup.options import STRATEGY, TASK, side
+from nesgpu.train.setup.component_options import STRATEGY, TASK, side
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 

@@ -6,7 +6,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import warnings
 
 import pytest
@@ -120,14 +119,16 @@ while True:
 
 def test_process_killed_mid_save_leaves_a_usable_checkpoint(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", KILLER, str(tmp_path / "ckpt")], stdout=subprocess.PIPE)
-    first = proc.stdout.readline()  # one complete save
-    assert first
-    time.sleep(0.7)  # many more saves; kill at an arbitrary point
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    try:
+        saved = [proc.stdout.readline() for _ in range(5)]  # five complete saves: the kill falls inside a later one
+        assert saved == [b"%d\n" % step for step in range(1, 6)]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
     model = torch.nn.Linear(1000, 1000)
     state = load_checkpoint(tmp_path / "ckpt", model)
-    assert state["step"] >= 1 and torch.all(model.weight == state["step"])
+    assert state["step"] >= 5 and torch.all(model.weight == state["step"])
 
 
 def test_corrupt_and_mismatched_checkpoints_are_reported(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..train.setup.config import TrainConfig, option_names, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
-from ..train.setup.options import STRATEGY, TASK, task_key
+from ..train.setup.component_options import STRATEGY, TASK, task_key
 from ..train.setup.paths import located
 from .help_flag import add_help_flag
 from .run_code import add_trust_flag, consent_to_run_code, run_config

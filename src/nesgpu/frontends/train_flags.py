@@ -18,7 +18,7 @@ from ..train.setup.ars_paper import preset_values
 from ..train.setup.config import TrainConfig, presets
 from ..strategies import STRATEGIES
 from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks, needs_gaussian
-from ..train.setup.options import STRATEGY, TASK
+from ..train.setup.component_options import STRATEGY, TASK
 from ..train.setup.validation import act_bits_apply, bits_apply
 from ..files import read_json
 

@@ -1,15 +1,13 @@
 """Perturbed modules: one file per module family, each a thin torch subclass over the kinds' functions."""
 
-import typing
-
 from ..kinds import KINDS
 from .attention import PerturbedMultiheadAttention, PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer
-from .base import PerturbedModule, Slot
+from .base import PerturbedModule
 from .conv import FlipoutConv2d, LowRankConv2d, PermutedConv2d, PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .drawing import HALF
 from .embedding import PerturbedEmbedding
 from .form import Form
-from .forms import register_form
+from .form_table import register_form
 from .functional import FunctionalPerturbed, functional_fallback
 from .layout import repeat_signs
 from .linear import FlipoutLinear, LowRankLinear, PermutedLinear, PerturbedLinear, SparsePerturbedLinear
@@ -23,9 +21,7 @@ from .norm import (
                    PerturbedRMSNorm,
 )
 from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
-
-# Slot is a NamedTuple of base.py, whose string annotations its generated __new__ cannot resolve: the types
-Slot.__new__.__annotations__ = typing.get_type_hints(Slot)
+from .slots import Slot
 
 __all__ = [
     "Form", "HALF", "KINDS", "register_form", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed",

@@ -14,7 +14,7 @@ second half of the repeats with antithetic sampling.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 from torch import nn
@@ -23,31 +23,17 @@ from ..kinds import KINDS, Gaussian, Geometry, Kind, Noise, Op
 from ..noise import NoiseSource
 from .drawing import draw_noise
 from .estimate import accumulate_grad, apply_update
-from .layout import Cached, Population, RowLayout, check_rows, repeat_scale, tokens_per_row
+from .layout import Cached, PopulationCall, RowLayout, check_rows, repeat_scale, tokens_per_row
 from .plan import MAX_PLANS, CallPlan, call_key
 from .products import LinearProducts
 from .scales import ScaledNoise
 from .sharing import Borrowed, SharedParameters
+from .slots import Active, Slot
 
 PLANNED_BY = ("population_forward", "_shared_base", "_perturbed_linear", "call_plan")  # what a plan stands in for
 
 VECTOR = Gaussian()
 """The kind of every parameter that is not a matrix: IID Gaussian, elementwise."""
-
-
-class Slot(NamedTuple):
-    """One perturbed parameter of a module: its attribute name, kind and geometry (None: elementwise)."""
-
-    name: str
-    kind: Kind
-    geometry: Geometry | None
-
-
-class Active(NamedTuple):
-    """The population settings while a module is inside ``perturbing``."""
-
-    sigma: float
-    antithetic: bool
 
 
 class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
@@ -260,7 +246,7 @@ class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
         """The module as errors name it: its name in the model and its class."""
         return f"{self.layer_name or 'module'} ({type(self).__name__})"
 
-    def _population(self, rows: int, dtype: torch.dtype, device: torch.device) -> Population:
+    def _population(self, rows: int, dtype: torch.dtype, device: torch.device) -> PopulationCall:
         """Check that ``rows`` is R x D (R even with antithetic sampling) and return R, D and the scale in
         ``dtype``, the dtype the perturbation is added in (see :func:`compute_dtype`)."""
         self._require_noise()
@@ -279,12 +265,12 @@ class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
         if self._scale is not None and torch.compiler.is_compiling():
             # a compiled rollout step: the eager first step of the rollout filled the cache for this rollout's
             # repeats and sigma; checking the key would make the program depend on sigma (a recompile per value)
-            return Population(r, d, *self._scale.value)
+            return PopulationCall(r, d, *self._scale.value)
         key = (r, *self._active, dtype, device)
         if self._scale is None or self._scale.key != key:
             scale = repeat_scale(r, *self._active, torch.empty(0, dtype=dtype, device=device))
             self._scale = Cached(key, (scale, scale[:: r // 2 if self._active.antithetic else r].clone()))
-        return Population(r, d, *self._scale.value)
+        return PopulationCall(r, d, *self._scale.value)
 
     def _noise_of(self, name: str, dtype: torch.dtype) -> Noise | None:
         """The noise of parameter ``name`` in the compute dtype, or None when it is frozen."""
@@ -309,7 +295,7 @@ class PerturbedModule(LinearProducts, SharedParameters, ScaledNoise):
             z = noise["z"] if part is None else noise["z"][:, part]
             y.addcmul_(op.per_channel(z, y), op.per_repeat(scale, y))
 
-    def _member_values(self, name: str, pop: Population, dtype: torch.dtype) -> torch.Tensor:
+    def _member_values(self, name: str, pop: PopulationCall, dtype: torch.dtype) -> torch.Tensor:
         """theta + scale_r z_d for every member: (R, D, *shape); a frozen parameter is (1, 1, *shape), which
         broadcasts against it."""
         p = self.get_parameter(name)

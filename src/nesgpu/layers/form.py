@@ -1,4 +1,4 @@
-"""A module form: how one module type is recognised and converted in place (see :mod:`nesgpu.layers.forms`)."""
+"""A module form: how one module type is recognised and converted in place (see :mod:`nesgpu.layers.form_table`)."""
 
 from collections.abc import Callable
 from typing import Any, NamedTuple

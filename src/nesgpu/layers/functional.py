@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..kinds import Gaussian
 from .base import PerturbedModule
-from .guard import NeedsFallback, parent_name
+from .guarded_value import NeedsFallback, parent_name
 from .layout import member_tokens
 from .member_state import attribute_state, holds_state, member_view, merge_members, written_tensors
 from .swap import swap_class
@@ -175,7 +175,7 @@ def functional_fallback(module: nn.Module, directions: int | None = None) -> nn.
     of it and of its children exactly, through torch.func. Its class becomes a subclass of its own, so its
     state_dict, parameters and plain forward stay the same. A child called in a population call other than
     through the module's forward (a method of the module, or a parent calling the child itself) would compute
-    with unperturbed weights: it raises :class:`nesgpu.layers.guard.NeedsFallback`."""
+    with unperturbed weights: it raises :class:`nesgpu.layers.guarded_value.NeedsFallback`."""
     swap_class(module, FunctionalPerturbed, "Functional")
     module._init_perturbation(Gaussian(), directions, {}, "elementwise", recurse=True)
     for child in module.modules():

@@ -12,8 +12,8 @@ from torch import nn
 
 from ..kinds import Kind
 from .form import Form
-from .guard import GuardedValue, NeedsFallback
-from .guarded import GuardedForward
+from .guarded_value import GuardedValue, NeedsFallback
+from .guarded_forward import GuardedForward
 from .swap import swap_class
 
 _VIEWS = frozenset({torch.Tensor.reshape, torch.Tensor.view})

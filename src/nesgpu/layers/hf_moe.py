@@ -15,8 +15,8 @@ from torch import nn
 from ..kinds import Geometry, Kind
 from .base import PerturbedModule
 from .form import Form
-from .guard import GuardedValue
-from .guarded import GuardedForward
+from .guarded_value import GuardedValue
+from .guarded_forward import GuardedForward
 from .layout import compute_dtype, member_tokens
 from .swap import swap_class
 

@@ -13,7 +13,7 @@ from torch import nn
 from ..kinds import Gaussian, Kind
 from .base import PerturbedModule
 from .form import Form
-from .layout import Population
+from .layout import PopulationCall
 from .plan import rows_first
 from .probing import probe
 from .swap import swap_class
@@ -34,7 +34,7 @@ class PerturbedHFRMSNorm(PerturbedModule):
         w = self._member_values("weight", pop, self.weight.dtype)
         return self._normalised(x, w.view(w.shape[0], w.shape[1], 1, x.shape[-1]), pop)
 
-    def _normalised(self, x: torch.Tensor, w: torch.Tensor, pop: Population) -> torch.Tensor:
+    def _normalised(self, x: torch.Tensor, w: torch.Tensor, pop: PopulationCall) -> torch.Tensor:
         """x (R * D, ..., C) normalised and times its member's weight w (R, D, 1, C), the offset added (a frozen
         weight: (1, 1, 1, C))."""
         h = x.float()

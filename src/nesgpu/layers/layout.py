@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from .guard import NeedsFallback, parent_name
+from .guarded_value import NeedsFallback, parent_name
 
 
 class RowLayout(NamedTuple):
@@ -156,7 +156,7 @@ def check_weights(weights, directions: int, antithetic: bool, device: torch.devi
                          f"weight makes every perturbed parameter's .grad non-finite)")
 
 
-class Population(NamedTuple):
+class PopulationCall(NamedTuple):
     """One population call: R repeats of D directions, each repeat's signed sigma (R,), and each sign's
     (S,): S is 2 with antithetic sampling (repeat r has sign r // (R / 2)), else 1."""
 

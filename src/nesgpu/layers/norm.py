@@ -18,7 +18,7 @@ from torch import nn
 
 from ..kinds import Gaussian
 from .base import PerturbedModule
-from .layout import Population
+from .layout import PopulationCall
 
 
 class _ElementwiseAffine(PerturbedModule):
@@ -27,7 +27,7 @@ class _ElementwiseAffine(PerturbedModule):
     def _init_norm(self, directions) -> None:
         self._init_perturbation(Gaussian(), directions, {}, "elementwise")
 
-    def _affine(self, normalised: torch.Tensor, pop: Population, shape: tuple[int, ...]) -> torch.Tensor:
+    def _affine(self, normalised: torch.Tensor, pop: PopulationCall, shape: tuple[int, ...]) -> torch.Tensor:
         """normalised viewed as (R, D, *shape) per the caller; weight / bias broadcast on ``shape``."""
         def values(name):  # (R, D, *shape), or (1, 1, *shape) when frozen
             if getattr(self, name, None) is None:
@@ -80,7 +80,7 @@ class PerturbedRMSNorm(_ElementwiseAffine, nn.RMSNorm):
         return y.view(x.shape)
 
 
-def _channels_view(x: torch.Tensor, pop: Population) -> torch.Tensor:
+def _channels_view(x: torch.Tensor, pop: PopulationCall) -> torch.Tensor:
     """(R * D, C, *spatial) -> (R, D, C, L)."""
     return x.view(pop.repeats, pop.directions, x.shape[1], -1)
 

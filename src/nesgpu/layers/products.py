@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kinds import LINEAR
-from .layout import Population, RowLayout, rows_view
+from .layout import PopulationCall, RowLayout, rows_view
 from .plan import rows_first
 
 
@@ -43,7 +43,7 @@ class LinearProducts:
 
         return run
 
-    def _perturbed_linear(self, x: torch.Tensor, pop: Population, weight: str, bias: str | None,
+    def _perturbed_linear(self, x: torch.Tensor, pop: PopulationCall, weight: str, bias: str | None,
                           part: slice | None = None, y: torch.Tensor | None = None) -> torch.Tensor:
         """x (R * D, ..., in) through matrix ``weight`` and vector ``bias`` (rows ``part`` of it), both perturbed.
         ``y``, when given, is the shared (unperturbed) product with the bias, computed by the caller (a

@@ -101,7 +101,7 @@ PATH_SWAPS: dict[type[nn.Module], type[nn.Module]] = {
 
 
 # The low-bit version of a conversion's target (convert(..., bits=...)): same constructor arguments.
-LOW_BIT: dict[type[nn.Module], type[nn.Module]] = {
+LOW_BIT_SWAPS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Linear: LowBitLinear, nn.Conv1d: LowBitConv1d, nn.Conv2d: LowBitConv2d, nn.Conv3d: LowBitConv3d,
 }
 

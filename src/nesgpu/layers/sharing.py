@@ -5,7 +5,7 @@
   sees theta + sigma s_r z_d and the tensor is perturbed once.
 - **Read by a parent** in population mode (``F.linear(h, self.emb.weight)``): the parameter holds the
   unperturbed weights, so the computation would silently ignore every member's noise. Such a read returns a
-  :class:`nesgpu.layers.guard.GuardedValue`: its metadata passes, any other use raises (or is computed per
+  :class:`nesgpu.layers.guarded_value.GuardedValue`: its metadata passes, any other use raises (or is computed per
   member by the module, see ``guarded_use``).
 """
 
@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from torch import nn
 
-from .guard import GuardedValue
+from .guarded_value import GuardedValue
 
 
 class Borrowed(NamedTuple):

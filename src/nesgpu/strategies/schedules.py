@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-KINDS = ("constant", "linear", "cosine", "exponential", "rsqrt")
+SCHEDULES = ("constant", "linear", "cosine", "exponential", "rsqrt")
 RSQRT_HOLD = 100  # rsqrt: the steps at the full value before the 1 / sqrt(step) decay
 
 
@@ -26,8 +26,8 @@ class Schedule:
     steps: int = 1
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown schedule {self.kind!r}; expected one of {KINDS}")
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.kind!r}; expected one of {SCHEDULES}")
         if self.steps < 1:
             raise ValueError(f"schedule steps must be >= 1; got {self.steps}")
         if self.kind == "exponential" and self.final <= 0:

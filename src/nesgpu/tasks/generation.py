@@ -22,7 +22,7 @@ from torch import nn
 from ..decode import CompiledDecode, check_compilable
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from .generation_checks import FITNESSES, SHAPINGS, check_arguments, check_measures, check_prompts
+from .generation_checks import FITNESSES, REWARD_SHAPINGS, check_arguments, check_measures, check_prompts
 from .generation_eval import KL_KEYS, Evaluating
 from .kl_penalty import PENALTY, PenalisesKL, check_beta
 from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
@@ -377,4 +377,4 @@ class GenerationTask(PenalisesKL, Evaluating):
         return checked_rewards(rewards, completions)
 
 
-__all__ = ["FITNESSES", "GenerationTask", "SHAPINGS"]
+__all__ = ["FITNESSES", "GenerationTask", "REWARD_SHAPINGS"]

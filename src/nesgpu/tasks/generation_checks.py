@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from ..decode import CompiledDecode
 
-SHAPINGS = ("per_prompt", "none")
+REWARD_SHAPINGS = ("per_prompt", "none")
 FITNESSES = ("reward", "likelihood")
 
 
@@ -32,8 +32,8 @@ def check_arguments(tokenizer, reward, shaping: str, temperature: float, fitness
                          "tokenizer.eos_token) so that prompts of different lengths batch")
     if not callable(reward):
         raise TypeError(f"reward must be a function reward(prompts, completions) -> tensor; got {reward!r:.80}")
-    if shaping not in SHAPINGS:
-        raise ValueError(f"shaping must be one of {list(SHAPINGS)}; got {shaping!r}")
+    if shaping not in REWARD_SHAPINGS:
+        raise ValueError(f"shaping must be one of {list(REWARD_SHAPINGS)}; got {shaping!r}")
     for label, value in {**counts, "generations": generations}.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be an int >= 1; got {value!r}")
@@ -145,5 +145,5 @@ def reward_error(function: Callable, error: BaseException) -> RewardError:
                        f"{': ' + message if message else ''}{place}")
 
 
-__all__ = ["FITNESSES", "MAX_EVAL_GENERATIONS", "SHAPINGS", "RewardError", "check_arguments", "check_measures",
-           "check_prompts", "check_sampling", "reward_error", "reward_name", "unreadable"]
+__all__ = ["FITNESSES", "MAX_EVAL_GENERATIONS", "REWARD_SHAPINGS", "RewardError", "check_arguments",
+           "check_measures", "check_prompts", "check_sampling", "reward_error", "reward_name", "unreadable"]

@@ -44,7 +44,7 @@ from ..probe import GRID
 from ..strategies import STRATEGIES
 from ..train.setup.config import TrainConfig, option_names
 from ..train.setup.defaults import BACKPROP, ES_ONLY
-from ..train.setup.options import STRATEGY
+from ..train.setup.component_options import STRATEGY
 from .params import Param, Value, hidden_text, parse_hidden, parse_param  # noqa: F401 (re-exported)
 
 # options a space may not search, and why

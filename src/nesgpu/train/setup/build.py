@@ -1,10 +1,7 @@
 """From a resolved config (and, optionally, the user's own model and task) to what the loop runs: the task,
 the plain model, the perturbed model and the step object (ES or backprop)."""
 
-from __future__ import annotations
-
 import copy
-import typing
 import warnings
 from typing import NamedTuple
 
@@ -38,9 +35,6 @@ class Built(NamedTuple):
     pm: PerturbedModel | None
     step: Stepper
 
-
-# a NamedTuple's generated __new__ cannot resolve this module's string annotations: give it the types
-Built.__new__.__annotations__ = typing.get_type_hints(Built)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -17,7 +17,7 @@ from ...precision import DTYPES, PRECISIONS
 from ...quantize import BITS
 from ...strategies import STRATEGIES
 from ...inplace import UPDATES
-from ...strategies.schedules import KINDS as SCHEDULES
+from ...strategies.schedules import SCHEDULES
 from .ars_paper import PRESETS, preset_values
 from .defaults import (
     BACKPROP,
@@ -33,7 +33,7 @@ from .defaults import (
     tuned_options,
 )
 from .initialization import INITS
-from .options import STRATEGY, TASK, as_values, by_side, check_option_type, read, side, task_key, with_named
+from .component_options import STRATEGY, TASK, as_values, by_side, check_option_type, read, side, task_key, with_named
 from .validation import check_hidden_applies, check_strategy_options, validate
 
 

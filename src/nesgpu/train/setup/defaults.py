@@ -9,13 +9,13 @@ import dataclasses
 from ...layers import KINDS
 from ...strategies import STRATEGIES
 from ...tasks import TASKS, DifferentiableTask, task_spec
-from .options import BACKPROP, STRATEGY, TASK, task_key
+from .component_options import BACKPROP, STRATEGY, TASK, task_key
 
 # the gradient baseline is a strategy name of the config, so a run differs from an ES run by one option; its
 # step size is AdamW's own (its other options are BackpropOptions')
 BACKPROP_DEFAULTS = dict(lr=1e-3)
 # the options of ES runs only (each an error, when set, under backprop); each strategy's own options are its
-# Options' (nesgpu.train.setup.options)
+# Options' (nesgpu.train.setup.component_options)
 ES_ONLY = ("population", "sigma", "layer", "layer_options", "bits", "noise_on", "act_bits", "antithetic", "anchor",
            "evolve", "sigma_schedule", "sigma_final", "chunk_size", "compile", "dtype", "update")
 # what neither the task nor its model sets

@@ -14,7 +14,7 @@ from ...strategies import STRATEGIES
 from ...tasks import TASKS as TASKS_BY_NAME
 from ...tasks import supervised_tasks, task_spec
 from .defaults import BACKPROP, CUSTOM, ES_ONLY, compiling_tasks, is_supervised, needs_gaussian
-from .options import STRATEGY
+from .component_options import STRATEGY
 
 
 def validate(cfg) -> None:
@@ -169,7 +169,7 @@ def _check_backprop_task(strategy: str, task: str) -> None:
 
 def check_strategy_options(values: dict, strategy: str, defaults: dict, preset: dict, tuned: dict) -> None:
     """The ES-only options set under backprop are errors, and another strategy's options (``top_b`` under
-    openai_es) are errors or, at their defaults, dropped (:func:`~nesgpu.train.setup.options.drop_foreign`;
+    openai_es) are errors or, at their defaults, dropped (:func:`~nesgpu.train.setup.component_options.drop_foreign`;
     ``tuned``: the task's values of them). ``defaults`` are the fields' defaults, ``preset`` the run's
     :func:`presets`."""
     _check_backprop_task(strategy, values["task"])  # before its options are found not to be the task's

@@ -13,7 +13,7 @@ from ...strategies import Schedule
 from ...tasks.protocol import Fingerprinted
 from ..loop import Progress
 from ..setup.config import TrainConfig
-from ..setup.options import own_only
+from ..setup.component_options import own_only
 from ..setup.paths import PATHS, located
 from ..steps.evolution import Stepper
 from . import rundir

@@ -18,7 +18,7 @@ import socket
 import warnings
 from pathlib import Path
 
-from ..setup.options import defining_options
+from ..setup.component_options import defining_options
 from ...files import read_json, read_text
 
 # the run options that define a run: changing them would make the checkpoint another run's (a strategy's or a

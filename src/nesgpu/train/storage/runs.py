@@ -1,11 +1,8 @@
 """A finished (or interrupted) run, loaded back: its trained plain model, its task and its config."""
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import os
-import typing
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -17,7 +14,7 @@ from ...tasks.protocol import ReportsEvaluation
 from ...tasks.reward_tasks import HF
 from ..setup.build import build, resolve_device
 from ..setup.config import CUSTOM, TrainConfig, custom_label, is_supervised, resolve_for
-from ..setup.options import own_only
+from ..setup.component_options import own_only
 from ..setup.paths import PATHS, located
 from . import rundir
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
@@ -31,9 +28,6 @@ class Run(NamedTuple):
     task: object
     config: TrainConfig
 
-
-# a NamedTuple's generated __new__ cannot resolve this module's string annotations: give it the types
-Run.__new__.__annotations__ = typing.get_type_hints(Run)
 
 
 def read_config(directory: Path, task=None) -> TrainConfig:

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -40,14 +39,30 @@ def test_a_file_size_limit_says_file_too_large(tmp_path):
     assert "File too large: the process may write files of at most 150000 bytes (ulimit -f)" in done.stderr
 
 
+# ``python -m nesgpu``, held at the start of the parser's imports (torch, the commands) until the test says go
+HELD_AT_THE_IMPORTS = """import runpy, sys
+from nesgpu import cli
+build = cli.build_parser
+def held(argv):
+    print("importing", flush=True)
+    sys.stdin.readline()
+    return build(argv)
+cli.build_parser = held
+runpy.run_module("nesgpu", run_name="__main__", alter_sys=True)
+"""
+
+
 def test_ctrl_c_while_the_command_starts_is_one_line():
     # SIGINT as a terminal delivers it (a shell's background job would inherit it ignored)
-    process = subprocess.Popen([sys.executable, "-m", "nesgpu", *ARGS, "--out", os.devnull + "-never"],
-                               stderr=subprocess.PIPE, text=True,
+    process = subprocess.Popen([sys.executable, "-c", HELD_AT_THE_IMPORTS, *ARGS, "--out", os.devnull + "-never"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(0.3)  # importing torch takes longer than this
-    process.send_signal(signal.SIGINT)
-    err = process.communicate(timeout=300)[1]
+    try:
+        assert process.stdout.readline() == "importing\n"
+        process.send_signal(signal.SIGINT)  # while the imports run
+        err = process.communicate("go\n", timeout=300)[1]
+    finally:
+        process.kill()
     assert process.returncode == 130 and err.strip() == "nesgpu: interrupted"
 
 
@@ -80,8 +95,9 @@ def test_ctrl_c_inside_a_late_import_is_one_line(tmp_path, monkeypatch, capsys):
         except KeyboardInterrupt:
             raise RecursionError("maximum recursion depth exceeded while calling a Python object") from None
     monkeypatch.setattr(train_cli, "run_train", import_interrupted)  # main's parser is built after this
+    before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN under `nohup ... &`
     with pytest.raises(SystemExit) as stop:
         main([*ARGS, "--out", str(tmp_path / "r")])
     assert stop.value.code == 130 and capsys.readouterr().err.strip() == "nesgpu train: interrupted"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # main put the handler back
+    assert signal.getsignal(signal.SIGINT) is before  # main put the handler back
 

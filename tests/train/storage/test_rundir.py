@@ -152,12 +152,13 @@ def _interrupt_at(monkeypatch, at_step):
 
 def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_resumes_identically(tmp_path, monkeypatch):
     full = train(TrainConfig(**{**RUN, "checkpoint_every": 3}, out=str(tmp_path / "full")), log=quiet)
+    before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN under `nohup ... &`
     original = _interrupt_at(monkeypatch, 2)
     out = tmp_path / "run"
     with pytest.raises(Interrupted, match=rf"checkpoint at step 2 in {out}; continue with --resume"):
         train(TrainConfig(**{**RUN, "checkpoint_every": 3}, out=str(out)), log=quiet)
     monkeypatch.setattr(RLTask, "fitness", original)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
     resumed = train(TrainConfig(**{**RUN, "checkpoint_every": 3}, out=str(out)), resume=True, log=quiet)
     assert resumed["value"] == full["value"]
     from safetensors.torch import load_file

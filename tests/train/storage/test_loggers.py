@@ -159,7 +159,9 @@ def test_metrics_log_mirrors_to_tensorboard_by_default_and_purges_on_resume(tmp_
     log.close()
     # TensorBoard reads event files in name order: the name holds the second and a per-process counter, so
     # two writers in one second could sort 10 before 9. A resumed run starts at least a second later.
-    time.sleep(1.05)
+    first = int(next((tmp_path / "tensorboard").glob("events.out.tfevents.*")).name.split(".")[3])
+    while int(time.time()) <= first:
+        time.sleep(0.05)
     log = MetricsLog(tmp_path, resume_step=2)
     for row in rows(3, 4):
         log.write(dict(row, fitness_mean=10.0 * row["step"]))

@@ -1,6 +1,6 @@
 """Perturbed modules that keep their torch class's own forward and compute, per member, the uses of their own
 parameters that forward makes (an MoE router's ``F.linear(tokens, weight)``, attention sinks viewed over
-the batch): every read of such a parameter inside that forward is a :class:`nesgpu.layers.guard.GuardedValue`,
+the batch): every read of such a parameter inside that forward is a :class:`nesgpu.layers.guarded_value.GuardedValue`,
 and each use asks :meth:`guarded_use`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .base import PerturbedModule
-from .guard import GuardedValue
+from .guarded_value import GuardedValue
 
 CASTS = frozenset({torch.Tensor.to, torch.Tensor.type, torch.Tensor.type_as, torch.Tensor.float, torch.Tensor.double,
                    torch.Tensor.half, torch.Tensor.bfloat16})

@@ -71,4 +71,5 @@ def test_no_device_sync_on_gpu_outside_the_fitness_read(precision):
         result = stepper.population.evaluate(built.task, 1, sigma)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    stepper.strategy.tell(stepper.state, result.fitness, result.sq_norms)
+    weights, _ = stepper.strategy.tell(stepper.state, result.fitness, result.sq_norms)
+    assert result.fitness.shape == (2, 32) and torch.isfinite(weights).all()  # 64 members: 32 directions, 2 signs
