@@ -45,13 +45,6 @@ class ARS(Strategy):
     default_lr = 0.02
     needs_antithetic = True
     Options: ClassVar[type] = ARSOptions
-    observation_clip = 0.0  # the paper does not clip
-    linear_policy = True  # the paper's linear policy
-
-    @classmethod
-    def uses_observation_statistics(cls, options: ARSOptions) -> bool:
-        return options.ars_version == "v2"
-
     @classmethod
     def check_options(cls, options: ARSOptions, directions: int) -> None:
         if options.top_b is not None and options.top_b > directions:

@@ -133,20 +133,10 @@ class Strategy:
     adapts_covariance: ClassVar[bool] = False
     natural_statistics: ClassVar[bool] = False
     max_parameters: ClassVar[int | None] = None  # the most evolving parameters it takes (None: no limit)
-    # RL runs of this strategy: the observation clip it starts from (0: none), and whether a policy without
-    # hidden layers acts linearly (the raw output, unbounded) rather than through tanh
-    observation_clip: ClassVar[float] = 5.0
-    linear_policy: ClassVar[bool] = False
     # its options: a frozen dataclass (see nesgpu.options) whose fields the constructor takes and the training
     # configuration offers as options of their own (--top-b); the instance keeps them as ``self.options``
     Options: ClassVar[type] = NoOptions
     State: ClassVar[type[StrategyState]] = StrategyState  # what it carries between steps (see StrategyState)
-
-    @classmethod
-    def uses_observation_statistics(cls, options) -> bool:
-        """Whether RL tasks normalise observations by running statistics under this strategy with
-        ``options`` (its :attr:`Options`): yes unless a strategy says otherwise (ARS V1 uses raw ones)."""
-        return True
 
     @classmethod
     def scales_with(cls, options) -> bool:

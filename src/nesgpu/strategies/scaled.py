@@ -84,7 +84,6 @@ class ScaleAdapting(Strategy):
     default_lr = 1.0  # the mean's step is sigma * S o (...) already, whatever sigma
     adapts_sigma = True
     adapts_scales = True
-    linear_policy = True
     pairwise: ClassVar[bool] = False  # antithetic pairs: only the better of each pair competes (pairwise_utilities)
 
     def __init__(self, directions: int, antithetic: bool = True, sigma_schedule: Schedule | None = None):

@@ -1,5 +1,7 @@
-"""The options of an RL task (the built-in environments and gym:<id>), and how a run settles them: the
-strategy's observation clip, and the policy output its strategy and hidden layers call for."""
+"""The options of an RL task (the built-in environments and gym:<id>), and how a run settles them from the
+run's strategy (by name): the observation clip it starts from, the policy output its strategy and hidden layers
+call for, and whether observations are normalised. What RL runs of each strategy start from is RL's knowledge,
+kept here in :data:`RL_PRESETS`, not the strategy's."""
 
 from __future__ import annotations
 
@@ -11,6 +13,35 @@ from .spec import MAX_COUNT
 
 POLICY_OUTPUTS = ("tanh", "linear")
 START_STATES = ("shared", "independent")
+
+
+@dataclass(frozen=True)
+class RLPreset:
+    """How RL runs of one strategy start: the clip of standardised observations (0: none), and whether a policy
+    without hidden layers acts linearly (the raw output, unbounded) rather than through tanh."""
+
+    observation_clip: float = 5.0
+    linear_policy: bool = False
+
+
+RL_PRESETS: dict[str, RLPreset] = {
+    "ars": RLPreset(observation_clip=0.0, linear_policy=True),  # the ARS paper: no clip, its linear policy
+    # the strategies that adapt sigma per parameter or a covariance, raced on linear policies beside evosax and
+    # EvoTorch
+    **{name: RLPreset(linear_policy=True) for name in ("snes", "cem", "sep_cma_es", "cma_es", "xnes")},
+}
+"""Strategy name -> its :class:`RLPreset`; any other strategy (and backprop, None) starts from ``RLPreset()``."""
+
+
+def preset(strategy: str | None) -> RLPreset:
+    """The RL preset of the strategy named ``strategy`` (None: the gradient baseline, which clips as OpenAI-ES)."""
+    return RL_PRESETS.get(strategy, RLPreset()) if strategy is not None else RLPreset()
+
+
+def observation_statistics(strategy: str | None, strategy_options) -> bool:
+    """Whether an RL run of ``strategy`` with ``strategy_options`` normalises observations by running statistics:
+    yes, but for ARS V1 (the paper's raw observations)."""
+    return not (strategy == "ars" and getattr(strategy_options, "ars_version", None) == "v1")
 
 
 @dataclass(frozen=True)
@@ -34,17 +65,17 @@ class RLOptions:
         check_options(self, "RL task")
 
     @staticmethod
-    def run_defaults(strategy) -> dict:
-        """The defaults a run's strategy (its class; None: the gradient baseline, which clips as OpenAI-ES)
-        sets: its observation clip (ARS's paper: none)."""
-        return {"observation_clip": strategy.observation_clip if strategy is not None else 5.0}
+    def run_defaults(strategy: str | None) -> dict:
+        """The defaults a run's strategy (its name; None: the gradient baseline) sets: its preset's observation
+        clip (ARS's paper: none)."""
+        return {"observation_clip": preset(strategy).observation_clip}
 
-    def for_run(self, strategy, hidden: tuple[int, ...]) -> RLOptions:
-        """These options in a run of ``strategy`` (its class, or None) with ``hidden`` layers: policy_output
-        auto is linear for a strategy with a linear policy (ARS) and no hidden layers, else tanh."""
+    def for_run(self, strategy: str | None, hidden: tuple[int, ...]) -> RLOptions:
+        """These options in a run of ``strategy`` (its name, or None) with ``hidden`` layers: policy_output
+        auto is linear for a strategy whose preset has a linear policy (ARS) and no hidden layers, else tanh."""
         if self.policy_output != "auto":
             return self
-        linear = strategy is not None and strategy.linear_policy and not hidden
+        linear = preset(strategy).linear_policy and not hidden
         return dataclasses.replace(self, policy_output="linear" if linear else "tanh")
 
     def task_arguments(self) -> dict:
@@ -56,4 +87,4 @@ class RLOptions:
                     observation_clip=self.observation_clip or None)
 
 
-__all__ = ["POLICY_OUTPUTS", "RLOptions", "START_STATES"]
+__all__ = ["POLICY_OUTPUTS", "RLOptions", "RLPreset", "RL_PRESETS", "START_STATES", "observation_statistics", "preset"]

@@ -55,8 +55,8 @@ class TaskSpec:
             then holds the placeholder.
         options: its options, a frozen dataclass (see :mod:`nesgpu.options`) whose fields the training
             configuration and the CLI offer when the task is chosen (``--episodes``); ``defaults`` may set them
-            too. It may define ``run_defaults(strategy) -> dict`` (defaults that depend on the run's strategy
-            class, None for backprop) and ``for_run(strategy, hidden) -> Options`` (its "auto" values settled
+            too. It may define ``run_defaults(strategy) -> dict`` (defaults that depend on the run's strategy,
+            by name; None for backprop) and ``for_run(strategy, hidden) -> Options`` (its "auto" values settled
             for the run).
     """
 

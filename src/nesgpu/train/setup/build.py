@@ -18,6 +18,7 @@ from ...strategies import STRATEGIES, Schedule, Strategy
 from ...tasks import make_task
 from ...tasks.protocol import ModelMaker, check_differentiable, check_task
 from ...tasks.reward_tasks import HF, PretrainedGenerationTask, hf_directory
+from ...tasks.rl_options import observation_statistics
 from ..steps.activations import checkpoint_blocks
 from ..steps.backprop import Backprop, BackpropStep, shard_model
 from ..steps.evolution import AUTO, UNPROBED, EvolutionStep, Stepper
@@ -111,7 +112,7 @@ def make_backprop(cfg: TrainConfig, task, model: nn.Module, ranks: Ranks | None 
 def config_task(cfg: TrainConfig, device: torch.device):
     """The built-in task a config names, with the config's values of the task's options."""
     backprop = cfg.strategy == BACKPROP
-    normalize = backprop or STRATEGIES[cfg.strategy].uses_observation_statistics(cfg.strategy_options)
+    normalize = backprop or observation_statistics(cfg.strategy, cfg.strategy_options)
     return make_task(cfg.task, device=device, seed=cfg.seed, normalize_observations=normalize, compile=compiles(cfg),
                      model=cfg.model, dtype=cfg.dtype, **values(cfg.task_options))
 

@@ -305,7 +305,8 @@ def _task_options(run: dict, values: dict):
         return NoOptions()
     options = TASK.options_of(key, values)
     for_run = getattr(options, "for_run", None)
-    return options if for_run is None else for_run(STRATEGIES.get(run["strategy"]), run["hidden"])
+    strategy = None if run["strategy"] == BACKPROP else run["strategy"]
+    return options if for_run is None else for_run(strategy, run["hidden"])
 
 
 def expand_preset(values: dict, given) -> None:

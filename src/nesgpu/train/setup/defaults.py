@@ -69,7 +69,7 @@ def presets(task: str, model: str | None = None, strategy: str | None = None) ->
     values.update({k: v for k, v in tuned.items() if values["strategy"] == own and k in values})
     run_defaults = None if task.startswith(CUSTOM) else getattr(task_spec(task).options, "run_defaults", None)
     if run_defaults is not None:  # the task's defaults that depend on the strategy (RL: its observation clip)
-        values.update(run_defaults(STRATEGIES.get(values["strategy"])))
+        values.update(run_defaults(None if values["strategy"] == BACKPROP else values["strategy"]))
     return values
 
 
