@@ -25,12 +25,12 @@ test: $(VENV)/.installed
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS)
 
 bench: $(VENV)/.installed
-	$(VENV)/bin/nesgpu bench layers
+	$(PY) benchmarks/layer_speed.py
 
 # The API reference, from the docstrings (pdoc, the [docs] extra): open build/docs/nesgpu.html. pdoc walks only
 # the submodules that a package's __all__ names (nesgpu's names kinds alone), so the public subpackages are
 # listed here; tests/docs/test_api_docs.py reads this line and fails if a subpackage is missing.
-DOCS_MODULES := nesgpu nesgpu.population nesgpu.layers nesgpu.strategies nesgpu.tasks nesgpu.tasks.envs nesgpu.train nesgpu.train.setup nesgpu.train.steps nesgpu.train.storage nesgpu.exactness nesgpu.frontends nesgpu.tune nesgpu.bench
+DOCS_MODULES := nesgpu nesgpu.population nesgpu.layers nesgpu.strategies nesgpu.tasks nesgpu.tasks.envs nesgpu.train nesgpu.train.setup nesgpu.train.steps nesgpu.train.storage nesgpu.exactness nesgpu.frontends nesgpu.tune
 docs: $(VENV)/.installed
 	rm -rf build/docs
 	$(PY) -m pdoc --docformat google --output-directory build/docs $(DOCS_MODULES)

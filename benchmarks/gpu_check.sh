@@ -12,9 +12,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 # GPU tests: the sync-debug test runs only with CUDA; the rest must pass on the GPU as on the CPU
 $PY -m pytest -q tests/train/steps/test_sync.py tests/kinds tests/layers tests/test_model.py -x  # every kind and module
 # every module family against the plain torch module on CUDA (issue 8): transformer block, embedding, norms, ...
-$PY -m nesgpu bench modules --device cuda --repeats 20 --json "$OUT/modules_cuda.json" | sed -n '/^| module/,$p'
+$PY benchmarks/module_speed.py --device cuda --repeats 20 --json "$OUT/modules_cuda.json" | sed -n '/^| module/,$p'
 # layer tables on CUDA (the seed's sizes, P = 1024)
-$PY -m nesgpu bench layers --device cuda --repeats 50 --json "$OUT/layers_cuda.json" --markdown "$OUT/layers_cuda.md" \
+$PY benchmarks/layer_speed.py --device cuda --repeats 50 --json "$OUT/layers_cuda.json" --markdown "$OUT/layers_cuda.md" \
   | sed -n '/Time multiplier/,/Noise memory/p'
 # low-rank vs plain inference throughput and bf16 vs fp32 for a low-rank MLP forward (issue 2 and 4 targets)
 $PY - <<'PYEOF'

@@ -1,6 +1,6 @@
 """Every causal-LM type transformers maps, built small with random weights, put through ``nesgpu.check``.
 
-For each type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (nesgpu.bench.hf_zoo builds it from its own config
+For each type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (benchmarks/hf_zoo.py builds it from its own config
 class, its sizes shrunk), in its own process with a time limit: the population's forward is compared with
 every member's own model, module by module, in float64, and so is KV-cache ``generate()``, greedy and sampled
 (each sampled row's logits against its member's own along the same tokens). Each type
@@ -40,7 +40,7 @@ def one(model_type: str) -> dict:
     import torch
 
     import nesgpu
-    from nesgpu.bench.hf_zoo import build_small, example_inputs
+    from hf_zoo import build_small, example_inputs
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -90,7 +90,7 @@ def trains(model, model_type: str, unused: list[str]) -> str:
     import transformers
     from safetensors.torch import load_file
 
-    from nesgpu.bench.hf_zoo import VOCAB
+    from hf_zoo import VOCAB
     from nesgpu.tasks.reward_tasks import load_causal_lm
     from nesgpu.train import TrainConfig, train
 
@@ -196,7 +196,7 @@ def main() -> None:
         for t in args.one:
             print(json.dumps(one(t)), flush=True)
         return
-    from nesgpu.bench.hf_zoo import causal_lm_types
+    from hf_zoo import causal_lm_types
 
     if args.train:
         os.environ["NESGPU_SWEEP_TRAIN"] = "1"  # for the worker processes

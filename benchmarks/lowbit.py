@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import nesgpu
-from nesgpu.bench.layers import time_call
+from layer_speed import time_call
 from nesgpu.quantize import codes, quantize
 
 CONFIGS = {

@@ -19,7 +19,7 @@ tf = pytest.importorskip("transformers")
 
 @pytest.mark.parametrize("model_type", ["gpt2", "llama"])  # tied, Conv1D and biases; RMSNorm, rotary, GQA
 def test_the_compiled_decode_is_every_members_own_generate(model_type):
-    from nesgpu.bench.hf_zoo import build_small, example_inputs
+    from hf_zoo import build_small, example_inputs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

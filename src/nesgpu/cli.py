@@ -6,8 +6,6 @@
     nesgpu tune --trials N --out DIR  Bayesian search (Optuna) over train options; takes every train option
     nesgpu compare [--time-budget S]  ES and backprop side by side under one wall-clock budget
     nesgpu check --model hf:DIR       prove that every population row equals its member's own model
-    nesgpu bench layers [options]     forward-pass benchmark of the perturbed layers
-    nesgpu bench modules [options]    the same for attention, embedding, norms, recurrent layers, fallback
 
 Each command module provides ``add_parser(subparsers)``, which registers its subcommand and sets
 ``func`` (called with the parsed arguments, returns the exit status). To add a command (e.g. ``train``),
@@ -29,8 +27,6 @@ from .version import __version__
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of ``argv`` (default: the command line): ``train`` and ``tune`` get the flags of the task,
     strategy and layer it names."""
-    from .bench import layers as bench_layers
-    from .bench import modules as bench_modules
     from .exactness import cli as check_cli
     from .frontends.compare import add_compare_parser
     from .frontends.play import add_play_parser
@@ -49,10 +45,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     tune_cli.add_parser(commands, named)
     add_compare_parser(commands)
     check_cli.add_parser(commands)
-    bench = commands.add_parser("bench", help="benchmarks", description="Benchmarks.")
-    benchmarks = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    bench_layers.add_parser(benchmarks)
-    bench_modules.add_parser(benchmarks)
 
     return parser
 

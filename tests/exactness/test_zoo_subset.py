@@ -13,7 +13,7 @@ import torch
 import nesgpu
 
 pytest.importorskip("transformers")
-from nesgpu.bench.hf_zoo import build_small, example_inputs  # noqa: E402
+from hf_zoo import build_small, example_inputs  # noqa: E402
 
 EXACT = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "olmo", "olmo2",
          "gpt2", "opt", "falcon", "deepseek_v3", "qwen3_moe", "mixtral", "gpt_neox", "gptj", "bloom", "starcoder2",

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 pytest.importorskip("transformers")
-from nesgpu.bench.hf_zoo import build_small  # noqa: E402
+from hf_zoo import build_small  # noqa: E402
 from nesgpu.tasks.reward_tasks import load_causal_lm  # noqa: E402
 
 

@@ -5,7 +5,7 @@ A module that no perturbed layer covers (a custom module with a bare ``nn.Parame
 children gets IID Gaussian noise, ``theta + sigma * s_r * z_d`` is built for every row, and
 ``torch.func.vmap`` runs ``torch.func.functional_call`` over the rows, each row as a batch of one.
 It is exact and slow: it materialises R * D copies of the module's parameters and loses the batched
-products, so keep it for small modules (``nesgpu bench layers`` measures it).
+products, so keep it for small modules (``benchmarks/layer_speed.py`` measures it).
 
 Its input is the population rows (the model's input rows), or those rows' tokens flattened to 2-D,
 (rows * T, features), as an MoE router sees them: member i then owns tokens [i T, (i + 1) T). Any other

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hf_zoo_sizes import (
+from hf_zoo_sizes import (
     BOS_ID,
     CODEBOOK_ROWS,
     DROPOUT_PARTS,

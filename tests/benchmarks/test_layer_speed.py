@@ -1,4 +1,5 @@
-"""The layer benchmark on tiny sizes: structure of the results, ratio consistency, the CLI. No timing checks."""
+"""benchmarks/layer_speed.py on tiny sizes: structure of the results, ratio consistency, its command line. No timing
+checks."""
 
 import json
 import math
@@ -6,8 +7,8 @@ import math
 import pytest
 import torch
 
-from nesgpu.bench import layers as bench
-from nesgpu.cli import main
+import layer_speed as bench
+from layer_speed import main
 
 LINEAR = [(8, 8), (4, 8)]
 CONV = [(4, 4, (3, 3), (6, 6)), (8, 4, (1, 1), (1, 1))]
@@ -106,7 +107,7 @@ def test_naive_is_scaled_from_the_timed_rows(monkeypatch):
 
 def test_cli_writes_json_and_markdown(tmp_path, capsys):
     json_path, md_path = tmp_path / "r.json", tmp_path / "r.md"
-    rc = main(["bench", "layers", "--device", "cpu", "--population", "8", "--repeats", "2", "--warmup", "0",
+    rc = main(["--device", "cpu", "--population", "8", "--repeats", "2", "--warmup", "0",
                "--linear-sizes", "8x8", "--conv-sizes", "4x4x3x6", "--json", str(json_path),
                "--markdown", str(md_path)])
     assert rc == 0
@@ -128,20 +129,20 @@ def test_cli_quick_defaults(monkeypatch, capsys):
                          "date": "x", "quick": quick, "notes": []}, "tables": {}}
 
     monkeypatch.setattr(bench, "run", fake_run)
-    assert main(["bench", "layers", "--device", "cpu", "--quick"]) == 0
+    assert main(["--device", "cpu", "--quick"]) == 0
     assert seen == dict(conv_sizes=bench.QUICK_CONV_SIZES, repeats=(5, 2), warmup=1, quick=True)
-    assert main(["bench", "layers", "--device", "cpu", "--quick", "--repeats", "7"]) == 0
+    assert main(["--device", "cpu", "--quick", "--repeats", "7"]) == 0
     assert seen["repeats"] == (7, 7)
 
 
 @pytest.mark.parametrize("argv", [
-    ["bench", "layers", "--population", "0"],
-    ["bench", "layers", "--which", "rnn"],
-    ["bench", "layers", "--linear-sizes", "8x"],
-    ["bench", "layers", "--conv-sizes", "4x4x3"],
-    ["bench", "layers", "--device", "tpu"],
-    ["bench"],
-    [],
+    ["--population", "0"],
+    ["--which", "rnn"],
+    ["--linear-sizes", "8x"],
+    ["--conv-sizes", "4x4x3"],
+    ["--device", "tpu"],
+    ["--repeat", "2"],  # a prefix of --repeats: whole flag names only
+    ["--linear-sizes", "-8x8"],
 ])
 def test_cli_rejects_bad_input(argv):
     with pytest.raises(SystemExit) as err:
@@ -152,5 +153,5 @@ def test_cli_rejects_bad_input(argv):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
 def test_cli_cuda_without_cuda_is_an_error():
     with pytest.raises(SystemExit) as err:
-        main(["bench", "layers", "--device", "cuda"])
+        main(["--device", "cuda"])
     assert err.value.code == 2

@@ -11,7 +11,7 @@ member (R = 1 repeat of D = P directions), in one batched call ``pm(x)``. Two re
 Tables: median time (ms), speed-up vs. Naive (naive / time) and time multiplier vs. Base (time / base),
 plus the noise memory of each layer kind (its ``_noise`` tensors after ``set_noise``, in MiB).
 
-Run it as ``nesgpu bench layers`` (see ``nesgpu bench layers --help``).
+    python benchmarks/layer_speed.py --which linear --device cpu --json out.json   # --help for the options
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..layers import (
+from nesgpu.layers import (
     FlipoutConv2d,
     FlipoutLinear,
     LowRankConv2d,
@@ -41,8 +41,8 @@ from ..layers import (
     PerturbedModule,
     SparsePerturbedLinear,
 )
-from ..model import PerturbedModel
-from ..version import __version__
+from nesgpu.model import PerturbedModel
+from nesgpu.version import __version__
 
 # ----- what is measured -----------------------------------------------------------------------------
 # (out, in)
@@ -332,10 +332,10 @@ def conv_size(text: str) -> tuple[int, int, tuple[int, int], tuple[int, int]]:
     return out_c, in_c, (k, k), (hw, hw)
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``layers`` under ``nesgpu bench``."""
-    p = subparsers.add_parser(
-        "layers", help="forward-pass time of every perturbed layer vs. the plain layer and a per-member loop",
+def parser() -> argparse.ArgumentParser:
+    """The script's command line (whole flag names only)."""
+    p = argparse.ArgumentParser(
+        prog="benchmarks/layer_speed.py", allow_abbrev=False,
         description="Forward-pass benchmark of the perturbed layers (the tables of the original NESgpu README). "
                     "Markdown tables go to stdout, progress to stderr.")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
@@ -360,14 +360,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "32x32x1x32 1024x1024x1x1)")
     p.add_argument("--json", metavar="PATH", type=output_file, help="also write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", type=output_file, help="also write the Markdown tables to a file")
-    p.set_defaults(func=command, parser=p)
     return p
 
 
-def command(args: argparse.Namespace) -> int:
-    """``nesgpu bench layers``: run, print Markdown, write --json / --markdown."""
+def main(argv: list[str] | None = None) -> int:
+    """Run, print Markdown, write --json / --markdown."""
+    p = parser()
+    args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        args.parser.error("--device cuda: CUDA is not available")
+        p.error("--device cuda: CUDA is not available")
     linear_repeats = conv_repeats = args.repeats or 20
     if args.quick and args.repeats is None:
         linear_repeats, conv_repeats = 5, 2
@@ -390,3 +391,7 @@ def command(args: argparse.Namespace) -> int:
             json.dump(results, f, indent=2)
             f.write("\n")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

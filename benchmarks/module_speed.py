@@ -4,23 +4,24 @@ Embedding, LayerNorm, Conv1d, LSTM, and the torch.func fallback.
 Each row times the population forward of the converted module on P rows (R = 2 antithetic repeats of
 P / 2 directions, ``set_noise`` outside the timer) against the plain module on the same P rows under
 no_grad, in the same run, and reports the ratio. For the transformer block the plain time is the faster
-of torch's fused inference path and its unfused path. Run it as ``nesgpu bench modules``.
+of torch's fused inference path and its unfused path. Run it as ``python benchmarks/module_speed.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from ..conversion import convert
-from ..kinds import KINDS
-from ..model import PerturbedModel
-from .layers import device_name, output_file, positive_int, time_call
+from nesgpu.conversion import convert
+from nesgpu.kinds import KINDS
+from nesgpu.model import PerturbedModel
+from layer_speed import device_name, output_file, positive_int, time_call
 
 
 class Scale(nn.Module):
@@ -102,22 +103,27 @@ def render_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("modules", help="forward time of the perturbed module families vs the plain ones",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """The script's command line (whole flag names only)."""
+    p = argparse.ArgumentParser(prog="benchmarks/module_speed.py", allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--population", type=positive_int, default=256, help="rows P (default: 256)")
     p.add_argument("--kinds", nargs="+", default=["lowrank", "gaussian"], choices=sorted(KINDS))
     p.add_argument("--repeats", type=positive_int, default=10, help="timed calls per row (default: 10)")
     p.add_argument("--json", metavar="PATH", type=output_file, help="also write the results as JSON")
-    p.set_defaults(func=main)
     return p
 
 
-def main(args: argparse.Namespace) -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     results = run(args.population, args.kinds, args.repeats, device=args.device, log=print)
     print(render_markdown(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
