@@ -220,7 +220,7 @@ def test_bad_constructor_arguments():
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2), 0)
     with pytest.raises(ValueError, match="built for directions=3; expected 4"):
         nesgpu.PerturbedModel(nesgpu.PerturbedLinear(2, 2, directions=3), 4)
-    with pytest.raises(ValueError, match="unknown kind 'lowrnk'"):
+    with pytest.raises(ValueError, match="unknown noise kind 'lowrnk'"):
         nesgpu.convert(nn.Linear(2, 2), "lowrnk")
     with pytest.raises(ValueError, match="kind 'sparse' has no conv product"):
         nesgpu.PerturbedConv2d(2, 4, 3, kind="sparse")

@@ -1,4 +1,4 @@
-"""A task with an option of its own, written outside the package: its file plus one registry line, made after
+"""A task with an option of its own, written outside the package: its file plus one registration, made after
 ``nesgpu.train`` is imported. Its option is a flag of ``nesgpu train --task toy`` (in its --help, with its
 default), a key of a YAML config and of config.json, an error under another task, and (declared so) an
 option a resume cannot change."""
@@ -37,7 +37,7 @@ sys.path.insert(0, {here!r})
 import nesgpu.train  # the configuration first: the registry is read when a config is resolved
 import nesgpu.tasks
 from toy_task import SPEC
-nesgpu.tasks.TASKS["toy"] = SPEC  # the registry line
+nesgpu.tasks.TASKS.register("toy", SPEC)  # the registration
 from nesgpu.cli import main
 sys.exit(main(sys.argv[1:]))
 """

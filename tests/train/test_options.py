@@ -1,6 +1,6 @@
 """Strategies own their options: each strategy's Options become options of TrainConfig, config files and the
 CLI; a value is checked once, by the Options; an option of another strategy is an error; and a new strategy
-with an option of its own is one file plus one registry line (docs/architecture.md's worked example, run here
+with an option of its own is one file plus one registration (docs/architecture.md's worked example, run here
 through the CLI, a checkpoint and a resume)."""
 
 import dataclasses
@@ -125,7 +125,7 @@ import sys
 sys.path.insert(0, {here!r})
 import nesgpu.strategies
 from baseline_strategy import BaselineES
-nesgpu.strategies.STRATEGIES["baseline_es"] = BaselineES  # the registry line
+nesgpu.strategies.STRATEGIES.register("baseline_es", BaselineES)  # the registration
 from nesgpu.cli import main
 sys.exit(main(sys.argv[1:]))
 """

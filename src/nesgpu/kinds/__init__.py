@@ -1,5 +1,6 @@
 """Perturbation kinds: one file per kind, each a frozen dataclass of options over plain functions."""
 
+from ..registry import Registry, subclass_of
 from .base import Kind, Noise
 from .flipout import Flipout
 from .gaussian import Gaussian
@@ -8,7 +9,11 @@ from .ops import LINEAR, ConvOp, Geometry, LinearOp, Op
 from .permuted import Permuted
 from .sparse import Sparse
 
-KINDS: dict[str, type[Kind]] = {k.name: k for k in (Gaussian, Sparse, Permuted, Flipout, LowRank)}
+KINDS: Registry[type[Kind]] = Registry(
+    "noise kind", subclass_of(Kind), "a subclass of nesgpu.kinds.Kind", options=lambda cls: cls,
+    name_of=lambda cls: cls.name, entries=[(k.name, k) for k in (Gaussian, Sparse, Permuted, Flipout, LowRank)])
+"""Every noise kind by its name; a kind is its own options dataclass. Add one with ``KINDS.register(name, cls)``
+(:mod:`nesgpu.registry`)."""
 
 
 def make_kind(kind: str | Kind, **options) -> Kind:
@@ -17,9 +22,7 @@ def make_kind(kind: str | Kind, **options) -> Kind:
         if options:
             raise ValueError(f"options {sorted(options)} given with a Kind instance {kind!r}; set them on it")
         return kind
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; expected one of {sorted(KINDS)}")
-    cls = KINDS[kind]
+    cls = KINDS.lookup(kind)
     try:
         return cls(**options)
     except TypeError as e:

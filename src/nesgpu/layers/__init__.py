@@ -7,7 +7,7 @@ from .conv import FlipoutConv2d, LowRankConv2d, PermutedConv2d, PerturbedConv1d,
 from .drawing import HALF
 from .embedding import PerturbedEmbedding
 from .form import Form
-from .form_table import register_form
+from .form_table import FORMS, register_form
 from .functional import FunctionalPerturbed, functional_fallback
 from .layout import repeat_signs
 from .linear import FlipoutLinear, LowRankLinear, PermutedLinear, PerturbedLinear, SparsePerturbedLinear
@@ -24,7 +24,7 @@ from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
 from .slots import Slot
 
 __all__ = [
-    "Form", "HALF", "KINDS", "register_form", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed",
+    "FORMS", "Form", "HALF", "KINDS", "register_form", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed",
     "LowBitConv1d", "LowBitConv2d", "LowBitConv3d", "LowBitLinear", "LowRankConv2d", "LowRankLinear",
     "PermutedConv2d", "PermutedLinear", "PerturbedBatchNorm1d", "PerturbedBatchNorm2d", "PerturbedBatchNorm3d",
     "PerturbedConv1d", "PerturbedConv2d", "PerturbedConv3d", "PerturbedEmbedding", "PerturbedGRU",

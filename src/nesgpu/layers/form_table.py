@@ -16,29 +16,27 @@ from typing import Any
 from torch import nn
 
 from . import hf_attention, hf_linear, hf_moe, hf_norm
+from ..registry import Registry, instance_of
 from .form import Form
 
-BUILTIN: tuple[Form, ...] = (*hf_linear.FORMS, *hf_moe.FORMS, *hf_norm.FORMS, *hf_attention.FORMS)
+BUILTIN: tuple[Form, ...] = (*hf_linear.HF_FORMS, *hf_moe.HF_FORMS, *hf_norm.HF_FORMS, *hf_attention.HF_FORMS)
 """transformers' module types, in the order they are asked: linear and embedding types, MoE, norms, attention
 sinks."""
 
 
-REGISTERED: list[Form] = []
-"""Forms registered with :func:`register_form`, asked before the built-in ones (a registry)."""
+FORMS: Registry[Form] = Registry("module form", instance_of(Form), "a nesgpu.layers.Form", name_of=lambda f: f.name)
+"""Forms of your own, by name (:func:`register_form`); the most recently registered is asked first, and all of
+them before the built-in ones."""
 
 
 def register_form(form: Form) -> None:
-    """Add ``form`` to the table, before the built-in forms (and before forms registered earlier)."""
-    if not isinstance(form, Form):
-        raise TypeError(f"form must be a nesgpu.layers.Form; got {type(form).__name__}")
-    if any(f.name == form.name for f in REGISTERED):
-        raise ValueError(f"a form named {form.name!r} is registered already")
-    REGISTERED.insert(0, form)
+    """Add ``form`` to :data:`FORMS`: asked before the built-in forms and before forms registered earlier."""
+    FORMS.register(form.name if isinstance(form, Form) else None, form)
 
 
 def recognise(module: nn.Module) -> tuple[Form, Any] | None:
     """The first form that detects ``module``, and what it found (each detection, each probe, runs once)."""
-    for form in (*REGISTERED, *BUILTIN):
+    for form in (*reversed(list(FORMS.values())), *BUILTIN):
         found = form.detect(module)
         if found is not None and found is not False:
             return form, found

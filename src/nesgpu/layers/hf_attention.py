@@ -60,4 +60,4 @@ def _adopt_sinks(module: nn.Module, found, kind: Kind, directions: int | None) -
     return module
 
 
-FORMS = [Form("sinks", is_sink_attention, _adopt_sinks, None)]
+HF_FORMS = [Form("sinks", is_sink_attention, _adopt_sinks, None)]

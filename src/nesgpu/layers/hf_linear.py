@@ -123,6 +123,6 @@ def _adopt_scaled_embedding(module: nn.Module, found, kind: Kind, directions: in
     return module
 
 
-FORMS = [Form("conv1d", is_conv1d, _adopt_conv1d, "linear"),
+HF_FORMS = [Form("conv1d", is_conv1d, _adopt_conv1d, "linear"),
          Form("linear", is_linear_subclass, _adopt_linear, "linear"),
          Form("scaled_embedding", is_scaled_embedding, _adopt_scaled_embedding, "embedding")]

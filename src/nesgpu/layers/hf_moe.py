@@ -183,4 +183,4 @@ def _adopt_experts(module: nn.Module, bank: Bank, kind: Kind, directions: int | 
     return module
 
 
-FORMS = [Form("router", is_router, _adopt_router, "linear"), Form("experts", is_expert_bank, _adopt_experts, "experts")]
+HF_FORMS = [Form("router", is_router, _adopt_router, "linear"), Form("experts", is_expert_bank, _adopt_experts, "experts")]

@@ -122,4 +122,4 @@ def _adopt_rms_norm(module: nn.Module, found: RMSForm, kind: Kind, directions: i
     return module
 
 
-FORMS = [Form("rms_norm", rms_norm_form, _adopt_rms_norm, None)]
+HF_FORMS = [Form("rms_norm", rms_norm_form, _adopt_rms_norm, None)]

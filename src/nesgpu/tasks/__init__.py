@@ -1,7 +1,8 @@
 """Tasks: rows in, fitness (R, D) out. Supervised datasets, sequence tasks and RL environments.
 
-``TASKS`` is the registry of built-in tasks (each module declares its own, with its tuned defaults): adding
-a task is one module plus one line here. Any object meeting :class:`~nesgpu.tasks.protocol.Task` trains too.
+``TASKS`` is the registry of tasks (each module declares its own, with its tuned defaults): adding a task is
+one module plus one registration (``TASKS.register("name", TaskSpec(...))``, see :mod:`nesgpu.registry`). Any
+object meeting :class:`~nesgpu.tasks.protocol.Task` trains too.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..options import Owners
+from ..registry import Registry, instance_of
 from . import control, dataset_tasks, gym_tasks, reward_tasks, sequence, supervised
 from .envs import ENVS
 from .generation import GenerationTask
@@ -20,10 +22,12 @@ from .spec import TaskContext, TaskSpec
 from .streaming import StepBatchSampler, StreamingClassificationTask
 from .supervised import ClassificationTask, Conv1dNet, digits, mnist1d
 
-TASKS: dict[str, TaskSpec] = {**supervised.TASKS, **sequence.TASKS, **control.TASKS, **gym_tasks.TASKS,
-                              **reward_tasks.TASKS, **dataset_tasks.TASKS}
+TASKS: Registry[TaskSpec] = Registry(
+    "task", instance_of(TaskSpec), "a nesgpu.tasks.TaskSpec", options=lambda spec: spec.options,
+    entries=[*supervised.TASKS.items(), *sequence.TASKS.items(), *control.TASKS.items(), *gym_tasks.TASKS.items(),
+             *reward_tasks.TASKS.items(), *dataset_tasks.TASKS.items()])
 # every task's options by its registry key (read at each call: a task registered later counts)
-TASK_OPTIONS = Owners("task", lambda: {name: spec.options for name, spec in TASKS.items()}, labels={"gym": "gym:<id>"})
+TASK_OPTIONS = Owners("task", TASKS.options_by_name, labels={"gym": "gym:<id>"})
 
 
 def supervised_tasks() -> list[str]:

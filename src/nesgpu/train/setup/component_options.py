@@ -21,8 +21,7 @@ from ..steps.backprop import BackpropOptions
 BACKPROP = "backprop"
 
 # every strategy's options, by the strategy's config name; every built-in task's, by its registry key
-STRATEGY = Owners("strategy", lambda: {**{name: cls.Options for name, cls in STRATEGIES.items()},
-                                       BACKPROP: BackpropOptions})
+STRATEGY = Owners("strategy", lambda: {**STRATEGIES.options_by_name(), BACKPROP: BackpropOptions})
 TASK = TASK_OPTIONS
 
 

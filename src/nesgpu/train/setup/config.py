@@ -10,7 +10,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...layers import KINDS
 from ...layers.lowbit import NOISE_ON
 from ...options import NoOptions, annotation_text, check_type
 from ...precision import DTYPES, PRECISIONS
@@ -27,6 +26,7 @@ from .defaults import (
     TASK_DEFAULTS,
     compiles,
     is_supervised,
+    kind_choices,
     presets,
     strategy_choices,
     torch_env_tasks,
@@ -100,7 +100,7 @@ class TrainConfig:
     task: str = opt("digits", "the task: digits, cartpole, gym:<id>, generation (your reward), ...")
     strategy: str | None = opt(help="the ES algorithm, or backprop (supervised tasks)",
                                per_task=True, choices=strategy_choices)
-    layer: str | None = opt(help="perturbation kind of the matrices", choices=tuple(sorted(KINDS)), per_task=True)
+    layer: str | None = opt(help="perturbation kind of the matrices", choices=kind_choices, per_task=True)
     model: str | None = opt(help="architecture: mlp; mnist1d also cnn (Conv1d); reverse, sort: transformer; "
                             "the language-model tasks: hf:DIR (a local Hugging Face model directory)",
                             per_task=True)

@@ -83,6 +83,11 @@ def needs_gaussian(strategy, layer: str, options=None) -> bool:
     return layer != "gaussian" and not (strategy.outer_scales and KINDS[layer].outer_scale)
 
 
+def kind_choices() -> list[str]:
+    """The noise kinds a config takes: every registered one (read at each call: a kind registered later counts)."""
+    return sorted(KINDS)
+
+
 def strategy_choices() -> list[str]:
     """The strategy names a config takes: every registered ES strategy, and backprop."""
     return [*sorted(STRATEGIES), BACKPROP]
@@ -175,4 +180,4 @@ def kept_compile(cfg, recorded: bool | None, old: dict) -> tuple[bool, str | Non
 
 
 __all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "budget_note", "compiles", "compiling_tasks", "is_supervised",
-           "kept_compile", "presets", "strategy_choices", "torch_env_tasks", "tuned_options"]
+           "kept_compile", "kind_choices", "presets", "strategy_choices", "torch_env_tasks", "tuned_options"]
