@@ -395,7 +395,7 @@ def test_tied_weights_parametrized_modules_and_custom_forwards():
             self.embed, self.head = nn.Embedding(5, 4), nn.Linear(4, 5)
             self.head.weight = self.embed.weight
 
-    tied = nesgpu.convert(Tied(), "lowrank")  # tied weights stay one tensor (tests/layers/test_tied.py)
+    tied = nesgpu.convert(Tied(), "lowrank")  # tied weights stay one tensor (tests/test_conversion.py)
     assert tied.head.weight is tied.embed.weight
     nesgpu.convert(Tied(), "lowrank", freeze=["embed"])  # the shared tensor frozen: nothing is split
     with pytest.warns(UserWarning, match=r"0 \(ParametrizedLinear\) has parametrized weights .*exact torch.func"):
