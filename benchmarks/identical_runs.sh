@@ -7,7 +7,7 @@
 #   bash benchmarks/identical_runs.sh /tmp/after                                # this checkout
 #   python benchmarks/identical_runs.py /tmp/before /tmp/after                  # weights and metrics.csv
 #
-# About 5 minutes on 2 CPU cores (27 runs). A line "FAIL name" is a run that did not finish.
+# About 6 minutes on 2 CPU cores (33 runs). A line "FAIL name" is a run that did not finish.
 set -u
 DEST=$1
 mkdir -p "$DEST"
@@ -45,6 +45,13 @@ run bp_acc --task digits --strategy backprop --steps 6 --accumulate 2 --lr-sched
 run es_resume --task digits $S --steps 3 && again es_resume --steps 6
 run pgpe_resume --task cartpole --steps 2 --population 16 && again pgpe_resume --steps 4
 run bp_resume --task digits --strategy backprop --steps 3 --lr-schedule cosine && again bp_resume --steps 6
+# the strategies that adapt their distribution: a sigma per parameter, a covariance (each resumed once)
+run snes_resume --task pendulum --strategy snes --layer gaussian --steps 2 --population 16 && again snes_resume --steps 4
+run cem_pend --task pendulum --strategy cem --layer gaussian --steps 3 --population 16
+run sep_cma_pend --task pendulum --strategy sep_cma_es --layer gaussian --steps 3 --population 16
+run cma_resume --task pendulum --strategy cma_es --layer gaussian --steps 2 --population 16 && again cma_resume --steps 4
+run xnes_pend --task pendulum --strategy xnes --layer gaussian --steps 3 --population 16
+run pgpe_scales --task pendulum --strategy pgpe --layer gaussian --sigma-lr 0.1 --per-parameter --steps 3 --population 16
 dist es_dist --task digits $S --chunk-size 8
 dist pgpe_dist --task cartpole --steps 4 --population 16
 rm -f "$NOLOG"

@@ -20,6 +20,7 @@ from ...probe import Probe, probe_line, probe_sigma
 from ...strategies import Strategy
 from ...strategies.base import fitness_statistics
 from ...strategies.schedules import Schedule, StepSizes
+from .distribution import distribution_for
 from ...tasks.protocol import ComparesToStart
 from .anchor import StartingWeights
 
@@ -102,18 +103,14 @@ class EvolutionStep:
         self.lrs = StepSizes(self.optimizer, lr_schedule)
         self.state = strategy.init(start)
         self.lrs.apply(self.state.step)
-        self.paths: dict = {}  # a strategy's own per-parameter tensors (CMA-ES's evolution paths)
+        self.distribution = distribution_for(strategy, population)  # sigma alone, per parameter, or a covariance
         self.floored = False  # whether sigma reached MIN_SIGMA (warned once)
         self.anchor = float(anchor)
         self.compares = isinstance(task, ComparesToStart) and task.wants_start  # kl, drift
         self.start = StartingWeights(self.model, population.parameters()) if self.anchor or self.compares else None
         if self.compares:
             task.compare_to(self.start)
-        if strategy.adapts_scales:  # a sigma per parameter (SNES, CEM, sep-CMA-ES): S = 1, then adapted every step
-            population.pm.check_scalable(strategy.name, strategy.outer_scales)
-            population.pm.set_scales(population.pm.unit_scales())
-        if strategy.adapts_covariance:  # CMA-ES: A = I, then adapted
-            population.pm.set_covariance(torch.eye(population.pm.num_perturbed))  # in the noise's dtype
+        self.distribution.start()  # S = 1 or A = I, then adapted every step
         population.pm.set_subspace(strategy.subspace)  # a random subset of the modules per step (1: all)
 
     @property
@@ -137,8 +134,8 @@ class EvolutionStep:
         scalars = {k: v for k, v in result.info.items() if torch.as_tensor(v).dim() == 0}
         # a step whose weights are all zero (every member tied) changes no .grad: counted, in the step's one read
         scalars["no_signal"] = (weights == 0).all()
-        if strategy.adapts_scales or strategy.adapts_covariance:
-            scalars["sigma_scale"] = self._mean_scale()
+        if self.distribution.adapts:
+            scalars["sigma_scale"] = self.distribution.mean_scale()
         stats = fitness_statistics(result.fitness, state.step + 1, strategy.antithetic, scalars,
                                    strategy.divergence_hint)
         self.state = told
@@ -172,46 +169,21 @@ class EvolutionStep:
                 warnings.warn(f"{self.strategy.name} took sigma to {sigma:.3g} at step {self.state.step}: the search "
                               f"has converged as far as noise can resolve; sigma stays at {MIN_SIGMA:g}", stacklevel=3)
 
-    def _mean_scale(self) -> torch.Tensor:
-        """The mean scale of the step's noise per entry (sigma times it is the typical member's sigma): the mean
-        of S, or with a covariance factor A the mean of its rows' norms, sqrt(C_ii)."""
-        factor = self.population.pm.covariance_factor()
-        if factor is not None:
-            return factor.norm(dim=1).mean()
-        scales = self.population.pm.scales().values()
-        return sum(s.sum() for s in scales) / sum(s.numel() for s in scales)
-
     def _update(self, weights: torch.Tensor, sigma: float, state, fitness: torch.Tensor) -> None:
-        """The population's update into ``.grad``; a strategy with a sigma per parameter or a covariance also
-        takes its new scales or factor from the statistics the same pass sums (in place: no host read)."""
-        strategy, pm = self.strategy, self.population.pm
+        """The population's update into ``.grad`` (or, in place, into the weights); a strategy with a sigma per
+        parameter or a covariance also takes its new scales or factor from the statistics the same pass sums (no
+        host read)."""
         if self.in_place:
             self.population.apply(weights, sigma, self.optimizer)
             return
-        if strategy.adapts_covariance:
-            first, second = self.population.update_covariance(weights, sigma, strategy.scale_weights(state, fitness),
-                                                              natural=strategy.natural_statistics)
-            factor, self.paths, self.state = strategy.adapt_covariance(self.state, pm.covariance_factor(), first,
-                                                                       second, self.paths)
-            if factor is not None:
-                pm.assign_covariance_(factor)
-            return
-        if not strategy.adapts_scales:
-            self.population.update(weights, sigma)
-            return
-        seconds, means = self.population.update_scaled(weights, sigma, strategy.scale_weights(state, fitness),
-                                                       means=strategy.needs_means)
-        scales, self.paths, self.state = strategy.adapt(self.state, pm.scales(), seconds, means, self.paths)
-        pm.assign_scales_({name: value.clamp_(min=torch.finfo(value.dtype).tiny, max=torch.finfo(value.dtype).max)
-                           for name, value in scales.items()})
+        self.state = self.distribution.update(weights, sigma, state, self.state, fitness)
 
     @property
     def columns(self) -> tuple[str, ...]:
         """The statistics of its own a step logs beside the fitness: a strategy with a sigma per parameter logs
         the mean scale (``sigma_scale``), one with a subspace the share of the parameters it perturbed
         (``subspace_share``)."""
-        adapts = self.strategy.adapts_scales or self.strategy.adapts_covariance
-        return ("sigma_scale",) * adapts + ("subspace_share",) * (self.strategy.subspace < 1)
+        return ("sigma_scale",) * self.distribution.adapts + ("subspace_share",) * (self.strategy.subspace < 1)
 
     def probed(self, probe: Probe) -> None:
         """Take the probe's sigma (and, with ``lr="auto"``, its step size) from this step on."""
@@ -229,12 +201,9 @@ class EvolutionStep:
         """The strategy's state, each group's base step size and the optimizer's state (the lr schedule is
         not stored: the one this step was built with applies from the loaded step on)."""
         masters = self.population.pm.master_state()  # a half-precision model's float32 weights
-        scales = self.population.pm.scales()  # a sigma per parameter (SNES, CEM)
-        factor = self.population.pm.covariance_factor()  # a covariance (CMA-ES)
         return {**self.state.as_dict(), "lr": list(self.lrs.bases), "optimizer": self.optimizer.state_dict(),
-                **({"masters": masters} if masters else {}), **({"scales": scales} if scales else {}),
-                **({"paths": self.paths} if self.paths else {}),
-                **({"covariance": factor} if factor is not None else {}), **(self.start.state() if self.start else {}),
+                **({"masters": masters} if masters else {}), **self.distribution.state_dict(),
+                **(self.start.state() if self.start else {}),
                 **({"probe": self.probe.as_dict()} if self.probe is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
@@ -245,17 +214,7 @@ class EvolutionStep:
         self.probing = False  # a resumed run keeps its sigma (and what the probe measured, if it ran)
         self.probe = Probe.from_dict(state["probe"]) if isinstance(state.get("probe"), dict) else None
         self.population.pm.load_master_state(state.get("masters"))
-        if self.strategy.adapts_scales:
-            if not isinstance(state.get("scales"), dict):
-                raise ValueError(f"the checkpoint holds no per-parameter sigma (scales) for strategy "
-                                 f"{self.strategy.name!r}")
-            self.population.pm.set_scales(state["scales"])
-            self.paths = dict(state.get("paths") or {})
-        if self.strategy.adapts_covariance:
-            if not isinstance(state.get("covariance"), torch.Tensor):
-                raise ValueError(f"the checkpoint holds no covariance for strategy {self.strategy.name!r}")
-            self.population.pm.set_covariance(state["covariance"])
-            self.paths = dict(state.get("paths") or {})
+        self.distribution.load_state_dict(state)
         self._load_start(state)
         self.optimizer.load_state_dict(state["optimizer"])  # an in-place one keeps the run's L2 (InPlace)
         legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
