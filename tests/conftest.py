@@ -53,6 +53,22 @@ CONV_GEOMETRIES = [
 CHARS = list("0123456789+-*/()=>: \n")
 
 
+class QuadraticTask:
+    """A task for a float64 Linear(3, 2): each member's fitness is minus the squared distance of its output to 1."""
+
+    metric, default_target, summed_info = "value", None, frozenset()
+
+    def fitness(self, pm, step):
+        rows = pm(torch.ones((2 if pm.antithetic else 1) * pm.local_directions, 3, dtype=torch.float64))
+        return -(rows - 1.0).pow(2).sum(-1).view(-1, pm.local_directions), {}
+
+    def finish_step(self, pm, info):
+        pass
+
+    def evaluate(self, model):
+        return 0.0
+
+
 def char_tokenizer(pad=True):
     import tokenizers
     import transformers

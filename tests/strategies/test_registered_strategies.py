@@ -12,28 +12,13 @@ import torch
 from torch import nn
 
 import nesgpu
+from conftest import QuadraticTask
 from nesgpu.population import Population
 from nesgpu.strategies import STRATEGIES
 from nesgpu.train.steps.evolution import EvolutionStep
 
 NAMES = sorted(STRATEGIES)
 D, SIGMA = 8, 0.1
-
-
-class Quadratic:
-    """Fitness: minus the squared distance of each member's output to 1."""
-
-    metric, default_target, summed_info = "value", None, frozenset()
-
-    def fitness(self, pm, step):
-        rows = pm(torch.ones((2 if pm.antithetic else 1) * pm.local_directions, 3, dtype=torch.float64))
-        return -(rows - 1.0).pow(2).sum(-1).view(-1, pm.local_directions), {}
-
-    def finish_step(self, pm, info):
-        pass
-
-    def evaluate(self, model):
-        return 0.0
 
 
 def made(name, weights_seed=0):
@@ -73,7 +58,7 @@ def test_ask_and_tell_have_the_populations_shapes_and_are_functions_of_their_inp
 def test_a_run_checkpointed_mid_way_goes_on_bit_for_bit(name):
     def es_step(weights_seed):
         pm, strategy = made(name, weights_seed)
-        return pm, EvolutionStep(Quadratic(), Population(pm, log=lambda *a: None), strategy, SIGMA)
+        return pm, EvolutionStep(QuadraticTask(), Population(pm, log=lambda *a: None), strategy, SIGMA)
 
     pm, whole = es_step(0)
     for _ in range(3):

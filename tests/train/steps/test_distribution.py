@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import nesgpu
+from conftest import QuadraticTask
 from nesgpu.population import Population
 from nesgpu.strategies import STRATEGIES
 from nesgpu.train.steps.distribution import DiagonalScales, FullCovariance, Isotropic, distribution_for
@@ -16,26 +17,12 @@ EXPECTED = {"cma_es": FullCovariance, "xnes": FullCovariance, "snes": DiagonalSc
             "sep_cma_es": DiagonalScales, "openai_es": Isotropic, "ars": Isotropic, "pgpe": Isotropic}
 
 
-class Quadratic:
-    metric, default_target, summed_info = "value", None, frozenset()
-
-    def fitness(self, pm, step):
-        rows = pm(torch.ones((2 if pm.antithetic else 1) * pm.local_directions, 3, dtype=torch.float64))
-        return -(rows - 1.0).pow(2).sum(-1).view(-1, pm.local_directions), {}
-
-    def finish_step(self, pm, info):
-        pass
-
-    def evaluate(self, model):
-        return 0.0
-
-
 def step_of(name: str, **options) -> EvolutionStep:
     cls = STRATEGIES[name]
     pm = nesgpu.PerturbedModel(nesgpu.convert(nn.Linear(3, 2).double(), "gaussian"), 8, sigma=0.1,
                                antithetic=cls.default_antithetic, seed=0)
     strategy = cls(8, pm.antithetic, **{o: getattr(pm, o) for o in cls.population_options}, **options)
-    return EvolutionStep(Quadratic(), Population(pm, log=lambda *a: None), strategy, 0.1)
+    return EvolutionStep(QuadraticTask(), Population(pm, log=lambda *a: None), strategy, 0.1)
 
 
 def test_every_builtin_strategy_gets_the_distribution_it_adapts():
