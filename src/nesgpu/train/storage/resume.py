@@ -89,7 +89,7 @@ def checked_record(state: dict, out: Path) -> dict:
 def check_data(state: dict, task, out: Path) -> None:
     """Refuse to resume on data other than the run's (a prompts file edited since): a ValueError."""
     recorded = state.get("data") if isinstance(state, dict) else None
-    if recorded is None:  # an older checkpoint did not record it; nesgpu before 0.2 dropped repeated prompts
+    if recorded is None:  # a checkpoint without a fingerprint was written by a nesgpu that dropped repeated prompts
         prompts = getattr(task, "prompts", None)
         if isinstance(prompts, list) and len(set(prompts)) < len(prompts):
             warnings.warn(f"resuming {out}: its checkpoint records no fingerprint of its data, and the prompts "
