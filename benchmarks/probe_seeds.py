@@ -25,7 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-MODELS = {"flawed": "arith_reward:exact", "last-digit": "arith_reward:correct"}  # binary, near 0%; dense, ~25%
+MODELS = {"flawed": "arith_reward:exact", "last-digit": "arith_reward:correct",  # binary, near 0%; dense, ~25%
+          "flawed-first": "arith_reward:exact"}  # binary, near 0% (its teacher wrong in the first digit)
 FIXED = (0.00178, 0.00316, 0.0056, 0.01, 0.0178, 0.0316)
 
 
