@@ -4,7 +4,6 @@ nothing changes at beta 0; chunked and resumed runs agree; the option from the C
 
 import csv
 import dataclasses
-import json
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 from conftest import char_tokenizer
 from test_generation import PROMPTS, digit_count, tiny_llama
-from test_reward_stats import REWARDS, ROWS
+from test_measures import generation_cli, write_run_files
 
 import nesgpu
 from nesgpu.exactness.rows import each_member
@@ -164,18 +163,11 @@ def test_activation_bytes_count_one_prompts_logits_of_every_new_token():
 
 
 def cli(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "nesgpu", "train", "--task", "generation", "--model",
-                           f"hf:{tmp_path / 'lm'}", "--prompts", "train.jsonl", "--reward", "rw:ones",
-                           "--steps", "2", "--population", "4", "--batch-size", "2", "--sigma", "0.3",
-                           "--max-new-tokens", "3", "--log", "none", *args],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    return generation_cli(tmp_path, "--reward", "rw:ones", "--sigma", "0.3", *args)
 
 
 def test_the_cli_takes_beta_logs_kl_penalty_and_names_its_mistakes(tmp_path):
-    tiny_llama().save_pretrained(tmp_path / "lm")
-    char_tokenizer().save_pretrained(tmp_path / "lm")
-    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS))
-    (tmp_path / "rw.py").write_text(REWARDS)
+    write_run_files(tmp_path)
     done = cli(tmp_path, "--beta", "0.05", "--out", "run", "--checkpoint-every", "2")
     assert done.returncode == 0, done.stderr[-2000:]
     with open(tmp_path / "run" / "metrics.csv", newline="") as f:

@@ -79,19 +79,28 @@ def test_wrong_measure_options_are_named():
         dataset_task(ROWS, char_tokenizer(), ones, kl="no")
 
 
-def cli(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "nesgpu", "train", "--task", "generation", "--model",
-                           f"hf:{tmp_path / 'lm'}", "--prompts", "train.jsonl", "--reward", "rw:ones,rw:short",
-                           "--reward-weights", "1,0.5", "--steps", "2", "--population", "4", "--batch-size", "2",
-                           "--max-new-tokens", "3", "--log", "none", *args],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
-
-
-def test_the_cli_logs_kl_pass_at_k_and_drift(tmp_path):
+def write_run_files(tmp_path) -> None:
+    """What a generation run from the CLI reads in ``tmp_path``: the tiny Llama (lm/), train.jsonl and rw.py."""
     tiny_llama().save_pretrained(tmp_path / "lm")
     char_tokenizer().save_pretrained(tmp_path / "lm")
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS))
     (tmp_path / "rw.py").write_text(REWARDS)
+
+
+def generation_cli(tmp_path, *args):
+    """``nesgpu train --task generation`` on :func:`write_run_files`' files, 2 steps of 4 members, and ``args``."""
+    return subprocess.run([sys.executable, "-m", "nesgpu", "train", "--task", "generation", "--model",
+                           f"hf:{tmp_path / 'lm'}", "--prompts", "train.jsonl", "--steps", "2", "--population", "4",
+                           "--batch-size", "2", "--max-new-tokens", "3", "--log", "none", *args],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def cli(tmp_path, *args):
+    return generation_cli(tmp_path, "--reward", "rw:ones,rw:short", "--reward-weights", "1,0.5", *args)
+
+
+def test_the_cli_logs_kl_pass_at_k_and_drift(tmp_path):
+    write_run_files(tmp_path)
     (tmp_path / "drift.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in DRIFT))
     done = cli(tmp_path, "--kl", "--correct-at", "1", "--eval-generations", "3", "--drift-text", "drift.jsonl",
                "--out", "run")

@@ -87,12 +87,16 @@ class ModelSubspace:
             raise ValueError("subspace below 1 zeroes the noise of the modules outside each step's subset, which a "
                              "sigma per parameter or a covariance would adapt from; use one or the other")
 
+    def perturbed_counts(self) -> dict[str, int]:
+        """Each perturbing module's perturbed parameters, by its name in ``layers``, in the model's order."""
+        return {name: layer.perturbed_numel() for name, layer in self.layers.items() if layer.perturbs}
+
     def subspace_modules(self, step: int) -> frozenset[str] | None:
         """The names (keys of ``layers``) of the modules perturbed and updated at ``step``; None: every one."""
         fraction = self.subspace
         if fraction >= 1:
             return None
-        counts = {name: layer.perturbed_numel() for name, layer in self.layers.items() if layer.perturbs}
+        counts = self.perturbed_counts()
         key = (self.seed, step, fraction, tuple(counts.items()))
         held = self.__dict__.get("_subspace_held")
         if held is None or held[0] != key:
@@ -104,7 +108,7 @@ class ModelSubspace:
         inside = self.subspace_modules(step)
         if inside is None:
             return 1.0
-        counts = {name: layer.perturbed_numel() for name, layer in self.layers.items() if layer.perturbs}
+        counts = self.perturbed_counts()
         return sum(counts[name] for name in inside) / sum(counts.values())
 
     def zero_outside_subspace(self, step: int) -> None:
