@@ -12,7 +12,8 @@ import pytest
 from conftest import char_tokenizer
 from test_generation import tiny_llama
 
-from nesgpu.train.setup.paths import absolute, located
+from nesgpu.train.setup.old_runs import located
+from nesgpu.train.setup.paths import absolute
 
 pytest.importorskip("transformers")
 

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from ..tasks.user_code import code_file, named_code
-from ..train.setup.paths import PATHS, located
+from ..train.setup.old_runs import located
+from ..train.setup.paths import PATHS
 from ..files import read_mapping
 
 TRUST_FLAG = "--trust-run-code"

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..train.setup.config import TrainConfig, option_names, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
 from ..train.setup.component_options import STRATEGY, TASK, task_key
-from ..train.setup.paths import located
+from ..train.setup.old_runs import resumed
 from .help_flag import add_help_flag
 from .run_code import add_trust_flag, consent_to_run_code, run_config
 from .train_flags import Formatter, add_config_arguments, chosen, preset_components
@@ -70,10 +70,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
         if args.out is not None and Path(args.out) != Path(args.resume):
             raise ValueError(f"--resume {args.resume} continues the run in that directory; --out {args.out} names "
                              f"another (drop --out)")
-        # an older run's relative paths, found from here (those the options replace need not be)
-        values.update(located(old, Path(args.resume), optional={*from_file, *flags}))
-        if "update" not in old and old.get("strategy") != BACKPROP:  # a run from before --update: .grad, Adam
-            values["update"] = "strategy"
+        values.update(resumed(old, Path(args.resume), optional={*from_file, *flags}))
         values["out"] = args.resume
     values.update(from_file)
     # a flag of the other side is refused even at its default (a config file lists every option: --print-config)

@@ -87,11 +87,8 @@ class StepSizes:
 
     def load(self, saved, step: int) -> None:
         """Bases from a checkpoint's ``lr`` (a list per group, or one number; None: the groups' current lr,
-        as an optimizer's loaded state has them), applied at ``step``. The groups lose the ``initial_lr`` a
-        torch LR scheduler of an older nesgpu stored."""
+        as an optimizer's loaded state has them), applied at ``step``."""
         groups = self.optimizer.param_groups
-        for group in groups:
-            group.pop("initial_lr", None)
         if saved is None:
             bases = [group["lr"] for group in groups]
         else:

@@ -21,6 +21,7 @@ from ...strategies import Strategy
 from ...strategies.base import fitness_statistics
 from ...strategies.schedules import Schedule, StepSizes
 from .distribution import distribution_for
+from ..setup.old_runs import saved_step_sizes
 from ...tasks.protocol import ComparesToStart
 from .anchor import StartingWeights
 
@@ -217,8 +218,7 @@ class EvolutionStep:
         self.distribution.load_state_dict(state)
         self._load_start(state)
         self.optimizer.load_state_dict(state["optimizer"])  # an in-place one keeps the run's L2 (InPlace)
-        legacy = state.get("lr_scheduler", {}).get("base_lrs")  # checkpoints of nesgpu 0.1.0 stored it
-        self.lrs.load(state["lr"] if "lr" in state else legacy, self.state.step)
+        self.lrs.load(saved_step_sizes(state, self.optimizer), self.state.step)
 
     def _load_start(self, state: dict) -> None:
         """The starting weights of the run the checkpoint continues; refused for --anchor where it kept none (a

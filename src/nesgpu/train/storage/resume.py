@@ -13,8 +13,7 @@ from ...strategies import Schedule
 from ...tasks.protocol import Fingerprinted
 from ..loop import Progress
 from ..setup.config import TrainConfig
-from ..setup.component_options import own_only
-from ..setup.paths import PATHS, located
+from ..setup.old_runs import recorded, saved_step_sizes, warn_unfingerprinted
 from ..steps.evolution import Stepper
 from . import rundir
 from .checkpoint import STATE, WEIGHTS, find_checkpoint, load_checkpoint
@@ -22,13 +21,12 @@ from .checkpoint import STATE, WEIGHTS, find_checkpoint, load_checkpoint
 
 def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log, task=None) -> Progress:
     """Load ``out``'s last checkpoint into ``stepper`` and its model; returns the run's progress so far.
-    ``supervised`` says which defaults an older nesgpu's run had (:func:`rundir.legacy`); a ``task`` whose
-    data the checkpoint fingerprinted must hold the same data."""
+    ``supervised`` says which defaults an older run had (:func:`~nesgpu.train.setup.old_runs.recorded`); a
+    ``task`` whose data the checkpoint fingerprinted must hold the same data."""
     new = cfg.to_dict()
 
     def check(state):
-        old = located(checked_record(state, out), out, optional=PATHS)  # an older run's relative paths
-        old = own_only({**rundir.legacy(supervised), **old}, cfg.strategy, cfg.task)  # what an older nesgpu's run did
+        old = recorded(checked_record(state, out), out, cfg.strategy, cfg.task, supervised)
         if old.get("task") != cfg.task:
             raise ValueError(f"checkpoint in {out} is for task {old.get('task')!r}, not {cfg.task!r}")
         changed = rundir.differences(old, new, rundir.defining())
@@ -49,7 +47,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
         stepper.load_state_dict(state["strategy"])
     except (KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError) as e:
         raise ValueError(f"checkpoint in {out} does not match this configuration: {' '.join(str(e).split())}") from e
-    old = own_only(located(state["config"], out, optional=PATHS), cfg.strategy, cfg.task)
+    old = recorded(state["config"], out, cfg.strategy, cfg.task)
     stepper.apply_changes(old, cfg)
     # a new schedule (or a new --steps, which stretches one) applies from the next step: say where it jumps
     jumps = [f"{name} {before:.4g} -> {after:.4g}" for name, before, after in scheduled_values(old, cfg, stepper.step)
@@ -63,7 +61,7 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
         + (f"; from step {stepper.step + 1}: {'; '.join(changed)}" if changed else "")
         + (f" (at that step {', '.join(jumps)})" if jumps else ""))
     elapsed = float(state["seconds"])
-    stopped, value = state.get("stopped") or (None, None)  # an older nesgpu's checkpoint did not say
+    stopped, value = state.get("stopped") or (None, None)  # an older checkpoint did not say
     return Progress(elapsed=elapsed, env_steps=int(state["env_steps"]), last_checkpoint=stepper.step,
                     last_eval=elapsed, stopped=stopped, stopped_value=value)
 
@@ -89,12 +87,8 @@ def checked_record(state: dict, out: Path) -> dict:
 def check_data(state: dict, task, out: Path) -> None:
     """Refuse to resume on data other than the run's (a prompts file edited since): a ValueError."""
     recorded = state.get("data") if isinstance(state, dict) else None
-    if recorded is None:  # a checkpoint without a fingerprint was written by a nesgpu that dropped repeated prompts
-        prompts = getattr(task, "prompts", None)
-        if isinstance(prompts, list) and len(set(prompts)) < len(prompts):
-            warnings.warn(f"resuming {out}: its checkpoint records no fingerprint of its data, and the prompts "
-                          f"repeat rows ({len(prompts)} rows, {len(set(prompts))} distinct), which the nesgpu that "
-                          f"wrote it dropped: the steps from here draw from all {len(prompts)}", stacklevel=2)
+    if recorded is None:
+        warn_unfingerprinted(task, out)
         return
     if not isinstance(task, Fingerprinted):
         return

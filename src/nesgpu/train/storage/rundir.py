@@ -27,22 +27,10 @@ DEFINING = ("task", "model", "layer", "layer_options", "hidden", "population", "
             "bits", "noise_on", "act_bits", "dtype", "init", "evolve", "update")
 
 
-# the values of options newer than a run (its config.json lacks them) that its nesgpu used: every run had float
-# weights in the model's own dtype; RL policies were squashed by tanh and their standardised observations
-# clipped at 5, rollouts shared start states, unshifted; the strategy's optimizer stepped .grad
-LEGACY = {"bits": None, "noise_on": "latent", "act_bits": None, "dtype": None, "init": "default", "evolve": "all",
-          "update": "strategy"}
-LEGACY_RL = {"policy_output": "tanh", "observation_clip": 5.0, "start_states": "shared", "reward_shift": 0.0}
-
 
 def defining() -> list[str]:
     """Every option that defines a run: the run's own (DEFINING) and the components' declared so."""
     return [*DEFINING, *defining_options()]
-
-
-def legacy(supervised: bool) -> dict:
-    """What a run's config.json that lacks newer options meant by them (see LEGACY, LEGACY_RL)."""
-    return dict(LEGACY) if supervised else {**LEGACY, **LEGACY_RL}
 
 
 # files a run writes (what --overwrite removes)
@@ -250,5 +238,5 @@ def differences(old: dict, new: dict, names) -> list[str]:
     """``name: old -> new`` for each of ``names`` whose value differs (lists and tuples compare equal)."""
     def norm(v):
         return list(v) if isinstance(v, tuple) else v
-    # an option the old run did not record (an older nesgpu) is not a difference
+    # an option the old run did not record (see old_runs) is not a difference
     return [f"{n}: {old.get(n)!r} -> {new.get(n)!r}" for n in names if n in old and norm(old[n]) != norm(new.get(n))]

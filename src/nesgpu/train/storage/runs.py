@@ -14,8 +14,7 @@ from ...tasks.protocol import ReportsEvaluation
 from ...tasks.reward_tasks import HF
 from ..setup.build import build, resolve_device
 from ..setup.config import CUSTOM, TrainConfig, custom_label, is_supervised, resolve_for
-from ..setup.component_options import own_only
-from ..setup.paths import PATHS, located
+from ..setup.old_runs import located, recorded, with_old_defaults
 from . import rundir
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
 from ...files import read_mapping
@@ -37,11 +36,11 @@ def read_config(directory: Path, task=None) -> TrainConfig:
         raise ValueError(f"{directory} is not a run directory ({_missing(directory)}); expected the --out of a run")
     if not os.path.lexists(config_path):
         raise ValueError(f"{directory} is not a run directory (no config.json){rundir.moved_aside(directory)}")
-    # a run of an older nesgpu recorded relative paths; the model and the drift text, not found, are named below
+    # the model and the drift text, not found, are named below
     values = located(read_mapping(config_path), directory, optional=("model", "drift_text"))
     supervised = is_supervised(str(values.get("task")), task)
     try:
-        cfg = TrainConfig.from_dict({**rundir.legacy(supervised), **values}, source=str(config_path))
+        cfg = TrainConfig.from_dict(with_old_defaults(values, supervised), source=str(config_path))
     except (ValueError, TypeError) as e:
         raise named(e, config_path) from e
     if cfg.task.startswith(CUSTOM) and task is None:
@@ -148,7 +147,7 @@ def _check_saved_with(cfg: TrainConfig, metadata: dict, directory: Path) -> None
         saved = json.loads(metadata["nesgpu_config"])
     except (KeyError, ValueError):
         return  # weights saved without nesgpu's metadata: only their names, shapes and dtypes can be checked
-    saved = own_only(located(saved, directory, optional=PATHS), cfg.strategy, cfg.task)
+    saved = recorded(saved, directory, cfg.strategy, cfg.task)
     differ = rundir.differences(saved, cfg.to_dict(), rundir.defining())
     if differ:
         raise ValueError(f"{directory}: config.json does not describe the run that saved model.safetensors "
