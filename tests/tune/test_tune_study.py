@@ -17,7 +17,7 @@ from nesgpu.train import Interrupted, TrainConfig, train
 from nesgpu.tune import study as study_module
 from nesgpu.tune import tune
 from nesgpu.tune.outputs import PLOTS, best_config
-from nesgpu.tune.storage import ask, open_storage, trial_id
+from nesgpu.tune.storage import open_storage, quiet_optuna, trial_id
 from nesgpu.tune.study import PruningCallback, make_pruner
 
 FAST = dict(task="digits", steps=6, population=16, batch_size=8, hidden=(8,), log="none", device="cpu")
@@ -139,7 +139,8 @@ def test_a_killed_processs_running_trial_is_marked_failed_and_does_not_block(tmp
     tune(base, LR, trials=1, out=tmp_path, heartbeat=1, log=quiet, plots=False)
     # a process that started trial 1 and was killed: RUNNING, with a heartbeat that is never renewed
     storage = open_storage(tmp_path, heartbeat=1)
-    killed = ask(optuna.load_study(study_name=tmp_path.name, storage=storage))
+    with quiet_optuna():
+        killed = optuna.load_study(study_name=tmp_path.name, storage=storage).ask()
     storage.record_heartbeat(trial_id(storage, killed.study, killed.number))
     lines = []
     study = tune(base, LR, trials=2, out=tmp_path, heartbeat=1, log=lines.append, plots=False)

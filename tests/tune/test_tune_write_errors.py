@@ -11,7 +11,6 @@ from sqlalchemy.exc import OperationalError
 
 from nesgpu.cli import main
 from nesgpu.train import TrainConfig
-from nesgpu.tune import storage
 from nesgpu.tune import study as study_module
 from nesgpu.tune import tune
 
@@ -45,15 +44,19 @@ def test_a_full_disk_while_the_trials_run_says_so_too(tmp_path, monkeypatch):
 
 
 def test_a_read_only_out_says_the_directory_is_not_writable(tmp_path, monkeypatch, capsys):
-    def read_only(path, *args, **kwargs):  # what a read-only file system answers, even to root
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-
-    monkeypatch.setattr(storage, "open", read_only, raising=False)
     out = tmp_path / "t"
-    assert one_line(capsys, out) == (
-        f"nesgpu tune: error: --out {out}: the directory is not writable ({os.strerror(errno.EROFS)}: "
-        f"{out / '.tune.lock'}); nesgpu tune writes study.db, the trials' runs and its outputs there: choose another "
-        f"--out")
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):  # what a read-only file system answers, even to root
+        if str(path).startswith(str(out)):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    line = one_line(capsys, out)
+    assert line.startswith(f"nesgpu tune: error: --out {out}: the directory is not writable "
+                           f"({os.strerror(errno.EROFS)}: {out}{os.sep}")
+    assert line.endswith("); nesgpu tune writes study.db, the trials' runs and its outputs there: choose another --out")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a directory of mode 0o500")

@@ -1,9 +1,11 @@
-"""Where a study lives: ``DIR/study.db`` (SQLite), a lock file for the moments processes must take turns, the
-heartbeat of a running trial, and the check that a resumed study is the same study.
+"""Where a study lives: ``DIR/study.db`` (SQLite, Optuna's ``RDBStorage`` with its trial heartbeats), a lock
+for the moments processes must take turns, and the check that a resumed study is the same study.
 
 - Several ``nesgpu tune`` processes may share one DIR. They take turns (``DIR/.tune.lock``, an exclusive
-  ``flock``) to open the database, to count the trials and to start a new one, so that the number of
-  trials is capped exactly and the database tables are created once.
+  ``filelock.FileLock``) to open the database, to count the trials and to start a new one, so that the
+  number of trials is capped exactly and the database tables are created once. (Optuna's
+  ``MaxTrialsCallback`` counts only after a trial ends, so parallel processes overshoot its cap; a
+  ``JournalStorage`` locks each write, not a count and the start of a trial, and has no heartbeats.)
 - A running trial's process records a heartbeat every ``heartbeat`` seconds; a trial whose heartbeat is
   older than three beats (its process was killed) is marked failed by the next process that starts a trial
   (:func:`optuna.storages.fail_stale_trials`), so it does not hold a place forever.
@@ -21,6 +23,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+from filelock import FileLock
 
 DB = "study.db"
 LOCK = ".tune.lock"
@@ -31,21 +34,9 @@ IDENTITY = ("base_config", "space")  # user attributes that must match to contin
 SETTINGS = ("sampler", "pruner")  # user attributes that may differ (with a warning)
 
 
-@contextlib.contextmanager
-def locked(out: Path):
-    """Hold ``out/.tune.lock`` exclusively (POSIX ``flock``; elsewhere no lock, and processes sharing a DIR may
-    run a trial or two beyond the cap)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with open(out / LOCK, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def locked(out: Path) -> FileLock:
+    """The exclusive lock ``out/.tune.lock`` of the processes sharing the tune directory ``out``."""
+    return FileLock(out / LOCK)
 
 
 @contextlib.contextmanager
@@ -96,8 +87,7 @@ def open_storage(out: Path, heartbeat: int, on_stale=None) -> optuna.storages.RD
     """The SQLite storage ``out/study.db`` with trial heartbeats every ``heartbeat`` seconds; a trial is stale
     after three missed beats, and ``on_stale(study, frozen_trial)`` is called for each stale trial this process
     marks failed. SQLite waits up to a minute for another process's write."""
-    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with quiet_optuna():
         return optuna.storages.RDBStorage(f"sqlite:///{(out / DB).resolve()}",
                                           engine_kwargs={"connect_args": {"timeout": 60}},
                                           heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
@@ -175,9 +165,20 @@ def as_json(value) -> object:
 
 
 @contextlib.contextmanager
+def quiet_optuna():
+    """Without Optuna's notes that heartbeats, fail_stale_trials and the plots are experimental, and that
+    heartbeats are meant for ``Study.optimize`` (the loop here keeps them itself: :func:`heartbeat`)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+        yield
+
+
+@contextlib.contextmanager
 def heartbeat(storage, trial_id: int):
     """Record the trial's heartbeat now and every ``storage.heartbeat_interval`` seconds, in a thread, while
-    the block runs (the training releases the GIL in its tensor operations)."""
+    the block runs (the training releases the GIL in its tensor operations). Optuna's own heartbeat thread runs
+    only inside ``Study.optimize``, which starts its trials without the count under :func:`locked`."""
     interval = storage.get_heartbeat_interval()
     storage.record_heartbeat(trial_id)
     stop = threading.Event()
@@ -195,27 +196,11 @@ def heartbeat(storage, trial_id: int):
         thread.join()
 
 
-def fail_stale_trials(study: optuna.Study) -> None:
-    """Mark the running trials of killed processes (no heartbeat for three beats) failed."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-
-
-def ask(study: optuna.Study) -> optuna.Trial:
-    """A new trial; Optuna's note that heartbeats are meant for ``Study.optimize`` is dropped, as
-    :func:`heartbeat` keeps them here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-        return study.ask()
-
-
 def trial_id(storage, study: optuna.Study, number: int) -> int:
     """The storage's id of the study's trial ``number`` (what heartbeats are recorded under)."""
     return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name),
                                                            number)
 
 
-__all__ = ["DB", "IDENTITY", "LOCK", "RUN_ONLY", "SETTINGS", "as_json", "ask", "fail_stale_trials", "heartbeat",
-           "load_study", "locked", "make_directory", "open_storage", "readable_database", "trial_id",
-           "writable_directory"]
+__all__ = ["DB", "IDENTITY", "LOCK", "RUN_ONLY", "SETTINGS", "as_json", "heartbeat", "load_study", "locked",
+           "make_directory", "open_storage", "quiet_optuna", "readable_database", "trial_id", "writable_directory"]

@@ -37,13 +37,12 @@ from .space import SearchSpace, make_space
 from .storage import (
     RUN_ONLY,
     as_json,
-    ask,
-    fail_stale_trials,
     heartbeat,
     load_study,
     locked,
     make_directory,
     open_storage,
+    quiet_optuna,
     readable_database,
     trial_id,
     writable_directory,
@@ -110,8 +109,7 @@ def tune(base: TrainConfig, space: SearchSpace | dict | str | Path | None = None
              "pruner": pruner if isinstance(pruner, str) else type(pruner).__name__}
     storage, study = _open_study(out, attrs, study_name, heartbeat, make_sampler(sampler, base.seed, 0, trials),
                                  study_pruner, log)
-    with warnings.catch_warnings():  # fail_stale_trials and the matplotlib plots are "experimental" in Optuna
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with quiet_optuna():
         try:  # a full disk while the trials run: the database named, as when it opens
             with readable_database(out):
                 optimize(study, storage, base, space, out, trials, timeout, sampler, log, subject)
@@ -260,14 +258,14 @@ def optimize(study: optuna.Study, storage, base: TrainConfig, space: SearchSpace
     start, waiting = time.monotonic(), False
     while timeout is None or time.monotonic() - start < timeout:
         with locked(out):
-            fail_stale_trials(study)
+            optuna.storages.fail_stale_trials(study)
             finished, running = counts(study)
             if trials is not None and finished >= trials:
                 return
             trial = None
             if trials is None or finished + running < trials:
                 study.sampler = make_sampler(sampler, base.seed, len(study.get_trials(deepcopy=False)), trials)
-                trial = ask(study)
+                trial = study.ask()
                 beat_id = trial_id(storage, study, trial.number)
                 storage.record_heartbeat(beat_id)  # before the lock is released: a killed process's trial goes stale
         if trial is None:
