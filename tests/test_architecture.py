@@ -178,3 +178,52 @@ def test_no_public_name_of_the_package_is_also_a_submodule_name():
     submodules = {p.stem for p in SRC.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
     clashes = sorted(set(nesgpu.__all__) & submodules - {"kinds"})  # nesgpu.kinds is the module itself
     assert not clashes, f"public names that a submodule import would overwrite: {clashes}"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def own_private_names(tree: ast.Module) -> set[str]:
+    """The private attribute names a file defines: ``self._x = ...`` (or ``cls._x``), and a class body's
+    assignments, annotated fields (a dataclass's, a NamedTuple's) and defs."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+    return {n for n in names if _private(n)}
+
+
+def foreign_private_reads(files: list[Path], root: Path = SRC) -> list[str]:
+    """``file:line _name`` for every attribute access ``x._name`` of a name some file of nesgpu defines but
+    this file does not: one module's private state read by another (a mixin's, a caller's). Names nesgpu
+    never defines (torch's ``_parameters``, ``_modules``) are other libraries' and not counted."""
+    trees = {path: ast.parse(path.read_text()) for path in files}
+    own = {path: own_private_names(tree) for path, tree in trees.items()}
+    ours = set().union(*own.values())
+    return sorted((f"{path.relative_to(root)}:{node.lineno} {node.attr}" for path, tree in trees.items()
+                   for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in ours - own[path]),
+                  key=lambda hit: (hit.split(":")[0], int(hit.split(":")[1].split()[0]), hit))
+
+
+def test_the_private_read_rule_finds_what_it_forbids(tmp_path):
+    owner, reader = tmp_path / "owner.py", tmp_path / "reader.py"
+    owner.write_text("class A:\n    _k = 1\n    def __init__(self):\n        self._x = 1\n"
+                     "    def _m(self):\n        return self._x + self._parameters\n")
+    reader.write_text("def f(a):\n    a.__init__()\n    return a._x + a._m() + a._k + a._modules\n")
+    assert foreign_private_reads([owner, reader], tmp_path) == ["reader.py:3 _k", "reader.py:3 _m", "reader.py:3 _x"]
+
+
+def test_no_module_reads_another_modules_private_attributes():
+    found = foreign_private_reads(FILES)
+    assert not found, (f"{len(found)} reads of private attributes defined in another file (give the owner a public "
+                       f"field, property or method): {found[:40]}")

@@ -13,10 +13,9 @@ import copy
 
 from torch import nn
 
-from .conversion import rebuilt_as
 from .layers import LowBitConv1d, LowBitConv2d, LowBitConv3d, LowBitLinear, PerturbedLinear, PerturbedModule
 from .layers.functional import FALLBACK_ROOT, child_call_guard
-from .layers.registry import CONVERSIONS
+from .layers.registry import CONVERSIONS, rebuilt_as
 from .layers.sharing import ALIASES
 from .masters import MASTERS, sync_masters
 

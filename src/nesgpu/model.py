@@ -310,7 +310,7 @@ class PerturbedModel(ModelScales, ModelCovariance):
         except ValueError as why:
             raise error from why
         self._wire()
-        self._place_scales(scales, known_only=True)  # the fallback's module perturbs the same parameters
+        self.place_scales(scales, known_only=True)  # the fallback's module perturbs the same parameters
         if current is not None:
             self.draw_noise(self.step, current)
         warnings.warn(f"{label} {error.reason}; it runs through the exact torch.func fallback from now on, member "

@@ -38,7 +38,7 @@ def test_a_planned_call_is_the_general_path_bit_for_bit(rank, positions, bias, d
     x = torch.randn(8, positions, 7).to(device)
     with pm.perturbing():
         planned = [layer(x) for _ in range(3)]  # built at the first call, then reused
-        assert [plan.run is not None for plan in layer._plans.values()] == [True]
+        assert [plan.run is not None for plan in layer.perturbation.plans.values()] == [True]
         with layer.own_call():
             general = layer.population_forward(x)
     for y in planned:
@@ -52,10 +52,10 @@ def test_a_layer_called_on_two_shapes_in_turn_keeps_a_plan_for_each():
     a, b = torch.randn(8, 1, 7), torch.randn(8, 3, 7)
     with pm.perturbing():
         ya, yb, ya2 = layer(a), layer(b), layer(a)
-        assert len(layer._plans) == 2
+        assert len(layer.perturbation.plans) == 2
         with layer.own_call():
             assert torch.equal(ya, layer.population_forward(a)) and torch.equal(yb, layer.population_forward(b))
-    assert torch.equal(ya, ya2) and not layer._plans  # dropped when the population call ends
+    assert torch.equal(ya, ya2) and not layer.perturbation.plans  # dropped when the population call ends
 
 
 def test_weights_changed_inside_a_population_call_are_seen():
@@ -96,7 +96,7 @@ def test_new_noise_and_a_new_sigma_are_never_served_from_an_old_plan():
             y, again = layer(x), layer(x)
             with layer.own_call():
                 layer.set_noise(pm.seed, step + 10)  # a redraw inside the call drops the plan
-            assert not layer._plans
+            assert not layer.perturbation.plans
             redrawn = layer(x)
         torch.testing.assert_close(redrawn, member_linear(layer, x, sigma, 2), rtol=1e-12, atol=1e-12)
         pm.set_noise(step=step)

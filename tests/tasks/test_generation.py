@@ -57,7 +57,7 @@ def test_fitness_is_each_rows_reward_in_the_member_layout():
     assert result.fitness.shape == (2 * 3, 4)  # (signs * prompts, directions)
     pm, prompts = pop.pm, t.step_prompts(1)
     pm.set_noise(step=1)
-    ids, mask = t._encode(prompts, pm.model)
+    ids, mask = t.encode_prompts(prompts, pm.model)
     with pm.perturbing():
         out = pm.model.generate(input_ids=pm.member_rows(ids), attention_mask=pm.member_rows(mask), max_new_tokens=5,
                                 do_sample=False, pad_token_id=0)

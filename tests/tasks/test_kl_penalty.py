@@ -39,12 +39,12 @@ def evaluated(t, sigma=0.3, chunk=None, directions=3, step=1):
     population = Population(pm, chunk=chunk, **QUIET)
     t.compare_to(StartingWeights(pm.model, population.parameters()))
     generated = []
-    generate = t._generate
+    generate = t.generate_tokens
 
     def recording(*args, **kw):
         generated.append(generate(*args, **kw))
         return generated[-1]
-    t._generate = recording
+    t.generate_tokens = recording
     return population.evaluate(t, step, sigma), pm, torch.cat([g.cpu() for g in generated])
 
 

@@ -84,7 +84,7 @@ def test_the_base_likelihood_is_what_generate_sampled_from():
     """log p_0 of the drawn completions, teacher-forced, equals the sum of generate()'s own step scores."""
     t, model = task(), tiny_llama().to(torch.float64)
     model.generation_config.eos_token_id = None  # every row samples all 5 tokens
-    ids, mask = t._encode(["1+2=", "37*45=", "-3+10=", "8-9="], model)
+    ids, mask = t.encode_prompts(["1+2=", "37*45=", "-3+10=", "8-9="], model)
     assert (mask == 0).any()  # left padding: positions count from each row's first token
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=5, top_k=0,
                          temperature=1.0, pad_token_id=0, output_scores=True, return_dict_in_generate=True)

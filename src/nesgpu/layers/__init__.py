@@ -6,7 +6,7 @@ from .base import PerturbedModule
 from .conv import FlipoutConv2d, LowRankConv2d, PermutedConv2d, PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
 from .drawing import HALF
 from .embedding import PerturbedEmbedding
-from .form import Form
+from .form import ConversionOptions, Form
 from .form_table import FORMS, register_form
 from .functional import FunctionalPerturbed, functional_fallback
 from .layout import repeat_signs
@@ -24,7 +24,7 @@ from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
 from .slots import Slot
 
 __all__ = [
-    "FORMS", "Form", "HALF", "KINDS", "register_form", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed",
+    "ConversionOptions", "FORMS", "Form", "HALF", "KINDS", "register_form", "FlipoutConv2d", "FlipoutLinear", "FunctionalPerturbed",
     "LowBitConv1d", "LowBitConv2d", "LowBitConv3d", "LowBitLinear", "LowRankConv2d", "LowRankLinear",
     "PermutedConv2d", "PermutedLinear", "PerturbedBatchNorm1d", "PerturbedBatchNorm2d", "PerturbedBatchNorm3d",
     "PerturbedConv1d", "PerturbedConv2d", "PerturbedConv3d", "PerturbedEmbedding", "PerturbedGRU",

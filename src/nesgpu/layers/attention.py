@@ -46,10 +46,10 @@ class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
         matrices = ({"in_proj_weight": Geometry(3 * e, e)} if self._qkv_same_embed_dim else
                     {"q_proj_weight": Geometry(e, e), "k_proj_weight": Geometry(e, self.kdim),
                      "v_proj_weight": Geometry(e, self.vdim)})
-        self._init_perturbation(kind, directions, matrices, "linear")
+        self.init_perturbation(kind, directions, matrices, "linear")
 
     def _project(self, x, weight, part, pop):
-        return self._perturbed_linear(x, pop, weight, "in_proj_bias" if self.in_proj_bias is not None else None, part)
+        return self.perturbed_linear(x, pop, weight, "in_proj_bias" if self.in_proj_bias is not None else None, part)
 
     def _in_projection(self, q, k, v, pop):
         e = self.embed_dim
@@ -81,7 +81,7 @@ class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
             key = query if same_qk else key.transpose(0, 1)
             value = key if same_kv else value.transpose(0, 1)
         n, length, e = query.shape
-        pop = self._population(n, compute_dtype(query), query.device)
+        pop = self.population_of(n, compute_dtype(query), query.device)
         q, k, v = self._in_projection(query, key, value, pop)
         if key.shape[:2] != (n, value.shape[1]) or value.shape[0] != n:
             raise ValueError(f"{type(self).__name__}: query, key and value need the same rows and key / value the "
@@ -94,7 +94,7 @@ class PerturbedMultiheadAttention(PerturbedModule, nn.MultiheadAttention):
         mask = _additive_mask(attn_mask, key_padding_mask, n, self.num_heads, length, source, q.dtype)
         extra = []
         if self.bias_k is not None:  # one more key / value per member
-            extra.append(tuple(self._member_values(name, pop, t.dtype).expand(pop.repeats, pop.directions, 1, 1, e)
+            extra.append(tuple(self.member_values(name, pop, t.dtype).expand(pop.repeats, pop.directions, 1, 1, e)
                                .reshape(n, 1, e) for name, t in (("bias_k", k), ("bias_v", v))))
         if self.add_zero_attn:
             extra.append((k.new_zeros(n, 1, e), v.new_zeros(n, 1, e)))

@@ -14,28 +14,28 @@ class _PerturbedConv(PerturbedModule):
 
     def _init_conv(self, kind, directions, options) -> None:
         geometry = Geometry(self.out_channels, self.in_channels, self.groups, tuple(self.kernel_size))
-        self._init_perturbation(make_kind(kind, **options), directions, {"weight": geometry}, "conv")
+        self.init_perturbation(make_kind(kind, **options), directions, {"weight": geometry}, "conv")
         self.op = ConvOp.of(self)
 
     def _base_weight(self) -> torch.Tensor:
         """The kernel of the shared (unperturbed) product; a low-bit layer's is its quantised kernel."""
         return self.weight
 
-    def _check_input(self, x: torch.Tensor) -> None:
+    def check_input(self, x: torch.Tensor) -> None:
         dims = len(self.kernel_size)
         if x.dim() != dims + 2 or x.shape[1] != self.in_channels:
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, "
                              f"{self.in_channels}, {dims} spatial dims); got {tuple(x.shape)}")
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input(x)
+        self.check_input(x)
         y = self._conv_forward(x, self._base_weight(), self.bias)
-        pop = self._population(x.shape[0], y.dtype, y.device)
+        pop = self.population_of(x.shape[0], y.dtype, y.device)
         y_rows = y.view(pop.repeats, pop.directions, *y.shape[1:])
-        self._product_("weight", self.op, x.to(y.dtype).view(pop.repeats, pop.directions, *x.shape[1:]), y_rows,
+        self.add_product_("weight", self.op, x.to(y.dtype).view(pop.repeats, pop.directions, *x.shape[1:]), y_rows,
                       pop.scale)
         if self.bias is not None:
-            self._add_vector_("bias", self.op, y_rows, pop.scale)
+            self.add_vector_("bias", self.op, y_rows, pop.scale)
         return y
 
 

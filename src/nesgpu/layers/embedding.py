@@ -38,21 +38,21 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
                              f"the forward; expected max_norm=None")
         nn.Embedding.__init__(self, num_embeddings, embedding_dim, padding_idx, max_norm, norm_type,
                               scale_grad_by_freq, sparse, _weight, _freeze, device, dtype)
-        self._init_perturbation(make_kind(kind, **options), directions,
+        self.init_perturbation(make_kind(kind, **options), directions,
                                 {"weight": Geometry(num_embeddings, embedding_dim)}, "embedding")
 
     def population_forward(self, index: torch.Tensor) -> torch.Tensor:
         if index.dim() < 1 or index.is_floating_point():
             raise ValueError(f"{type(self).__name__}: expected integer indices of shape (repeats * directions, ...); "
                              f"got {index.dtype} of shape {tuple(index.shape)}")
-        noise = self._noise_of("weight", self.weight.dtype)
+        noise = self.noise_of("weight", self.weight.dtype)
         y = self._looked_up(index)
         if noise is None:
             return y
-        pop = self._population(index.shape[0], y.dtype, y.device)
+        pop = self.population_of(index.shape[0], y.dtype, y.device)
         rows = index.reshape(pop.repeats, pop.directions, -1)
         y4 = y.view(pop.repeats, pop.directions, rows.shape[-1], self.embedding_dim)
-        self._slot("weight").kind.embed_(rows, y4, pop.scale, noise)  # the padding row's noise is zero
+        self.slot_of("weight").kind.embed_(rows, y4, pop.scale, noise)  # the padding row's noise is zero
         return y
 
     def _looked_up(self, index: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ class PerturbedEmbedding(PerturbedModule, nn.Embedding):
         noise = self.noise_record("weight")
         # z_d[padding_idx] = 0 as drawn: every use of the table, the update and dense z_d leave that row alone
         if self.padding_idx is not None and noise is not None:
-            self._slot("weight").kind.zero_rows_(noise, self.padding_idx)
+            self.slot_of("weight").kind.zero_rows_(noise, self.padding_idx)
 
     def perturbed_numel(self) -> int:
         return super().perturbed_numel() - (self.embedding_dim if self.padding_idx is not None and

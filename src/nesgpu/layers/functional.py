@@ -111,21 +111,22 @@ class FunctionalPerturbed(PerturbedModule):
         """Every row's member's values of each perturbed parameter, (rows, *shape), in the parameter's dtype."""
         own = self.perturbed_parameters()
         dtype = next((p.dtype for p in own.values()), torch.get_default_dtype())
-        pop = self._population(rows, dtype, device)
-        return {name: self._member_values(name, pop, p.dtype).reshape(rows, *p.shape) for name, p in own.items()}
+        pop = self.population_of(rows, dtype, device)
+        return {name: self.member_values(name, pop, p.dtype).reshape(rows, *p.shape) for name, p in own.items()}
 
     @contextmanager
     def _member_calls(self):
         """The members' calls: the module's inner calls run its plain forward; an error of the module's own code
         names the module (see :meth:`_cannot_run`)."""
-        active, self._active = self._active, None
+        state = self.perturbation
+        active, state.active = state.active, None
         before = attribute_state(self)
         try:
             yield
         except (RuntimeError, IndexError, TypeError, ValueError) as e:
             raise self._cannot_run(e) from e
         finally:
-            self._active = active
+            state.active = active
         written = written_tensors(self, before)
         if written:  # each member's state would overwrite the last: no member's own
             raise RuntimeError(f"{self.label}: its forward writes {written[0]!r}, a state it keeps between calls, "
@@ -177,7 +178,7 @@ def functional_fallback(module: nn.Module, directions: int | None = None) -> nn.
     through the module's forward (a method of the module, or a parent calling the child itself) would compute
     with unperturbed weights: it raises :class:`nesgpu.layers.guarded_value.NeedsFallback`."""
     swap_class(module, FunctionalPerturbed, "Functional")
-    module._init_perturbation(Gaussian(), directions, {}, "elementwise", recurse=True)
+    module.init_perturbation(Gaussian(), directions, {}, "elementwise", recurse=True)
     for child in module.modules():
         if child is not module:
             child.__dict__[FALLBACK_ROOT] = module  # a plain attribute: not a submodule (deepcopy follows it)

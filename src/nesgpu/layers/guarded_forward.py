@@ -20,12 +20,12 @@ class GuardedForward(PerturbedModule):
     parameters guarded there (see the module docstring); a subclass overrides ``own_use``."""
 
     def population_forward(self, *args, **kwargs):
-        state = self.__dict__
-        inside, state["_inside"] = state["_inside"], False  # its own forward reads its parameters as GuardedValues
+        state = self.perturbation
+        inside, state.inside = state.inside, False  # its own forward reads its parameters as GuardedValues
         try:
             return super(PerturbedModule, self).forward(*args, **kwargs)  # the torch class's own forward
         finally:
-            state["_inside"] = inside
+            state.inside = inside
 
     def guarded_use(self, guard, func, args, kwargs):
         """A cast of one of its own guarded parameters is that parameter in the new dtype; any other use of its

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..kinds import Kind
-from .form import Form
+from .form import ConversionOptions, Form
 from .guarded_value import GuardedValue, NeedsFallback
 from .guarded_forward import GuardedForward
 from .swap import swap_class
@@ -44,8 +44,8 @@ class PerturbedSinks(GuardedForward):
     def member_view(self, guard: GuardedValue, shape: torch.Size, rows: int) -> torch.Tensor:
         """Each row's member's ``guard.attr`` in ``shape`` per row: (rows, *shape)."""
         with self.own_call():
-            pop = self._population(rows, guard.dtype, guard.device)
-            values = self._member_values(guard.attr, pop, guard.dtype)  # (R, D, heads); (1, 1, heads) if frozen
+            pop = self.population_of(rows, guard.dtype, guard.device)
+            values = self.member_values(guard.attr, pop, guard.dtype)  # (R, D, heads); (1, 1, heads) if frozen
             return values.expand(pop.repeats, pop.directions, *values.shape[2:]).reshape(rows, *shape)
 
 
@@ -54,9 +54,9 @@ def is_sink_attention(module: nn.Module) -> bool:
     return "attention" in type(module).__name__.lower() and list(params) == ["sinks"] and params["sinks"].dim() == 1
 
 
-def _adopt_sinks(module: nn.Module, found, kind: Kind, directions: int | None) -> nn.Module:
+def _adopt_sinks(module: nn.Module, found, kind: Kind, options: ConversionOptions) -> nn.Module:
     swap_class(module, PerturbedSinks, "Perturbed")
-    module._init_perturbation(kind, directions, {}, None)
+    module.init_perturbation(kind, options.directions, {}, None)
     return module
 
 

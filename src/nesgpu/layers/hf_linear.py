@@ -13,7 +13,7 @@ from torch import nn
 from ..kinds import Geometry, Kind
 from .base import PerturbedModule
 from .embedding import PerturbedEmbedding
-from .form import Form
+from .form import ConversionOptions, Form
 from .layout import compute_dtype
 from .linear import PerturbedLinear
 from .probing import probe
@@ -33,11 +33,11 @@ class PerturbedConv1D(PerturbedModule):
         if x.dim() < 2 or x.shape[-1] != self.weight.shape[0]:
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
                              f"{self.weight.shape[0]}); got {tuple(x.shape)}")
-        pop = self._population(x.shape[0], compute_dtype(x), x.device)
-        return self._perturbed_linear(x, pop, "weight", "bias")
+        pop = self.population_of(x.shape[0], compute_dtype(x), x.device)
+        return self.perturbed_linear(x, pop, "weight", "bias")
 
     def call_plan(self, x, layout):
-        return self._linear_plan(x, layout)
+        return self.linear_plan(x, layout)
 
     __repr__ = nn.Module.__repr__  # transformers' Conv1D writes its own, which would hide the kind
 
@@ -101,28 +101,28 @@ def is_scaled_embedding(module: nn.Module) -> bool:
                                                                                        rtol=1e-6, atol=1e-9)
 
 
-def _adopt_conv1d(module: nn.Module, found, kind: Kind, directions: int | None) -> nn.Module:
+def _adopt_conv1d(module: nn.Module, found, kind: Kind, options: ConversionOptions) -> nn.Module:
     nx, nf = module.weight.shape
     swap_class(module, PerturbedConv1D, "Perturbed")
-    module._init_perturbation(kind, directions, {"weight": Geometry(nf, nx)}, "linear",
-                              transposed=frozenset({"weight"}))
+    module.init_perturbation(kind, options.directions, {"weight": Geometry(nf, nx)}, "linear",
+                             transposed=frozenset({"weight"}))
     return module
 
 
-def _adopt_linear(module: nn.Module, found, kind: Kind, directions: int | None) -> nn.Module:
+def _adopt_linear(module: nn.Module, found, kind: Kind, options: ConversionOptions) -> nn.Module:
     swap_class(module, PerturbedLinear, "Perturbed")  # its own class kept: the plain path is its own forward
-    module._init_perturbation(kind, directions, {"weight": Geometry(module.out_features, module.in_features)},
-                              "linear")
+    geometry = Geometry(module.out_features, module.in_features)
+    module.init_perturbation(kind, options.directions, {"weight": geometry}, "linear")
     return module
 
 
-def _adopt_scaled_embedding(module: nn.Module, found, kind: Kind, directions: int | None) -> nn.Module:
+def _adopt_scaled_embedding(module: nn.Module, found, kind: Kind, options: ConversionOptions) -> nn.Module:
     swap_class(module, PerturbedScaledEmbedding, "Perturbed")
-    module._init_perturbation(kind, directions, {"weight": Geometry(module.num_embeddings, module.embedding_dim)},
-                              "embedding")
+    geometry = Geometry(module.num_embeddings, module.embedding_dim)
+    module.init_perturbation(kind, options.directions, {"weight": geometry}, "embedding")
     return module
 
 
 HF_FORMS = [Form("conv1d", is_conv1d, _adopt_conv1d, "linear"),
-         Form("linear", is_linear_subclass, _adopt_linear, "linear"),
-         Form("scaled_embedding", is_scaled_embedding, _adopt_scaled_embedding, "embedding")]
+            Form("linear", is_linear_subclass, _adopt_linear, "linear"),
+            Form("scaled_embedding", is_scaled_embedding, _adopt_scaled_embedding, "embedding")]

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..kinds import Geometry, Kind
 from .base import PerturbedModule
-from .form import Form
+from .form import ConversionOptions, Form
 from .guarded_value import GuardedValue
 from .guarded_forward import GuardedForward
 from .layout import compute_dtype, member_tokens
@@ -45,7 +45,7 @@ class PerturbedExperts(PerturbedModule):
     def population_forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
                            top_k_weights: torch.Tensor) -> torch.Tensor:
         n, tokens = hidden.shape[0], member_tokens(self.population_layout, hidden, self.label, self.layer_name)
-        pop = self._population(n // tokens, compute_dtype(hidden), hidden.device)
+        pop = self.population_of(n // tokens, compute_dtype(hidden), hidden.device)
         row = torch.arange(n, device=hidden.device) // tokens
         direction, scale = row % pop.directions, pop.scale[row // pop.directions]
         out = torch.zeros_like(hidden)
@@ -72,12 +72,12 @@ class PerturbedExperts(PerturbedModule):
         if self.bank.bias:
             bias = f"{name}_bias"
             y = y + self.get_parameter(bias)[expert]
-            noise = self._noise_of(bias, y.dtype)
+            noise = self.noise_of(bias, y.dtype)
             if noise is not None:
                 y.addcmul_(noise["z"][direction, expert], scale.to(y.dtype).unsqueeze(-1))
-        noise = self._noise_of(name, y.dtype)
+        noise = self.noise_of(name, y.dtype)
         if noise is not None:
-            self._slot(name).kind.experts_(x.to(y.dtype), y, scale.to(y.dtype), direction, noise, expert)
+            self.slot_of(name).kind.experts_(x.to(y.dtype), y, scale.to(y.dtype), direction, noise, expert)
         return y
 
 
@@ -116,10 +116,10 @@ class PerturbedRouter(GuardedForward):
             n, tokens = x.shape[0], member_tokens(self.population_layout, x, self.label, self.layer_name)
             rows = n // tokens
             per_row = x if tokens == 1 else x.view(rows, tokens, x.shape[-1])
-            pop = self._population(rows, compute_dtype(per_row), x.device)
+            pop = self.population_of(rows, compute_dtype(per_row), x.device)
             bias = self.bias.to(dtype) if own_bias else bias
             y = F.linear(per_row, self.weight.to(dtype), bias)
-            y = self._perturbed_linear(per_row, pop, "weight", "bias" if own_bias else None, y=y)
+            y = self.perturbed_linear(per_row, pop, "weight", "bias" if own_bias else None, y=y)
             return y.view(*x.shape[:-1], -1)
 
 
@@ -165,22 +165,23 @@ def is_expert_bank(module: nn.Module) -> Bank | None:
     return bank
 
 
-def _adopt_router(module: nn.Module, found, kind: Kind, directions: int | None) -> nn.Module:
+def _adopt_router(module: nn.Module, found, kind: Kind, options: ConversionOptions) -> nn.Module:
     swap_class(module, PerturbedRouter, "Perturbed")
-    module._init_perturbation(kind, directions, {"weight": Geometry(*module.weight.shape)}, "linear")
+    module.init_perturbation(kind, options.directions, {"weight": Geometry(*module.weight.shape)}, "linear")
     return module
 
 
-def _adopt_experts(module: nn.Module, bank: Bank, kind: Kind, directions: int | None) -> nn.Module:
+def _adopt_experts(module: nn.Module, bank: Bank, kind: Kind, options: ConversionOptions) -> nn.Module:
     shapes = _bank_shapes(module, bank)
     (e, *first), down = shapes[bank.first], shapes["down_proj"][1:]
     (out, hidden), (_, inter) = (first[::-1], down[::-1]) if bank.transposed else (first, down)
     matrices = {bank.first: Geometry(e * out, e * hidden, e), "down_proj": Geometry(e * hidden, e * inter, e)}
     swap_class(module, PerturbedExperts, "Perturbed")
     module.__dict__["bank"] = bank
-    module._init_perturbation(kind, directions, matrices, "experts", banks=frozenset(matrices),
-                              transposed=frozenset(matrices) if bank.transposed else frozenset())
+    module.init_perturbation(kind, options.directions, matrices, "experts", banks=frozenset(matrices),
+                             transposed=frozenset(matrices) if bank.transposed else frozenset())
     return module
 
 
-HF_FORMS = [Form("router", is_router, _adopt_router, "linear"), Form("experts", is_expert_bank, _adopt_experts, "experts")]
+HF_FORMS = [Form("router", is_router, _adopt_router, "linear"),
+            Form("experts", is_expert_bank, _adopt_experts, "experts")]

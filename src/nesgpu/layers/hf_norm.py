@@ -12,7 +12,7 @@ from torch import nn
 
 from ..kinds import Gaussian, Kind
 from .base import PerturbedModule
-from .form import Form
+from .form import ConversionOptions, Form
 from .layout import PopulationCall
 from .plan import rows_first
 from .probing import probe
@@ -30,8 +30,8 @@ class PerturbedHFRMSNorm(PerturbedModule):
     PLANNED = True
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
-        pop = self._population(x.shape[0], self.weight.dtype, x.device)  # members in the weight's dtype
-        w = self._member_values("weight", pop, self.weight.dtype)
+        pop = self.population_of(x.shape[0], self.weight.dtype, x.device)  # members in the weight's dtype
+        w = self.member_values("weight", pop, self.weight.dtype)
         return self._normalised(x, w.view(w.shape[0], w.shape[1], 1, x.shape[-1]), pop)
 
     def _normalised(self, x: torch.Tensor, w: torch.Tensor, pop: PopulationCall) -> torch.Tensor:
@@ -49,19 +49,19 @@ class PerturbedHFRMSNorm(PerturbedModule):
     def call_plan(self, x: torch.Tensor, layout) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """A decode step's norm: the member weights' product with the noise and sigma bound (the weight read at
         every call), then :meth:`_normalised`, as :meth:`population_forward` computes them."""
-        params, d = self._parameters, self.local_directions
+        params, d, state = self._parameters, self.local_directions, self.perturbation
         weight = params["weight"]
-        if (self._borrowed or self._noise is None or not rows_first(x, layout, d, self._active.antithetic)
+        if (state.borrowed or state.noise is None or not rows_first(x, layout, d, state.active.antithetic)
                 or x.shape[-1] != weight.shape[0]):
             return None
-        pop = self._population(x.shape[0], weight.dtype, x.device)
-        noise = self._noise_of("weight", weight.dtype)
+        pop = self.population_of(x.shape[0], weight.dtype, x.device)
+        noise = self.noise_of("weight", weight.dtype)
         if noise is None:
             return None
         z, scale, shape = noise["z"].unsqueeze(0), pop.scale.view(-1, 1, 1), (pop.repeats, d, 1, weight.shape[0])
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            p = params["weight"]  # as _member_values: theta + scale_r z_d
+            p = params["weight"]  # as member_values: theta + scale_r z_d
             return self._normalised(x, torch.addcmul(p.view(1, 1, -1), z, scale).view(shape), pop)
 
         return run
@@ -114,11 +114,11 @@ def _rms_product(module: nn.Module, offset: float, eps: float, w: torch.Tensor, 
         "promoted")
 
 
-def _adopt_rms_norm(module: nn.Module, found: RMSForm, kind: Kind, directions: int | None) -> nn.Module:
+def _adopt_rms_norm(module: nn.Module, found: RMSForm, kind: Kind, options: ConversionOptions) -> nn.Module:
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     swap_class(module, PerturbedHFRMSNorm, "Perturbed")
     module.rms_eps, module.rms_offset, module.rms_product = float(eps), *found
-    module._init_perturbation(Gaussian(), directions, {}, "elementwise")
+    module.init_perturbation(Gaussian(), options.directions, {}, "elementwise")
     return module
 
 

@@ -34,21 +34,21 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, kind="gaussian",
                  directions=None, **options):
         nn.Linear.__init__(self, in_features, out_features, bias, device, dtype)
-        self._init_perturbation(make_kind(kind, **options), directions,
+        self.init_perturbation(make_kind(kind, **options), directions,
                                 {"weight": Geometry(out_features, in_features)}, "linear")
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or x.shape[-1] != self.in_features:
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
                              f"{self.in_features}); got {tuple(x.shape)}")
-        pop = self._population(x.shape[0], compute_dtype(x), x.device)
+        pop = self.population_of(x.shape[0], compute_dtype(x), x.device)
         if type(self)._shared_base is PerturbedLinear._shared_base:  # the plain product: the kind may fuse it
-            return self._perturbed_linear(x, pop, "weight", "bias")
+            return self.perturbed_linear(x, pop, "weight", "bias")
         x, y = self._shared_base(x)
-        return self._perturbed_linear(x, pop, "weight", "bias", y=y)
+        return self.perturbed_linear(x, pop, "weight", "bias", y=y)
 
     def call_plan(self, x, layout):
-        return self._linear_plan(x, layout)
+        return self.linear_plan(x, layout)
 
     def _shared_base(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the input the noise products see, the shared unperturbed product with the bias). A low-bit layer
@@ -64,15 +64,15 @@ class PerturbedLinear(PerturbedModule, nn.Linear):
             raise ValueError(f"{type(self).__name__}: expected a shared input of shape (samples, {self.in_features}); "
                              f"got {tuple(x.shape)}")
         bsz, d = x.shape[0], self.local_directions
-        pop = self._population(signs * bsz * d, compute_dtype(x), x.device)
+        pop = self.population_of(signs * bsz * d, compute_dtype(x), x.device)
         x, base = self._shared_base(x)  # base: (B, out)
         x = x.to(base.dtype)
         per_direction = base.new_zeros(bsz, d, self.out_features)
-        noise = self._noise_of("weight", base.dtype)
+        noise = self.noise_of("weight", base.dtype)
         if noise is not None:
-            self._slot("weight").kind.apply_shared_(x, per_direction, noise)
+            self.slot_of("weight").kind.apply_shared_(x, per_direction, noise)
         if self.bias is not None:
-            bias_noise = self._noise_of("bias", base.dtype)
+            bias_noise = self.noise_of("bias", base.dtype)
             if bias_noise is not None:
                 per_direction += bias_noise["z"].unsqueeze(0)
         # row (s, b, d): base_b + scale_s P_{b,d}; the scale of repeat (s, b) depends on the sign only

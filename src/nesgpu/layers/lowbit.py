@@ -94,17 +94,17 @@ class _LowBit:
 
     def _signs(self) -> int:
         """How many distinct weights each direction has: 2 with antithetic sampling (+sigma, -sigma), else 1."""
-        if self._active is None:
+        if self.perturbation.active is None:
             raise ValueError(f"{type(self).__name__}: the members' weights exist in a population call only; call "
                              f"it inside PerturbedModel.perturbing()")
-        return 2 if self._active.antithetic else 1
+        return 2 if self.perturbation.active.antithetic else 1
 
     def noise_bytes(self) -> int:
         """The noise tensors' memory plus, with latent noise, what a forward adds per direction: the members'
         low-bit weights (two signs) and a dense copy of the noise (an upper bound; what --chunk-size auto
         plans with)."""
         base = super().noise_bytes()
-        noise = None if self._noise is None else self._noise.get("weight")
+        noise = self.noise_record("weight")
         if self.noise_on != "latent" or noise is None:
             return base
         return base + 3 * noise.directions * self.weight.numel() * self.weight.element_size()
@@ -119,25 +119,25 @@ class _LowBit:
             return self._member_weights(dtype)
 
     def _member_weights(self, dtype: torch.dtype) -> torch.Tensor | None:
-        noise = self._noise_of("weight", self.weight.dtype)
+        noise = self.noise_of("weight", self.weight.dtype)
         if noise is None:
             return None
         signs = self._signs()
         w = self.weight
-        key = (noise, w.data_ptr(), w._version, self._active.sigma, signs, dtype, w.device)
+        key = (noise, w.data_ptr(), w._version, self.perturbation.active.sigma, signs, dtype, w.device)
         cached = self._members_cache
         if cached is not None and cached.key[0] is noise and cached.key[1:] == key[1:]:
             return cached.value
         self._members_cache = None
         w = self.weight.detach()
-        z = self._slot("weight").kind.dense(noise).reshape(noise.directions, *w.shape)
+        z = self.slot_of("weight").kind.dense(noise).reshape(noise.directions, *w.shape)
         shape = (signs, noise.directions, *w.shape)
         buffer = self._members_buffer
         if buffer is None or buffer.shape != shape or buffer.dtype != w.dtype or buffer.device != w.device \
                 or not unshared(buffer):
             self._members_buffer = buffer = None  # free it before allocating its successor
             self._members_buffer = buffer = torch.empty(shape, dtype=w.dtype, device=w.device)
-        sign = torch.tensor([1.0, -1.0][:signs], dtype=w.dtype, device=w.device).mul_(self._active.sigma)
+        sign = torch.tensor([1.0, -1.0][:signs], dtype=w.dtype, device=w.device).mul_(self.perturbation.active.sigma)
         torch.addcmul(w.unsqueeze(0).unsqueeze(0), sign.view(signs, *([1] * z.dim())), z.unsqueeze(0), out=buffer)
         quantize(buffer, self.bits, w.dim() - 1, out=buffer)
         members = buffer.flatten(0, 1).to(dtype)
@@ -193,7 +193,7 @@ class LowBitLinear(_LowBit, PerturbedLinear):
         self._codes_cache = None
 
     def forward(self, x):
-        if self._active is None:
+        if self.perturbation.active is None:
             return self._shared_base(x)[1]
         with self.own_call():
             return self.population_forward(x)
@@ -231,7 +231,7 @@ class LowBitLinear(_LowBit, PerturbedLinear):
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, ..., "
                              f"{self.in_features}); got {tuple(x.shape)}")
         dtype = compute_dtype(x)
-        pop = self._population(x.shape[0], dtype, x.device)
+        pop = self.population_of(x.shape[0], dtype, x.device)
         x4 = rows_view(self._input(x).to(dtype), pop.repeats, pop.directions)
         y4 = self._latent_product(LINEAR, x4, 1)
         if y4 is None:  # a frozen weight: the plain low-bit product
@@ -239,7 +239,7 @@ class LowBitLinear(_LowBit, PerturbedLinear):
         y4 = y4.contiguous()
         if self.bias is not None:
             y4.add_(self.bias.to(dtype))
-            self._add_vector_("bias", LINEAR, y4, pop.scale)
+            self.add_vector_("bias", LINEAR, y4, pop.scale)
         return y4.view(*x.shape[:-1], self.out_features)
 
     def population_forward_shared(self, x: torch.Tensor, signs: int) -> torch.Tensor:
@@ -249,7 +249,7 @@ class LowBitLinear(_LowBit, PerturbedLinear):
             raise ValueError(f"{type(self).__name__}: expected a shared input of shape (samples, {self.in_features}); "
                              f"got {tuple(x.shape)}")
         bsz, d, dtype = x.shape[0], self.local_directions, compute_dtype(x)
-        pop = self._population(signs * bsz * d, dtype, x.device)
+        pop = self.population_of(signs * bsz * d, dtype, x.device)
         members = self.member_weights(dtype)
         x = self._input(x)
         if members is None:
@@ -260,7 +260,7 @@ class LowBitLinear(_LowBit, PerturbedLinear):
         if self.bias is not None:
             y4 = y.view(signs * bsz, d, 1, -1)
             y4.add_(self.bias.to(y4.dtype))
-            self._add_vector_("bias", LINEAR, y4, pop.scale)
+            self.add_vector_("bias", LINEAR, y4, pop.scale)
         return y.view(-1, self.out_features)
 
 
@@ -276,7 +276,7 @@ class _LowBitConv(_LowBit):
         return self.quantized_weight()
 
     def forward(self, x):
-        if self._active is None:
+        if self.perturbation.active is None:
             return self._conv_forward(x, self.quantized_weight(), self.bias)
         with self.own_call():
             return self.population_forward(x)
@@ -284,9 +284,9 @@ class _LowBitConv(_LowBit):
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.noise_on == "quantized":
             return super().population_forward(x)
-        self._check_input(x)
+        self.check_input(x)
         dtype = compute_dtype(x)
-        pop = self._population(x.shape[0], dtype, x.device)
+        pop = self.population_of(x.shape[0], dtype, x.device)
         x_rows = x.to(dtype).view(pop.repeats, pop.directions, *x.shape[1:])
         y_rows = self._latent_product(self.op, x_rows, self.groups)
         if y_rows is None:
@@ -295,7 +295,7 @@ class _LowBitConv(_LowBit):
         y_rows = y_rows.contiguous()
         if self.bias is not None:
             y_rows.add_(self.op.per_channel(self.bias.to(dtype).unsqueeze(0), y_rows))
-            self._add_vector_("bias", self.op, y_rows, pop.scale)
+            self.add_vector_("bias", self.op, y_rows, pop.scale)
         return y_rows.view(x.shape[0], *y_rows.shape[2:])
 
 

@@ -25,14 +25,14 @@ class _ElementwiseAffine(PerturbedModule):
     """y = normalised * weight + bias, with per-member weight and bias."""
 
     def _init_norm(self, directions) -> None:
-        self._init_perturbation(Gaussian(), directions, {}, "elementwise")
+        self.init_perturbation(Gaussian(), directions, {}, "elementwise")
 
     def _affine(self, normalised: torch.Tensor, pop: PopulationCall, shape: tuple[int, ...]) -> torch.Tensor:
         """normalised viewed as (R, D, *shape) per the caller; weight / bias broadcast on ``shape``."""
         def values(name):  # (R, D, *shape), or (1, 1, *shape) when frozen
             if getattr(self, name, None) is None:
                 return None
-            t = self._member_values(name, pop, normalised.dtype)
+            t = self.member_values(name, pop, normalised.dtype)
             return t.view(t.shape[0], t.shape[1], *shape)
 
         weight, bias = values("weight"), values("bias")
@@ -56,7 +56,7 @@ class PerturbedLayerNorm(_ElementwiseAffine, nn.LayerNorm):
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         normalised = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
-        pop = self._population(x.shape[0], normalised.dtype, x.device)
+        pop = self.population_of(x.shape[0], normalised.dtype, x.device)
         k = math.prod(self.normalized_shape)
         y = self._affine(normalised.view(pop.repeats, pop.directions, -1, k), pop, (1, k))
         return y.view(x.shape)
@@ -74,7 +74,7 @@ class PerturbedRMSNorm(_ElementwiseAffine, nn.RMSNorm):
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         normalised = F.rms_norm(x, self.normalized_shape, None, self.eps)
-        pop = self._population(x.shape[0], normalised.dtype, x.device)
+        pop = self.population_of(x.shape[0], normalised.dtype, x.device)
         k = math.prod(self.normalized_shape)
         y = self._affine(normalised.view(pop.repeats, pop.directions, -1, k), pop, (1, k))
         return y.view(x.shape)
@@ -97,7 +97,7 @@ class PerturbedGroupNorm(_ElementwiseAffine, nn.GroupNorm):
             raise ValueError(f"{type(self).__name__}: expected input of shape (repeats * directions, "
                              f"{self.num_channels}, *); got {tuple(x.shape)}")
         normalised = F.group_norm(x, self.num_groups, None, None, self.eps)
-        pop = self._population(x.shape[0], normalised.dtype, x.device)
+        pop = self.population_of(x.shape[0], normalised.dtype, x.device)
         return self._affine(_channels_view(normalised, pop), pop, (self.num_channels, 1)).view(x.shape)
 
 
@@ -113,10 +113,10 @@ class _PerturbedBatchNorm(_ElementwiseAffine):
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        pop = self._population(x.shape[0], x.dtype, x.device)
+        pop = self.population_of(x.shape[0], x.dtype, x.device)
         xv = _channels_view(x, pop)  # (R, D, C, L)
         if self.training or self.running_mean is None:
-            signs = 2 if self._active.antithetic else 1
+            signs = 2 if self.perturbation.active.antithetic else 1
             per_member = xv.view(signs, pop.repeats // signs, pop.directions, self.num_features, -1)
             count = per_member.shape[1] * per_member.shape[4]
             if count < 2:

@@ -35,7 +35,7 @@ class _PerturbedRNN(PerturbedModule):
             if name.startswith("weight_"):
                 shape = getattr(self, name).shape
                 matrices[name] = Geometry(shape[0], shape[1])
-        self._init_perturbation(make_kind(kind, **options), directions, matrices, "linear")
+        self.init_perturbation(make_kind(kind, **options), directions, matrices, "linear")
 
     def population_forward(self, input, hx=None):
         if isinstance(input, nn.utils.rnn.PackedSequence) or input.dim() != 3:
@@ -44,7 +44,7 @@ class _PerturbedRNN(PerturbedModule):
                              f"{tuple(input.shape) if isinstance(input, torch.Tensor) else ''}")
         x = input if self.batch_first else input.transpose(0, 1)  # (N, T, in)
         n, steps = x.shape[:2]
-        pop = self._population(n, compute_dtype(x), x.device)
+        pop = self.population_of(n, compute_dtype(x), x.device)
         sides = 2 if self.bidirectional else 1
         lstm = isinstance(self, nn.LSTM)
         if hx is None:
@@ -61,12 +61,12 @@ class _PerturbedRNN(PerturbedModule):
             outputs = []
             for side in range(sides):
                 suffix = f"l{layer}" + ("_reverse" if side else "")
-                inputs = self._perturbed_linear(x, pop, f"weight_ih_{suffix}", f"bias_ih_{suffix}" if self.bias else None)  # every time step at once: (N, T, G * H)
+                inputs = self.perturbed_linear(x, pop, f"weight_ih_{suffix}", f"bias_ih_{suffix}" if self.bias else None)  # every time step at once: (N, T, G * H)
                 h = h0[layer * sides + side]
                 c = c0[layer * sides + side] if lstm else None
                 out = [None] * steps
                 for t in (reversed(range(steps)) if side else range(steps)):
-                    hidden = self._perturbed_linear(h, pop, f"weight_hh_{suffix}", f"bias_hh_{suffix}" if self.bias else None)
+                    hidden = self.perturbed_linear(h, pop, f"weight_hh_{suffix}", f"bias_hh_{suffix}" if self.bias else None)
                     if self.gates == 1:
                         h = self._activation(inputs[:, t] + hidden)
                     elif lstm:

@@ -1,34 +1,31 @@
-"""Which perturbed module replaces which torch module, and with which constructor arguments."""
+"""Which perturbed module replaces which torch module, and with which constructor arguments; each conversion
+is a form (:func:`torch_forms`) that ``convert`` asks in the same ordered list as transformers' types and yours
+(:func:`nesgpu.layers.form_table.forms`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
+import torch
 from torch import nn
 
-from . import (
-    LowBitConv1d,
-    LowBitConv2d,
-    LowBitConv3d,
-    LowBitLinear,
-    PerturbedBatchNorm1d,
-    PerturbedBatchNorm2d,
-    PerturbedBatchNorm3d,
-    PerturbedConv1d,
-    PerturbedConv2d,
-    PerturbedConv3d,
-    PerturbedEmbedding,
-    PerturbedGroupNorm,
-    PerturbedGRU,
-    PerturbedLayerNorm,
-    PerturbedLinear,
-    PerturbedLSTM,
-    PerturbedMultiheadAttention,
-    PerturbedRMSNorm,
-    PerturbedRNN,
-    PerturbedTransformerDecoderLayer,
-    PerturbedTransformerEncoderLayer,
+from .attention import PerturbedMultiheadAttention, PerturbedTransformerDecoderLayer, PerturbedTransformerEncoderLayer
+from .base import PerturbedModule
+from .conv import PerturbedConv1d, PerturbedConv2d, PerturbedConv3d
+from .embedding import PerturbedEmbedding
+from .form import ConversionOptions, Form
+from .linear import PerturbedLinear
+from .lowbit import LowBitConv1d, LowBitConv2d, LowBitConv3d, LowBitLinear
+from .norm import (
+                   PerturbedBatchNorm1d,
+                   PerturbedBatchNorm2d,
+                   PerturbedBatchNorm3d,
+                   PerturbedGroupNorm,
+                   PerturbedLayerNorm,
+                   PerturbedRMSNorm,
 )
+from .recurrent import PerturbedGRU, PerturbedLSTM, PerturbedRNN
 
 
 def _conv(m):
@@ -111,3 +108,64 @@ def conversion_for(module: nn.Module) -> Conversion | None:
         if isinstance(module, c.source):
             return c
     return None
+
+
+def torch_forms() -> list[Form]:
+    """The conversions as forms, in :data:`CONVERSIONS`' order: each detects the modules whose first matching
+    conversion it is (their own forward, options the perturbed class covers) and rebuilds them, as their low-bit
+    version with ``bits`` (:data:`LOW_BIT_SWAPS`); asked for every module with something to perturb."""
+    forms = []
+    for c in CONVERSIONS:
+        low_bit = LOW_BIT_SWAPS.get(c.source)
+        takes = frozenset() if low_bit is None else frozenset({"bits", "act_bits"} if low_bit is LowBitLinear
+                                                              else {"bits"})
+        forms.append(Form(c.source.__name__, partial(_is_converted_by, c), partial(_rebuild_as, c), c.product,
+                          takes=takes, always=True))
+    return forms
+
+
+def _is_converted_by(conversion: Conversion, module: nn.Module) -> bool:
+    return (conversion_for(module) is conversion and type(module).forward is conversion.source.forward
+            and conversion.fits(module))
+
+
+def _rebuild_as(conversion: Conversion, module: nn.Module, found, kind, options: ConversionOptions) -> nn.Module:
+    """``module`` rebuilt as the conversion's target (its low-bit version with ``options.bits``), weights kept."""
+    extra = {} if conversion.product is None else {"kind": kind}
+    target = conversion.target
+    if options.bits is not None and conversion.product is not None:
+        target, extra = LOW_BIT_SWAPS[conversion.source], {**extra, "bits": options.bits, "noise_on": options.noise_on}
+        if options.act_bits is not None:
+            extra["act_bits"] = options.act_bits
+    return rebuild(target, module, {**conversion.args(module), **extra}, options.directions)
+
+
+def rebuilt_as(cls: type[nn.Module], module: nn.Module, **args) -> nn.Module:
+    """``cls(**args)`` holding ``module``'s state, on its device and in its dtype, with its very Parameter
+    objects (an optimizer built on ``module`` still holds what trains; ties stay ties). Built on "meta", so
+    that no initialisation runs (and no global RNG is consumed), then filled in."""
+    tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    layer = cls(**args, device="meta", dtype=dtype).to_empty(device=device)
+    layer.load_state_dict(module.state_dict())
+    own = dict(layer.named_parameters())
+    for name, param in module.named_parameters():
+        if name in own and own[name].shape == param.shape and own[name].dtype == param.dtype:
+            owner, _, leaf = name.rpartition(".")
+            layer.get_submodule(owner).register_parameter(leaf, param)
+    return layer
+
+
+def rebuild(cls: type[nn.Module], module: nn.Module, args: dict, directions: int | None) -> nn.Module:
+    """:func:`rebuilt_as` a perturbed class, its parameters as trainable as ``module``'s (frozen ones get no
+    noise), in ``module``'s training mode."""
+    layer = rebuilt_as(cls, module, **args, directions=directions)
+    trainable = {n: p.requires_grad for n, p in module.named_parameters()}
+    for n, p in layer.named_parameters():
+        p.requires_grad_(trainable.get(n, True))
+    for m in layer.modules():
+        if isinstance(m, PerturbedModule):
+            m.declare_parameters()  # frozen parameters (requires_grad=False) get no noise
+    layer.train(module.training)
+    return layer

@@ -105,22 +105,22 @@ def signed_weights(weights: torch.Tensor, antithetic: bool) -> torch.Tensor:
 
 class ScaledNoise:
     """Mixin of :class:`nesgpu.layers.base.PerturbedModule`: the scales of its perturbed parameters, by attribute
-    name, multiplied into their noise when it is drawn (``set_noise`` calls :meth:`_scaled`)."""
+    name, multiplied into their noise when it is drawn (``set_noise`` calls :meth:`apply_scales`)."""
 
     def noise_scales(self) -> dict[str, torch.Tensor]:
         """The scales of this module's perturbed parameters that have one (the tensors themselves)."""
-        held = self.__dict__.get("_scales") or {}
-        return {slot.name: held[slot.name] for slot in self._slots if slot.name in held}
+        held = self.perturbation.scales
+        return {slot.name: held[slot.name] for slot in self.perturbation.slots if slot.name in held}
 
     def set_noise_scales(self, scales: dict[str, torch.Tensor]) -> None:
         """Replace every scale by ``scales`` (checked by :func:`check_scale`; a parameter without one has S = 1).
         The noise drawn before keeps the old ones: draw it again (``PerturbedModel.set_scales`` does)."""
-        self.__dict__["_scales"] = dict(scales)  # a plain attribute, as the module's other noise state
+        self.perturbation.scales = dict(scales)
 
-    def _scaled(self, noise: dict[str, Noise]) -> dict[str, Noise]:
+    def apply_scales(self, noise: dict[str, Noise]) -> dict[str, Noise]:
         """``noise`` just drawn, with S o z_d in place of z_d for every parameter with a scale (``set_noise``)."""
         for name, scale in self.noise_scales().items():
-            self._slot(name).kind.scale_(noise[name], self._scale_as_noise(name, scale, noise[name]))
+            self.slot_of(name).kind.scale_(noise[name], self._scale_as_noise(name, scale, noise[name]))
         return noise
 
     def _scale_as_noise(self, name: str, scale: torch.Tensor, noise: Noise) -> torch.Tensor:
@@ -128,7 +128,7 @@ class ScaledNoise:
         transposed (Conv1D) transposed back, a bank of matrices as the one (out, in) matrix its noise is drawn for."""
         like = next(iter(noise.tensors.values()))
         shape = tuple(noise["z"].shape[1:]) if "z" in noise else tuple(noise.geometry.shape)
-        if name in self._transposed:
+        if name in self.perturbation.transposed:
             scale = scale.transpose(-2, -1)
         if tuple(scale.shape) != shape:
             scale = scale.reshape(shape)
@@ -138,11 +138,11 @@ class ScaledNoise:
         """``sum_d w_d (z_d o z_d - 1)`` (``first``: ``sum_d w_d z_d``) of the unit noise z_d, over the current
         noise's directions, for every perturbed parameter whose kind takes a scale, in the parameter's layout;
         ``weights`` (D,)."""
-        noise = self._require_noise()
+        noise = self.require_noise()
         if weights.shape != (self.local_directions,):
             raise ValueError(f"weights must have shape ({self.local_directions},); got {tuple(weights.shape)}")
         held, out = self.noise_scales(), {}
-        for slot in self._slots:
+        for slot in self.perturbation.slots:
             if not takes_scale(slot):
                 continue
             record = noise[slot.name]
@@ -175,11 +175,11 @@ class ModelScales:
             raise ValueError("the model has a covariance (set_covariance); scales cannot be set beside it: "
                              "set_covariance(None) first")
         before = bool(self.scales())
-        self._place_scales(scales)
+        self.place_scales(scales)
         if before or self.scales():
             self.redraw_noise()
 
-    def _place_scales(self, scales: dict[str, torch.Tensor] | None, known_only: bool = False) -> None:
+    def place_scales(self, scales: dict[str, torch.Tensor] | None, known_only: bool = False) -> None:
         """Check every entry of ``scales`` and give each module its own (all or none); ``known_only``: entries of
         parameters the model no longer perturbs are dropped (a module just put into the exact fallback)."""
         if scales is not None and not isinstance(scales, dict):

@@ -38,7 +38,7 @@ class SharedParameters(nn.Module):
         problem = self.borrow_problem(name, owner, owner_name)
         if problem:
             raise ValueError(problem)
-        self._borrowed[name] = Borrowed(owner, owner_name, label or owner_name)
+        self.perturbation.borrowed[name] = Borrowed(owner, owner_name, label or owner_name)
         self.declare_parameters()
 
     def borrow_problem(self, name: str, owner: SharedParameters, owner_name: str) -> str | None:
@@ -47,7 +47,7 @@ class SharedParameters(nn.Module):
         if slot is None:
             return (f"{type(owner).__name__}.{owner_name} is not perturbed (frozen or borrowed); expected the module "
                     f"that draws the tied parameter's noise")
-        geometry = self._matrices.get(name)
+        geometry = self.perturbation.matrices.get(name)
         if geometry is None or slot.geometry is None or geometry.shape != slot.geometry.shape:
             return (f"{type(self).__name__}.{name} is tied to {type(owner).__name__}.{owner_name}, but their "
                     f"geometries differ ({geometry} and {slot.geometry}); expected the same matrix")
@@ -60,28 +60,28 @@ class SharedParameters(nn.Module):
     @property
     def own_call_running(self) -> bool:
         """Whether the module is inside :meth:`own_call` (its own population forward)."""
-        return self.__dict__["_inside"]
+        return self.perturbation.inside
 
     @property
     def ties(self) -> dict[str, Borrowed]:
         """The parameters this module borrows from another module (tied weights), by attribute name."""
-        return dict(self._borrowed)
+        return dict(self.perturbation.borrowed)
 
     @contextmanager
     def own_call(self):
         """Within this block the module reads its own perturbed parameters (its population forward, or
         another entry point such as a shared-input forward): the read guard lets them through."""
-        state = self.__dict__  # plain attributes: nn.Module.__setattr__'s checks cost more than the forward's ops
-        inside, state["_inside"] = state["_inside"], True
+        state = self.perturbation  # plain attributes: nn.Module.__setattr__'s checks cost more than the forward's ops
+        inside, state.inside = state.inside, True
         try:
             yield
         finally:
-            state["_inside"] = inside
+            state.inside = inside
 
     def __getattr__(self, name: str):
         value = super().__getattr__(name)
-        state = self.__dict__
-        if state.get("_active") is not None and not state["_inside"] and name in state["_guarded"]:
+        state = self.__dict__.get("perturbation")  # not yet there while the module is being built
+        if state is not None and state.active is not None and not state.inside and name in state.guarded:
             # a parent reading a perturbed parameter would compute with the unperturbed weights: its metadata
             # reads pass, any use of its values goes through guarded_use (an error unless the module computes it)
             return GuardedValue(value, self, name)

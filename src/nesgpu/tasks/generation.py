@@ -107,7 +107,7 @@ class GenerationTask(PenalisesKL, Evaluating):
         self.correct_at, self.seed, self.eval_batch, self.name = correct_at, seed, eval_batch, name
         self.generations, self.fitness_kind = generations, fitness
         self._drawn: Drawn | None = None  # the likelihood fitness's completions of the latest step
-        self._step = 0  # the latest step evaluated (a TRL reward function's trainer_state.global_step)
+        self.latest_step = 0  # the latest step evaluated (a TRL reward function's trainer_state.global_step)
         self.metric = "accuracy" if correct_at is not None else "mean_reward"
         self.samples: list[dict] = []  # the last evaluation's prompts, completions and rewards
         self._longest = None  # tokens of the longest training prompt, once counted
@@ -142,14 +142,14 @@ class GenerationTask(PenalisesKL, Evaluating):
     def fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
         """Raw rewards (signs * prompts, D_local) of the drawn directions: each member's mean reward over its
         ``generations`` completions of each prompt (or, with ``fitness="likelihood"``, the reward it expects)."""
-        self._step = step  # what a TRL reward function reads as trainer_state.global_step
+        self.latest_step = step  # what a TRL reward function reads as trainer_state.global_step
         if self.fitness_kind == "likelihood":
             return self._likelihood_fitness(pm, step)
         prompts = self.step_prompts(step)
-        ids, mask = self._encode([p for p in prompts for _ in range(self.generations)], pm.model, self.compile)
+        ids, mask = self.encode_prompts([p for p in prompts for _ in range(self.generations)], pm.model, self.compile)
         seed = derive_seed(self.seed, step, pm.noise_range.start)
         with pm.perturbing():
-            new = self._generate(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed, self.compile)
+            new = self.generate_tokens(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed, self.compile)
         if self.compile:
             self._note_graphs(step)
         signs, d = (2 if pm.antithetic else 1), pm.local_directions
@@ -157,11 +157,11 @@ class GenerationTask(PenalisesKL, Evaluating):
         # the members repeat one another's completions: each distinct row of tokens is decoded and counted once
         distinct, row_of = torch.unique(new.cpu(), dim=0, return_inverse=True)
         row_of = row_of.tolist()
-        texts = self._decode(distinct)
+        texts = self.decode_tokens(distinct)
         lengths = [len(t) for t in self.tokenizer(texts, add_special_tokens=False).input_ids]
         completions = [texts[i] for i in row_of]
         kept = kept_tokens(self.tokenizer, distinct, self.stop) if self.beta else None  # once, for both readers
-        scored = self._score(row_prompts, completions, distinct, row_of, kept)
+        scored = self.score_completions(row_prompts, completions, distinct, row_of, kept)
         rewards = pm.by_member(scored.to(ids.device))  # (S, P*K, D)
         # sorted first: members whose samples scored the same values in another order tie exactly, not to rounding
         fitness = rewards.view(signs, len(prompts), self.generations, d).sort(2).values.mean(2)
@@ -171,8 +171,8 @@ class GenerationTask(PenalisesKL, Evaluating):
                          "env_steps": torch.tensor(new.numel(), device=ids.device),
                          "completions/clipped_ratio": torch.tensor(clipped, device=ids.device),
                          **function_sums(self.reward, scored.to(ids.device), self.reward_names),
-                         **self._step_kl(pm, ids, mask, new),
-                         **self._penalty_info(pm, ids, mask, new, kept, row_of)}
+                         **self.step_kl(pm, ids, mask, new),
+                         **self.penalty_info(pm, ids, mask, new, kept, row_of)}
 
     def _likelihood_fitness(self, pm: PerturbedModel, step: int) -> tuple[torch.Tensor, dict]:
         """Every member's expected reward on the step's completions, drawn once (every block and process of
@@ -197,16 +197,17 @@ class GenerationTask(PenalisesKL, Evaluating):
         lengths = drawn.kept.sum(1) if generated else []  # counted once, as the tokens are
         return fitness, {LENGTHS: length_counts(lengths, self.max_new_tokens, drawn.ids.device),
                          "env_steps": torch.tensor(generated, device=drawn.ids.device),
-                         **self._drawn_kl(pm, drawn)}
+                         **self.drawn_kl(pm, drawn)}
 
     @torch.no_grad()
     def _draw(self, model: nn.Module, prompts: list[str], step: int) -> Drawn:
         """``generations`` completions of each prompt from the plain model, their rewards and log-likelihoods."""
         rows = [p for p in prompts for _ in range(self.generations)]
-        ids, mask = self._encode(rows, model)
-        new = self._generate(model, ids, mask, derive_seed(self.seed, step, DRAW))
+        ids, mask = self.encode_prompts(rows, model)
+        new = self.generate_tokens(model, ids, mask, derive_seed(self.seed, step, DRAW))
         kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
-        rewards = self._score(rows, self._decode(new), new, kept=kept).view(len(prompts), self.generations)
+        rewards = self.score_completions(rows, self.decode_tokens(new), new, kept=kept)
+        rewards = rewards.view(len(prompts), self.generations)
         ids, mask = joined(ids, mask, new, kept, self.tokenizer.pad_token_id)
         return Drawn(step, ids, mask, kept, rewards, sequence_logp(model, ids, mask, kept, self.temperature))
 
@@ -225,8 +226,8 @@ class GenerationTask(PenalisesKL, Evaluating):
         prompt's rewards standardised over both signs and every direction (a prompt all members answer
         alike contributes nothing). With ``beta``, beta x each member's KL is subtracted after (see
         :mod:`nesgpu.tasks.kl_penalty`)."""
-        if self._penalty is not None:
-            return self._penalised(fitness)
+        if self.penalty_pending:
+            return self.penalised(fitness)
         if self.shaping == "none":
             return fitness
         signs = fitness.shape[0] // self.prompts_per_step
@@ -300,7 +301,7 @@ class GenerationTask(PenalisesKL, Evaluating):
         """Nothing carries over between steps; in ``info``, the step's summed rewards per function become their
         mean and std, and its length counts the completions' mean, min and max length (and with ``beta`` the
         members' KL is kept for :meth:`shape`)."""
-        self._keep_penalty(info)
+        self.keep_penalty(info)
         if f"rewards/{self.reward_names[0]}/sum" in info:
             info.update(function_columns(info, self.reward_names))
         if KL_KEYS[0] in info:
@@ -316,7 +317,8 @@ class GenerationTask(PenalisesKL, Evaluating):
         return {**held, **(take() if callable(take) else {})}
 
     # ----- pieces ------------------------------------------------------------------------------------
-    def _encode(self, prompts: list[str], model: nn.Module, fixed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_prompts(self, prompts: list[str], model: nn.Module,
+                       fixed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and mask, left-padded to the longest prompt given, or with ``fixed`` to the longest training
         prompt (one shape every step: a compiled decode does not recompile)."""
         if fixed:
@@ -329,8 +331,8 @@ class GenerationTask(PenalisesKL, Evaluating):
         device = next(model.parameters()).device
         return enc.input_ids.to(device), enc.attention_mask.to(device)
 
-    def _generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, seed: int | None,
-                  compiled: bool = False, temperature: float | None = None) -> torch.Tensor:
+    def generate_tokens(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, seed: int | None,
+                        compiled: bool = False, temperature: float | None = None) -> torch.Tensor:
         """The new tokens of every row (rows, max_new_tokens), greedy or sampled under ``seed``; ``compiled``:
         through the compiled static-cache decode."""
         options = dict(max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
@@ -351,15 +353,15 @@ class GenerationTask(PenalisesKL, Evaluating):
                                  top_k=0, **options)
         return out[:, ids.shape[1]:]
 
-    def _decode(self, tokens: torch.Tensor) -> list[str]:
+    def decode_tokens(self, tokens: torch.Tensor) -> list[str]:
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
         for stop in self.stop:
             texts = [t.split(stop, 1)[0] for t in texts]
         return texts
 
-    def _score(self, prompts: list[str], completions: list[str], tokens: torch.Tensor,
-               row_of: list[int] | None = None, kept: torch.Tensor | None = None,
-               evaluating: bool = False) -> torch.Tensor:
+    def score_completions(self, prompts: list[str], completions: list[str], tokens: torch.Tensor,
+                          row_of: list[int] | None = None, kept: torch.Tensor | None = None,
+                          evaluating: bool = False) -> torch.Tensor:
         """The reward function's values, checked: a tensor of one finite float per completion. ``tokens``: the
         completions' new tokens (rows ``row_of`` of them, when given; ``kept``: their kept_tokens, if known); a
         reward that ``takes_context`` (:class:`~nesgpu.tasks.reward_data.Rewards`) gets their ids, the step
@@ -369,7 +371,7 @@ class GenerationTask(PenalisesKL, Evaluating):
         if "completion_ids" in wanted:
             context["completion_ids"] = CompletionIds(self.tokenizer, tokens, self.stop, row_of, kept)
         if "step" in wanted:
-            context["step"] = self._step
+            context["step"] = self.latest_step
         if "evaluating" in wanted:
             context["evaluating"] = evaluating
         # copies: samples.jsonl keeps what was made; an error is named as the function's own (see RewardCalls)

@@ -25,7 +25,7 @@ class Evaluating:
     """What :class:`~nesgpu.tasks.generation.GenerationTask` measures beside its fitness: its evaluation, and
     the distance from the run's starting model (:class:`~nesgpu.tasks.protocol.ComparesToStart`)."""
 
-    _start = None  # the starting weights (the trainer's, via compare_to), or None
+    start_weights = None  # the starting weights (the trainer's, via compare_to), or None
     _drift_start: float | None = None  # drift_nll of the starting model, once measured
     _held_metrics: dict | None = None  # what the reward functions logged on an evaluation's greedy completions
 
@@ -37,21 +37,21 @@ class Evaluating:
     def compare_to(self, start) -> None:
         """Measure ``kl`` and the change of ``drift_nll`` from ``start`` (an object whose ``loaded()`` holds the
         model at its starting weights; None: no ``kl`` and no change of ``drift_nll`` are logged)."""
-        self._start, self._drift_start = start, None
+        self.start_weights, self._drift_start = start, None
 
     def evaluation_info(self) -> dict[str, float]:
         """The latest evaluation's columns beside the metric (see :meth:`evaluate`)."""
         return dict(self._evaluation)
 
-    def _temperature_or_one(self) -> float:
+    def temperature_or_one(self) -> float:
         """The temperature both models' distributions are taken at: the task's, or 1 for greedy decoding."""
         return self.temperature if self.temperature > 0 else 1.0
 
     @property
     def _measures_kl(self) -> bool:
-        return self._start is not None and self.kl
+        return self.start_weights is not None and self.kl
 
-    def _step_kl(self, pm: PerturbedModel, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor) -> dict:
+    def step_kl(self, pm: PerturbedModel, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor) -> dict:
         """The step's KL sums on the completions of its first direction (both signs; ``ids``, ``mask``: the
         prompts, ``new``: every row's new tokens); see :meth:`_first_direction_kl`."""
         signs = 2 if pm.antithetic else 1
@@ -61,10 +61,10 @@ class Evaluating:
             return self._kl_on(pm.model, ids.repeat(signs, 1), mask.repeat(signs, 1), first)
         return self._first_direction_kl(pm, ids.device, measure)
 
-    def _drawn_kl(self, pm: PerturbedModel, drawn) -> dict:
+    def drawn_kl(self, pm: PerturbedModel, drawn) -> dict:
         """The step's KL sums on the likelihood fitness's completions (drawn from the plain model)."""
         return self._first_direction_kl(pm, drawn.ids.device, lambda: kl_sums(
-            pm.model, self._start, drawn.ids, drawn.mask, drawn.kept, self._temperature_or_one()))
+            pm.model, self.start_weights, drawn.ids, drawn.mask, drawn.kept, self.temperature_or_one()))
 
     def _first_direction_kl(self, pm: PerturbedModel, device, measure) -> dict:
         """``measure()``'s KL sums where this block evaluates the first direction; zero sums in every other
@@ -81,7 +81,7 @@ class Evaluating:
         """KL sums of ``model`` from the start on each prompt's completion ``new``, up to where it ends."""
         kept = kept_tokens(self.tokenizer, new.cpu(), self.stop).to(ids.device)
         joint = joined(ids, mask, new, kept, self.tokenizer.pad_token_id)
-        return kl_sums(model, self._start, *joint, kept, self._temperature_or_one())
+        return kl_sums(model, self.start_weights, *joint, kept, self.temperature_or_one())
 
     # ----- the plain model ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -96,10 +96,10 @@ class Evaluating:
         kl = [torch.zeros((), dtype=torch.float64)] * 2
         for start in range(0, len(self.eval_prompts), self.eval_batch):
             prompts = self.eval_prompts[start:start + self.eval_batch]
-            ids, mask = self._encode(prompts, model)
-            new = self._generate(model, ids, mask, seed=None)
-            completions = self._decode(new)
-            scores = self._score(prompts, completions, new, evaluating=True)
+            ids, mask = self.encode_prompts(prompts, model)
+            new = self.generate_tokens(model, ids, mask, seed=None)
+            completions = self.decode_tokens(new)
+            scores = self.score_completions(prompts, completions, new, evaluating=True)
             rewards.append(scores)
             _add(sums, function_sums(self.reward, scores, self.reward_names))
             lengths += [len(t) for t in self.tokenizer(completions, add_special_tokens=False).input_ids]
@@ -139,10 +139,10 @@ class Evaluating:
         scores = []
         for start in range(0, len(rows), self.eval_batch):
             prompts = rows[start:start + self.eval_batch]
-            ids, mask = self._encode(prompts, model)
-            seed = derive_seed(self.seed, self._step, SAMPLED, start)
-            new = self._generate(model, ids, mask, seed=seed, temperature=self._temperature_or_one())
-            scores.append(self._score(prompts, self._decode(new), new, evaluating=True))
+            ids, mask = self.encode_prompts(prompts, model)
+            seed = derive_seed(self.seed, self.latest_step, SAMPLED, start)
+            new = self.generate_tokens(model, ids, mask, seed=seed, temperature=self.temperature_or_one())
+            scores.append(self.score_completions(prompts, self.decode_tokens(new), new, evaluating=True))
         by_prompt = torch.cat(scores).view(len(self.eval_prompts), k)
         correct = (by_prompt >= self.correct_at).tolist()
         alike = (by_prompt.amax(1) == by_prompt.amin(1)).double().mean()
@@ -155,10 +155,10 @@ class Evaluating:
         if self.drift_texts is None:
             return {}
         value = drift_nll(model, self.tokenizer, self.drift_texts, self.eval_batch)
-        if self._start is None:
+        if self.start_weights is None:
             return {"drift_nll": value}
         if self._drift_start is None:
-            with self._start.loaded():
+            with self.start_weights.loaded():
                 self._drift_start = drift_nll(model, self.tokenizer, self.drift_texts, self.eval_batch)
         return {"drift_nll": value, "drift_nll_change": value - self._drift_start}
 

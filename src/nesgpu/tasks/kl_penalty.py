@@ -9,9 +9,9 @@ of the plain model at its starting weights (each distinct completion once).
 
 The rewards stay the task's raw fitness (what ``reward`` and the probe of ``--sigma auto`` read). Each block puts
 its members' penalties, in their directions' columns, in the step's statistics (:data:`PENALTY`, summed over the
-blocks and processes, exact: the other columns are zeros); :meth:`PenalisesKL._keep_penalty` takes the whole
+blocks and processes, exact: the other columns are zeros); :meth:`PenalisesKL.keep_penalty` takes the whole
 population's from them at the end of the step and logs ``kl_penalty`` (beta x the members' mean KL), and
-:meth:`PenalisesKL._penalised` subtracts beta x them from the shaped rewards: as GRPO subtracts beta x KL from the
+:meth:`PenalisesKL.penalised` subtracts beta x them from the shaped rewards: as GRPO subtracts beta x KL from the
 standardised advantage, beta weighs the KL the same with ``shaping="per_prompt"`` or ``"none"`` (where the fitness
 is ``reward - beta x KL``).
 """
@@ -102,32 +102,37 @@ class PenalisesKL:
     beta = 0.0
     _penalty: torch.Tensor | None = None  # the step's members' KL (signs * prompts, D), until the fitness is shaped
 
-    def _penalty_info(self, pm: PerturbedModel, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor,
-                      kept: torch.Tensor | None, row_of: list[int]) -> dict:
+    def penalty_info(self, pm: PerturbedModel, ids: torch.Tensor, mask: torch.Tensor, new: torch.Tensor,
+                     kept: torch.Tensor | None, row_of: list[int]) -> dict:
         """The block's members' KL in their directions' columns of a (signs * prompts, D) statistic (nothing
         where beta is 0). ``kept``: the kept tokens of the distinct rows of ``new`` (on the host), ``row_of``: each
         row's."""
         self._penalty = None  # a step's penalty is that of its own evaluation only
         if not self.beta:
             return {}
-        if self._start is None:
+        if self.start_weights is None:
             raise ValueError(f"beta {self.beta} measures each member's KL from the run's starting weights; this "
                              f"task was given none (the trainer gives them: compare_to)")
         kept = kept[torch.tensor(row_of)]
-        kl = member_kl(pm, self._start, ids, mask, new, kept, self.tokenizer.pad_token_id,
-                       self._temperature_or_one(), self.generations)
+        kl = member_kl(pm, self.start_weights, ids, mask, new, kept, self.tokenizer.pad_token_id,
+                       self.temperature_or_one(), self.generations)
         full = kl.new_zeros(kl.shape[0], pm.directions)
         full[:, pm.noise_range.start:pm.noise_range.stop] = kl
         return {PENALTY: full}
 
-    def _keep_penalty(self, info: dict) -> None:
-        """Take the step's members' KL out of ``info`` (the whole population's), for :meth:`_penalised`, and log
+    @property
+    def penalty_pending(self) -> bool:
+        """Whether the step's members' KL awaits :meth:`penalised` (kept by :meth:`keep_penalty`)."""
+        return self._penalty is not None
+
+    def keep_penalty(self, info: dict) -> None:
+        """Take the step's members' KL out of ``info`` (the whole population's), for :meth:`penalised`, and log
         ``kl_penalty``, beta x their mean."""
         if PENALTY in info:
             self._penalty = info.pop(PENALTY)
             info["kl_penalty"] = self.beta * self._penalty.mean()
 
-    def _penalised(self, fitness: torch.Tensor) -> torch.Tensor:
+    def penalised(self, fitness: torch.Tensor) -> torch.Tensor:
         """The rewards ``fitness`` shaped, less beta x the members' KL of the step (float64; taken once): GRPO's
         advantage less beta x KL, so that beta weighs the KL as TRL's does, shaped or not (standardising the
         penalty with the rewards would give a prompt whose rewards all tie a full-weight KL fitness)."""

@@ -19,7 +19,7 @@ class Acrobot(TorchEnv):
 
     def initial_states(self, count, generator):
         # gymnasium draws float64 then stores float32
-        return self._uniform(count, [-0.1] * 4, [0.1] * 4, generator).float().double()
+        return self.uniform(count, [-0.1] * 4, [0.1] * 4, generator).float().double()
 
     def observe(self):
         s = self.state

@@ -48,7 +48,9 @@ class TorchEnv:
         """Advance every row. Returns (observation float32, reward float64, terminated bool)."""
         raise NotImplementedError
 
-    def _uniform(self, count: int, low, high, generator: torch.Generator) -> torch.Tensor:
+    def uniform(self, count: int, low, high, generator: torch.Generator) -> torch.Tensor:
+        """``count`` states drawn uniformly between ``low`` and ``high`` (per entry), (count, len(low)) float64,
+        from ``generator`` (for :meth:`initial_states`)."""
         low = torch.as_tensor(low, dtype=torch.float64, device=self.device)
         high = torch.as_tensor(high, dtype=torch.float64, device=self.device)
         u = torch.rand(count, low.numel(), generator=generator, dtype=torch.float64, device=self.device)

@@ -18,7 +18,7 @@ class CartPole(TorchEnv):
     x_threshold = 2.4
 
     def initial_states(self, count, generator):
-        return self._uniform(count, [-0.05] * 4, [0.05] * 4, generator)
+        return self.uniform(count, [-0.05] * 4, [0.05] * 4, generator)
 
     def observe(self):
         return self.state.float()

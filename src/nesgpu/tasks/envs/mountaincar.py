@@ -13,7 +13,7 @@ class MountainCarContinuous(TorchEnv):
     min_position, max_position, max_speed, goal_position, power = -1.2, 0.6, 0.07, 0.45, 0.0015
 
     def initial_states(self, count, generator):
-        position = self._uniform(count, [-0.6], [-0.4], generator)
+        position = self.uniform(count, [-0.6], [-0.4], generator)
         return torch.cat([position, torch.zeros_like(position)], 1).float().double()
 
     def observe(self):

@@ -18,7 +18,7 @@ class Pendulum(TorchEnv):
     max_speed, dt, g, m, l = 8.0, 0.05, 10.0, 1.0, 1.0
 
     def initial_states(self, count, generator):
-        return self._uniform(count, [-math.pi, -1.0], [math.pi, 1.0], generator)
+        return self.uniform(count, [-math.pi, -1.0], [math.pi, 1.0], generator)
 
     def observe(self):
         th, thdot = self.state.unbind(1)

@@ -39,7 +39,7 @@ class StartingWeights:
         self.entries = [(name, p, stepped) for (name, p), stepped in zip(named, parameters) if p.requires_grad]
         self.order = [name for name, _ in named]  # every parameter's name (the first --anchor checkpoints' layout)
         self.start = {name: p.detach().clone() for name, p, _ in self.entries}
-        self._buffers: dict = {}  # (dtype, device) -> the buffer loaded() exchanges values through
+        self._exchange: dict = {}  # (dtype, device) -> the buffer loaded() exchanges values through
 
     @torch.no_grad()
     def pull(self, strength: float) -> None:
@@ -73,10 +73,10 @@ class StartingWeights:
             other.copy_(held)
             return
         key = (p.dtype, p.device)
-        if key not in self._buffers:
+        if key not in self._exchange:
             largest = max(q.numel() for _, q, _ in self.entries if (q.dtype, q.device) == key)
-            self._buffers[key] = torch.empty(min(largest, SWAP_SLICE), dtype=p.dtype, device=p.device)
-        buffer, flat, kept = self._buffers[key], p.detach().view(-1), other.view(-1)
+            self._exchange[key] = torch.empty(min(largest, SWAP_SLICE), dtype=p.dtype, device=p.device)
+        buffer, flat, kept = self._exchange[key], p.detach().view(-1), other.view(-1)
         for start in range(0, flat.numel(), buffer.numel()):
             part = slice(start, min(start + buffer.numel(), flat.numel()))
             held = buffer[:part.stop - part.start]
