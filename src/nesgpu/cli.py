@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 import warnings
+from collections.abc import Callable
 
 from .version import __version__
 
@@ -31,6 +32,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from .frontends.compare import add_compare_parser
     from .frontends.play import add_play_parser
     from .frontends.train_cli import add_eval_parser, add_train_parser
+    from .frontends.train_flags import chosen, foreign_flag
     from .tune import cli as tune_cli
 
     parser = ExactFlags(prog="nesgpu", description="Evolution strategies for PyTorch.")
@@ -39,6 +41,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     argv = sys.argv[1:] if argv is None else argv
     named = argv[1:] if argv[:1] in (["train"], ["tune"]) else []
+    if named:  # another component's option is not a flag of train or tune: say whose it is
+        parser.foreign = lambda flag, value: foreign_flag(flag, value, chosen(named))
     add_train_parser(commands, named)
     add_eval_parser(commands)
     add_play_parser(commands)
@@ -52,7 +56,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 class ExactFlags(argparse.ArgumentParser):
     """A parser that takes only whole flag names: argparse would read ``--reward`` (any unique prefix) as
     ``--reward-shift``, so a mistyped or future flag would set another option. Every subcommand's parser is
-    of this class too (``add_subparsers`` makes its parsers of the parent's class)."""
+    of this class too (``add_subparsers`` makes its parsers of the parent's class). ``foreign(flag, value)``,
+    where set, says why an unknown flag is refused (another component's option), or None."""
+
+    foreign: Callable[[str, str | None], str | None] | None = None
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -62,6 +69,11 @@ class ExactFlags(argparse.ArgumentParser):
         """A mistake on the command line, in one line (no usage: ``--help`` shows it). argparse reads a value
         that starts with '-' (``--linear-sizes -8x8``) as a flag and says only "expected one argument"; say
         how to pass such a value."""
+        unknown = message.removeprefix("unrecognized arguments: ").split()
+        if message.startswith("unrecognized arguments: ") and self.foreign is not None:
+            value = unknown[1] if len(unknown) > 1 and not unknown[1].startswith("--") else None
+            value = unknown[0].split("=", 1)[1] if "=" in unknown[0] else value
+            message = self.foreign(unknown[0], value) or message
         if message.endswith(("expected one argument", "expected at least one argument")):
             flag = message.removeprefix("argument ").split(":")[0].split("/")[-1]
             message += (f" (a value that starts with '-' is read as a flag: write it as {flag}=VALUE, "

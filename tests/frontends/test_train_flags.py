@@ -90,6 +90,10 @@ def test_a_config_file_or_a_resumed_run_names_the_components(tmp_path):
     (["--task", "cartpole", "--no-kl"], "option 'kl' (= False) applies to task 'arithmetic' or"),
     (["--task", "gym:Hopper-v5", "--preset", "ars-paper", "--shaping", "raw"], "option 'shaping' (= 'raw') applies "
                                                                                "to strategy 'openai_es' or 'pgpe'"),
+    (["--layer", "gaussian", "--rank=2"], "option --rank (= 2) applies to layer 'lowrank', not to layer "
+                                          "'gaussian'; drop it or choose --layer lowrank"),
+    (["--strategy", "backprop", "--sparse-k", "3"], "option --sparse-k (= 3) applies to layer 'sparse', an ES option"),
+    (["--frobnicate", "3"], "error: unrecognized arguments: --frobnicate 3"),
 ])
 def test_another_components_option_is_one_line_naming_its_owner(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:

@@ -1,8 +1,8 @@
 """The flags of ``nesgpu train`` (and ``tune``) for the components in hand: the command line is read for
 ``--task``, ``--strategy``, ``--layer`` and ``--model`` first (or a ``--config`` file's, or a resumed run's),
 then the parser gets the run's options that apply to them, with their defaults, and exactly those
-components' own options. Another component's option still parses, unlisted, so that it is refused by name
-(``train_cli._check_sides``)."""
+components' own options. Another component's option is not a flag here: :func:`foreign_flag` names whose it
+is."""
 
 from __future__ import annotations
 
@@ -136,16 +136,6 @@ def scalar_type(annotation: str):
     raise TypeError(f"no command-line parser for annotation {annotation!r}")  # a new field type: add it here
 
 
-def _or_text(parse):
-    """``parse``, or the text as it is (another component's option: refused by name, whatever its value)."""
-    def parser(text: str):
-        try:
-            return parse(text)
-        except (ValueError, argparse.ArgumentTypeError):
-            return text
-    return parser
-
-
 PARSERS = {"chunk": _or_auto(int, "a number of directions"), "auto": _or_auto(float, "a number")}
 METAVARS = {int: "N", float: "X", _count: "N|X", hidden_sizes: "N,N"}
 
@@ -156,9 +146,8 @@ def _shown_default(value) -> str:
     return "none" if value is None else str(value)
 
 
-def _add(p, name: str, f: dataclasses.Field, default, help: str | None = None, parse=None) -> None:
-    """The flag ``--name`` of field ``f`` (a run option's or a component's), its default in the help; with
-    ``parse``, an unlisted flag of another component (no choices: it is refused by name)."""
+def _add(p, name: str, f: dataclasses.Field, default, help: str | None = None) -> None:
+    """The flag ``--name`` of field ``f`` (a run option's or a component's), its default in the help."""
     meta, text = f.metadata, annotation_text(f.type)
     doc = meta.get("help", "")
     if help is None:
@@ -168,10 +157,10 @@ def _add(p, name: str, f: dataclasses.Field, default, help: str | None = None, p
     if text.split(" | ")[0] == "bool":
         p.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
         return
-    kwargs["type"] = parse or PARSERS.get(meta.get("parse")) or (hidden_sizes if text.startswith("tuple[int")
+    kwargs["type"] = PARSERS.get(meta.get("parse")) or (hidden_sizes if text.startswith("tuple[int")
                                                                  else scalar_type(text))
     choices = meta.get("choices")
-    if choices and parse is None:
+    if choices:
         kwargs["choices"] = choices() if callable(choices) else choices
     if "choices" not in kwargs:
         kwargs["metavar"] = meta.get("metavar") or METAVARS.get(kwargs["type"], "TEXT")
@@ -225,17 +214,42 @@ def add_config_arguments(p: argparse.ArgumentParser, c: Chosen) -> None:
         for f in fields:
             _add(group, f.name, f, _shown_default(defaults.get(f.name, f.default)))
             mine.add(f.name)
-    for owners in (STRATEGY, TASK):  # every other component's, unlisted: refused by name, whatever the value
-        for name in owners.names():
-            if name not in mine:
-                _add_unlisted(p, name, owners.field(name))
-    _add_layer_flags(p, c.layer if shown("layer_options", c) else None)
+    if shown("layer_options", c):
+        _add_layer_flags(p, c.layer)
 
 
-def _add_unlisted(p, name: str, f: dataclasses.Field) -> None:
-    text = annotation_text(f.type)
-    parse = None if text.split(" | ")[0] == "bool" else _or_text(scalar_type(text))
-    _add(p, name, f, "", argparse.SUPPRESS, parse)
+def foreign_flag(flag: str, value, c: Chosen) -> str | None:
+    """Why ``flag`` (``--top-b``, given ``value``), not a flag of the components ``c`` names, is refused: it is
+    an option of another strategy, task or layer kind (None: of none)."""
+    flag = flag.split("=", 1)[0]
+    name = flag.removeprefix("--").replace("-", "_")
+    for parse in (int, float):  # the value as the option's own flag would have read it
+        try:
+            value = parse(value)
+            break
+        except (TypeError, ValueError):
+            pass
+    layers = layer_option_flags()
+    if "--" + name.replace("_", "-") in layers:
+        kind = layers["--" + name.replace("_", "-")][0]
+        if c.strategy == BACKPROP:
+            return (f"option {flag} (= {value!r}) applies to layer {kind!r}, an ES option; strategy 'backprop' "
+                    f"perturbs no layer; drop it or choose an ES strategy")
+        return (f"option {flag} (= {value!r}) applies to layer {kind!r}, not to layer {c.layer!r}; drop it or "
+                f"choose --layer {kind}")
+    try:
+        strategy = c.strategy or presets(c.task, c.model, None)["strategy"]
+    except ValueError:  # an unknown task or model: the run names that error
+        return None
+    hint = "" if c.strategy else " (the task's default)"
+    for owners, owner, why in ((STRATEGY, strategy, hint), (TASK, task_key(c.task), "")):
+        for option, negated in ((name, False), (name.removeprefix("no_"), True)):
+            field = owners.field(option) if owners.owners(option) else None
+            is_bool = field is not None and annotation_text(field.type).startswith("bool")
+            if field is None or (negated and not is_bool):  # --no-NAME: a bool option's
+                continue
+            return str(owners.refusal(option, (not negated) if is_bool else value, owner, why))
+    return None
 
 
 def layer_option_flags() -> dict[str, tuple[str, dataclasses.Field]]:
@@ -250,17 +264,17 @@ def layer_option_flags() -> dict[str, tuple[str, dataclasses.Field]]:
     return flags
 
 
-def _add_layer_flags(p, layer: str | None) -> None:
-    """A flag per option of the chosen layer kind (None: none listed; the other kinds' parse, unlisted: they
-    fill layer_options, which the kind checks)."""
-    group = p.add_argument_group(f"layer {layer} options") if layer else p
+def _add_layer_flags(p, layer: str) -> None:
+    """A flag per option of the chosen layer kind (they fill layer_options, which the kind checks)."""
+    group = p.add_argument_group(f"layer {layer} options")
     for flag, (kind, f) in layer_option_flags().items():
+        if kind != layer:
+            continue
         doc = f.metadata.get("help", "")
         kwargs = dict(dest=f"layer_option:{f.name}", default=None, type=scalar_type(f.type),
-                      help=doc + ("" if "default" in doc else f" (default: {f.default})") if kind == layer
-                      else argparse.SUPPRESS)
+                      help=doc + ("" if "default" in doc else f" (default: {f.default})"))
         if f.metadata.get("choices"):
             kwargs["choices"] = f.metadata["choices"]
         else:
             kwargs["metavar"] = METAVARS.get(kwargs["type"], "TEXT")
-        (group if kind == layer else p).add_argument(flag, **kwargs)
+        group.add_argument(flag, **kwargs)
