@@ -23,7 +23,7 @@ def nesgpu_run(seed: int, limit: float, **overrides) -> dict:
     from nesgpu.train import TrainConfig
     from nesgpu.train.setup.build import build
 
-    cfg = TrainConfig(task="cartpole", seed=seed, device="cpu", out="/tmp/unused", **overrides).resolved()
+    cfg = TrainConfig.flat(task="cartpole", seed=seed, device="cpu", out="/tmp/unused", **overrides).resolved()
     task, model, pm, stepper = build(cfg, torch.device("cpu"))
     task.eval_episodes = 10
     trained, env_steps = 0.0, 0

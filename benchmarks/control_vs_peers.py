@@ -133,7 +133,7 @@ def nesgpu_setup(task_name: str, algo: str, seed: int, generations: int, populat
     from nesgpu.tasks import make_task
     from nesgpu.train import TrainConfig
 
-    cfg = TrainConfig(task=TASKS[task_name]["nesgpu"], strategy=algo, layer="gaussian", population=population,
+    cfg = TrainConfig.flat(task=TASKS[task_name]["nesgpu"], strategy=algo, layer="gaussian", population=population,
                       hidden=(hidden,), episodes=1, sigma=sigma, steps=generations, seed=seed, device="cpu",
                       compile="off", start_states="independent", policy_output="tanh").resolved()
     task = make_task(cfg.task, device="cpu", seed=seed, normalize_observations=False, episodes=1,

@@ -53,7 +53,7 @@ def main() -> None:
         es["steps"] = args.es_steps
     es_resolved = TrainConfig.from_dict(es).resolved()
     bp = {"task": args.task, "model": es_resolved.model, "hidden": es_resolved.hidden,
-          "batch_size": es_resolved.batch_size, "device": "cpu", "strategy": "backprop",
+          "batch_size": es_resolved.option("batch_size"), "device": "cpu", "strategy": "backprop",
           "steps": args.backprop_steps or es_resolved.steps, **load(args.backprop_config)}
     rows = {"es": [], "backprop": []}
     with tempfile.TemporaryDirectory() as tmp:

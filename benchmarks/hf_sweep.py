@@ -106,7 +106,7 @@ def trains(model, model_type: str, unused: list[str]) -> str:
         try:
             model.save_pretrained(directory)
             tokenizer.save_pretrained(directory)
-            cfg = TrainConfig(task="arithmetic", model=f"hf:{directory}", steps=1, population=4, batch_size=2,
+            cfg = TrainConfig.flat(task="arithmetic", model=f"hf:{directory}", steps=1, population=4, batch_size=2,
                               eval_every=1, checkpoint_every=1, log="none", out=str(run))
             for name in unused:
                 for p in model.get_submodule(name).parameters():

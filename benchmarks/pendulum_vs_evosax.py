@@ -31,7 +31,7 @@ JAX_PYTHON = ROOT / ".venv-jax" / "bin" / "python"
 
 def nesgpu_round(compiled: bool, population: int, hidden: int, steps: int) -> dict:
     """A fresh run: the first ES step (compiling, when compiled) timed apart, then ``steps`` steps."""
-    cfg = TrainConfig(task="pendulum", population=population, hidden=(hidden,), episodes=1, strategy="openai_es",
+    cfg = TrainConfig.flat(task="pendulum", population=population, hidden=(hidden,), episodes=1, strategy="openai_es",
                       compile="on" if compiled else "off", device="cpu").resolved()
     step = build(cfg, torch.device("cpu"), log=lambda *a: None).step
     t0 = time.perf_counter()

@@ -32,9 +32,9 @@ def sync(device):
 
 
 def case(options: dict, layer: str, device: torch.device):
-    cfg = TrainConfig(**options, layer=layer, device=str(device)).resolved()
+    cfg = TrainConfig.flat(**options, layer=layer, device=str(device)).resolved()
     task, model, pm, step = build(cfg, device, log=lambda *a: None)
-    rows = cfg.population * cfg.batch_size
+    rows = cfg.population * cfg.option("batch_size")
     x, _ = task.batch(1)
     plain_rows = x.repeat(cfg.population, *[1] * (x.dim() - 1))  # the same number of rows, materialised once
 

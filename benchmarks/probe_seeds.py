@@ -85,7 +85,7 @@ def survey(args) -> None:
     for model in args.models:
         for batch in args.batches:
             for seed in args.seeds:
-                cfg = TrainConfig(task="generation", model=f"hf:{args.data / model / 'model'}",
+                cfg = TrainConfig.flat(task="generation", model=f"hf:{args.data / model / 'model'}",
                                   prompts=str(args.data / "train.jsonl"), eval_prompts=str(args.data / "val.jsonl"),
                                   reward=MODELS[model], correct_at=1, max_new_tokens=6, seed=seed, batch_size=batch,
                                   log="none", out=str(args.out / "survey-run")).resolved()

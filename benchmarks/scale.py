@@ -44,7 +44,7 @@ def step_time(cfg: TrainConfig, steps: int, warmup: int = 2) -> float:
 
 
 def digits(device: str = "cpu", **kw) -> TrainConfig:
-    return TrainConfig(task="digits", device=device, **{"hidden": (256, 256), "batch_size": 32, **kw})
+    return TrainConfig.flat(task="digits", device=device, **{"hidden": (256, 256), "batch_size": 32, **kw})
 
 
 def throughput_vs_population(steps, device="cpu"):

@@ -32,7 +32,7 @@ def seconds_per_step(options: dict, skip: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         steps = options["steps"]
-        train(TrainConfig(**options, out=str(out), log="none", eval_every=steps, checkpoint_every=steps,
+        train(TrainConfig.flat(**options, out=str(out), log="none", eval_every=steps, checkpoint_every=steps,
                           progress_every=0.0, device="cpu"), log=lambda *a, **k: None)
         rows = list(csv.DictReader(open(out / "metrics.csv")))
     times = [float(r["seconds"]) for r in rows]

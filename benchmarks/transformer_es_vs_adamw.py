@@ -60,7 +60,7 @@ def first_reaching(curve: list[tuple[int, float, float]], target: float) -> dict
 
 def adamw_run(cfg: TrainConfig, steps: int, lr: float, eval_every: int, target: float) -> dict:
     """Plain torch: the config's task and initial model, AdamW on the same minibatches."""
-    task = make_task(cfg.task, device="cpu", seed=cfg.seed, batch_size=cfg.batch_size)
+    task = make_task(cfg.task, device="cpu", seed=cfg.seed, batch_size=cfg.option("batch_size"))
     with torch.random.fork_rng(devices=[]):  # the ES run's initial weights: the trainer seeds make_model so
         torch.manual_seed(cfg.seed)
         model = task.make_model(cfg.hidden, model=cfg.model)
@@ -90,7 +90,7 @@ def es_run(cfg: TrainConfig, target: float) -> dict:
                  for r in csv.DictReader(f) if r["test_accuracy"]]
     return {"steps": cfg.steps, "seconds": summary["seconds"], "population": cfg.population, "sigma": cfg.sigma,
             "lr": cfg.lr, "layer": cfg.layer, "strategy": cfg.strategy, "hidden": list(cfg.hidden),
-            "batch_size": cfg.batch_size, **accuracies(task, model), **first_reaching(curve, target)}
+            "batch_size": cfg.option("batch_size"), **accuracies(task, model), **first_reaching(curve, target)}
 
 
 def median(runs: list[dict]) -> dict:

@@ -219,7 +219,7 @@ def own_model():
 
 
 def run(tmp_path, name, task, **options):
-    cfg = TrainConfig(steps=4, population=16, log="none", out=str(tmp_path / name), **options)
+    cfg = TrainConfig.flat(steps=4, population=16, log="none", out=str(tmp_path / name), **options)
     lines = []
     summary = train(cfg, model=own_model(), task=task, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
     return summary, lines

@@ -153,8 +153,8 @@ def quiet(*args, **kwargs):
 @pytest.mark.parametrize("strategy, update", [("openai_es", "strategy"), ("ars", "sgd")])
 def test_a_run_is_bit_identical_resumed_and_chunked(tmp_path, monkeypatch, strategy, update):
     cfg = dict(FAST, strategy=strategy, update=update)
-    train(TrainConfig(**cfg, out=str(tmp_path / "whole")), log=quiet)
-    train(TrainConfig(**cfg, chunk_size=3, out=str(tmp_path / "chunked")), log=quiet)
+    train(TrainConfig.flat(**cfg, out=str(tmp_path / "whole")), log=quiet)
+    train(TrainConfig.flat(**cfg, chunk_size=3, out=str(tmp_path / "chunked")), log=quiet)
     from nesgpu.tasks import ClassificationTask
 
     original = ClassificationTask.fitness
@@ -166,9 +166,9 @@ def test_a_run_is_bit_identical_resumed_and_chunked(tmp_path, monkeypatch, strat
 
     monkeypatch.setattr(ClassificationTask, "fitness", crash_at_step_4)
     with pytest.raises(KeyboardInterrupt):
-        train(TrainConfig(**cfg, out=str(tmp_path / "split")), log=quiet)
+        train(TrainConfig.flat(**cfg, out=str(tmp_path / "split")), log=quiet)
     monkeypatch.setattr(ClassificationTask, "fitness", original)
-    train(TrainConfig(**cfg, out=str(tmp_path / "split")), resume=True, log=quiet)
+    train(TrainConfig.flat(**cfg, out=str(tmp_path / "split")), resume=True, log=quiet)
     whole = load_file(tmp_path / "whole" / "model.safetensors")
     split, chunked = (load_file(tmp_path / run / "model.safetensors") for run in ("split", "chunked"))
     for name in whole:
@@ -189,7 +189,7 @@ def test_a_bad_subspace_is_refused_naming_the_option(value, error):
     with pytest.raises((TypeError, ValueError), match="subspace"):
         pm.set_subspace(value)
     with pytest.raises((TypeError, ValueError), match="subspace"):
-        TrainConfig(task="digits", subspace=value).resolved()
+        TrainConfig.flat(task="digits", subspace=value).resolved()
 
 
 def test_a_model_with_a_sigma_per_parameter_or_a_covariance_takes_no_subspace():

@@ -32,7 +32,7 @@ def test_play_runs_the_episodes_that_evaluate_runs(cartpole_run):
     assert result["mean_return"] == pytest.approx(sum(result["returns"]) / 4)
     # the run's seed and eval_episodes give task.evaluate's episodes
     run = load_run(cartpole_run, "cpu")
-    same = play_run(cartpole_run, episodes=run.config.eval_episodes, seed=run.config.seed, device="cpu")
+    same = play_run(cartpole_run, episodes=run.config.option("eval_episodes"), seed=run.config.seed, device="cpu")
     assert same["mean_return"] == pytest.approx(run.task.evaluate(run.model))
     assert "video" not in result
 
@@ -84,7 +84,7 @@ def test_a_language_model_run_is_refused_before_its_model_is_built(tmp_path, mon
         eos_token_id=1)).save_pretrained(hf)
     char_tokenizer().save_pretrained(hf)
     lm, digits = tmp_path / "arithmetic", tmp_path / "digits"
-    train(TrainConfig(task="arithmetic", model=f"hf:{hf}", steps=1, population=4, batch_size=2, log="none",
+    train(TrainConfig.flat(task="arithmetic", model=f"hf:{hf}", steps=1, population=4, batch_size=2, log="none",
                       out=str(lm), device="cpu"), log=quiet)
     train(TrainConfig(task="digits", steps=1, population=4, log="none", out=str(digits), device="cpu"), log=quiet)
 

@@ -131,7 +131,7 @@ def test_a_run_resumes_bit_for_bit_with_its_scales(tmp_path, strategy):
 
     def run(out, steps, resume=False):
         cfg = TrainConfig(strategy=strategy, layer=layer or "gaussian", steps=steps, population=2 * D, sigma=SIGMA,
-                          checkpoint_every=1, log="none", out=str(out), **options)
+                          checkpoint_every=1, log="none", out=str(out), strategy_options=options)
         model = vector_model()
         train(cfg, model=model, task=Sphere(), resume=resume, log=lambda *a, **k: None)
         return model.weight.detach().clone()
@@ -164,7 +164,7 @@ def test_a_kind_without_a_per_parameter_sigma_is_refused_in_one_line():
     with pytest.raises(ValueError, match="strategy 'cma_es' adapts a covariance, which layer 'sparse'"):
         TrainConfig(strategy="cma_es", layer="sparse").resolved()
     with pytest.raises(ValueError, match="strategy 'pgpe' adapts a sigma per parameter, which layer 'lowrank'"):
-        TrainConfig(strategy="pgpe", per_parameter=True).resolved()
+        TrainConfig.flat(strategy="pgpe", per_parameter=True).resolved()
     TrainConfig(strategy="pgpe").resolved()  # one sigma for all: any kind
 
 

@@ -120,8 +120,8 @@ def test_a_run_whose_members_all_tie_leaves_the_weights_as_they_were(tmp_path, s
     before = {k: v.clone() for k, v in model.state_dict().items()}
     lines = []
     options = {} if shaping is None else {"shaping": shaping}
-    summary = train(TrainConfig(strategy=strategy, steps=6, population=16, antithetic=antithetic, sigma=0.1,
-                                chunk_size=chunk, log="none", out=str(tmp_path / "run"), **options),
+    summary = train(TrainConfig.flat(strategy=strategy, steps=6, population=16, antithetic=antithetic, sigma=0.1,
+                                     chunk_size=chunk, log="none", out=str(tmp_path / "run"), **options),
                     model=model, task=TiedTask(), log=lambda *a, **k: lines.append(" ".join(map(str, a))))
     after = nesgpu.load_run(tmp_path / "run", model=nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)),
                             task=TiedTask())[0].state_dict()

@@ -76,7 +76,7 @@ def test_linear_policy_output_is_not_squashed():
 
 def test_auto_policy_output_is_linear_for_ars_linear_policies_only():
     def output(**kw):
-        return TrainConfig(**kw).resolved().policy_output
+        return TrainConfig.flat(**kw).resolved().option("policy_output")
     assert output(task="pendulum", strategy="ars", hidden=()) == "linear"
     assert output(task="pendulum", strategy="ars", hidden=(8,)) == "tanh"
     assert output(task="pendulum") == "tanh"
@@ -110,12 +110,12 @@ def test_gym_adapter_passes_a_linear_policys_actions_unclipped():
 def test_ars_paper_preset_sets_the_papers_values_and_keeps_explicit_options():
     cfg = TrainConfig(task="gym:HalfCheetah-v5", preset="ars-paper").resolved()
     alpha, n, b, nu, shift, threshold, _ = ARS_PAPER["HalfCheetah"]
-    assert (cfg.strategy, cfg.layer, cfg.hidden, cfg.population, cfg.top_b, cfg.sigma, cfg.lr, cfg.reward_shift,
+    assert (cfg.strategy, cfg.layer, cfg.hidden, cfg.population, cfg.option("top_b"), cfg.sigma, cfg.lr, cfg.option("reward_shift"),
             cfg.target) == ("ars", "gaussian", (), 2 * n, b, nu, alpha, shift, threshold)
-    assert (cfg.start_states, cfg.policy_output, cfg.observation_clip, cfg.eval_every, cfg.eval_episodes) == (
+    assert (cfg.option("start_states"), cfg.option("policy_output"), cfg.option("observation_clip"), cfg.eval_every, cfg.option("eval_episodes")) == (
         "independent", "linear", 0.0, 10, 100)
     hopper = TrainConfig(task="gym:Hopper-v5", preset="ars-paper", sigma=0.05, population=32).resolved()
-    assert (hopper.sigma, hopper.population, hopper.reward_shift) == (0.05, 32, 1.0)
+    assert (hopper.sigma, hopper.population, hopper.option("reward_shift")) == (0.05, 32, 1.0)
     with pytest.raises(ValueError, match="knows the MuJoCo tasks"):
         TrainConfig(task="cartpole", preset="ars-paper").resolved()
     with pytest.raises(ValueError, match="preset must be one of"):
@@ -136,22 +136,22 @@ def test_ars_paper_config_round_trips_through_yaml(tmp_path):
 ])
 def test_bad_rl_options(kw, message):
     with pytest.raises(ValueError, match=message):
-        TrainConfig(**kw).resolved()
+        TrainConfig.flat(**kw).resolved()
 
 
 def test_old_runs_keep_their_tanh_policy_and_clipping(tmp_path):
     out = tmp_path / "r"
-    train(TrainConfig(task="pendulum", strategy="ars", hidden=(), population=8, steps=2, out=str(out), log="none",
+    train(TrainConfig.flat(task="pendulum", strategy="ars", hidden=(), population=8, steps=2, out=str(out), log="none",
                       policy_output="tanh", observation_clip=5.0), **QUIET)
     config = json.loads((out / "config.json").read_text())
     for key in ("policy_output", "observation_clip", "start_states", "reward_shift"):
         del config[key]  # as written by nesgpu before these options
     (out / "config.json").write_text(json.dumps(config))
     model, task, cfg = nesgpu.load_run(out, device="cpu")
-    assert model.output == "tanh" and model.norm.clip == 5.0 and cfg.policy_output == "tanh"
+    assert model.output == "tanh" and model.norm.clip == 5.0 and cfg.option("policy_output") == "tanh"
     # resuming it under today's ARS defaults (linear, unclipped) is refused: they define the run
     with pytest.raises(ValueError, match="policy_output"):
-        train(TrainConfig(task="pendulum", strategy="ars", hidden=(), population=8, steps=4, out=str(out),
+        train(TrainConfig.flat(task="pendulum", strategy="ars", hidden=(), population=8, steps=4, out=str(out),
                           log="none", policy_output="linear", observation_clip=5.0), resume=True, **QUIET)
 
 
@@ -183,12 +183,12 @@ def test_a_presets_option_given_explicitly_keeps_its_value_even_the_default(caps
     printed = capsys.readouterr().out
     assert "start_states: shared" in printed and "population: 64" in printed and "preset: null" in printed
     cfg = TrainConfig.from_dict({"task": "gym:Hopper-v5", "preset": "ars-paper", "layer": "lowrank"}).resolved()
-    assert cfg.layer == "lowrank" and cfg.reward_shift == 1.0 and cfg.preset is None
+    assert cfg.layer == "lowrank" and cfg.option("reward_shift") == 1.0 and cfg.preset is None
     # built in Python with the preset as data: what is passed is kept, even a default's value
     built = TrainConfig.with_preset("ars-paper", task="gym:Hopper-v5", layer="lowrank", eval_episodes=10)
-    assert (built.layer, built.eval_episodes, built.preset, built.population) == ("lowrank", 10, None, 16)
-    assert built.resolved().layer == "lowrank" and built.resolved().eval_episodes == 10
-    assert TrainConfig.with_preset("ars-paper", task="gym:Hopper-v5").top_b == 4
+    assert (built.layer, built.option("eval_episodes"), built.preset, built.population) == ("lowrank", 10, None, 16)
+    assert built.resolved().layer == "lowrank" and built.resolved().option("eval_episodes") == 10
+    assert TrainConfig.with_preset("ars-paper", task="gym:Hopper-v5").option("top_b") == 4
     # TrainConfig(preset=...) expands when resolved, over what is still at its default
     assert TrainConfig(task="gym:Hopper-v5", preset="ars-paper", sigma=0.5).resolved().sigma == 0.5
     late = TrainConfig(task="gym:Hopper-v5")

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g
 
 @pytest.mark.parametrize("task", ["pendulum", "cartpole"])
 def test_compiled_fitness_matches_eager_over_several_steps(task):
-    cfg = TrainConfig(task=task, population=16, hidden=(8,), episodes=2, strategy="openai_es").resolved()
+    cfg = TrainConfig.flat(task=task, population=16, hidden=(8,), episodes=2, strategy="openai_es").resolved()
     results = {}
     for compiled in (False, True):
         built = build(cfg, torch.device("cpu"))
@@ -39,8 +39,8 @@ def test_compiled_fitness_matches_eager_over_several_steps(task):
 
 def test_a_compiled_run_trains_like_an_eager_one(tmp_path):
     options = dict(task="pendulum", population=16, hidden=(8,), steps=3, strategy="openai_es")
-    eager = train(TrainConfig(**options, compile="off", out=str(tmp_path / "eager")), log=lambda *a: None)
-    compiled = train(TrainConfig(**options, compile="on", out=str(tmp_path / "compiled")), log=lambda *a: None)
+    eager = train(TrainConfig.flat(**options, compile="off", out=str(tmp_path / "eager")), log=lambda *a: None)
+    compiled = train(TrainConfig.flat(**options, compile="on", out=str(tmp_path / "compiled")), log=lambda *a: None)
     # the first step's population is the same within rounding; later steps may rank members differently
     # (centered ranks of nearly equal returns), so whole runs drift apart as any two float orders do
     first = [MetricsLog.read(tmp_path / name / "metrics.csv")[1] for name in ("eager", "compiled")]

@@ -182,7 +182,7 @@ def saved_model(directory):
 def test_countdown_from_a_local_directory_saves_a_model_transformers_loads(tmp_path):
     hf = saved_model(tmp_path / "tiny")
     out = tmp_path / "run"
-    summary = train(TrainConfig(task="countdown", model=f"hf:{hf}", steps=2, population=4, batch_size=2,
+    summary = train(TrainConfig.flat(task="countdown", model=f"hf:{hf}", steps=2, population=4, batch_size=2,
                                 eval_every=2, log="none", out=str(out)), log=lambda *a, **k: None)
     assert summary["task"] == "countdown" and summary["metric"] == "accuracy"
     back = tf.AutoModelForCausalLM.from_pretrained(out / "hf", local_files_only=True)
@@ -198,7 +198,7 @@ def test_countdown_from_a_local_directory_saves_a_model_transformers_loads(tmp_p
 def test_a_model_loaded_in_bfloat16_trains_with_float32_masters_and_saves_in_bfloat16(tmp_path):
     hf = saved_model(tmp_path / "tiny")
     out = tmp_path / "run"
-    train(TrainConfig(task="arithmetic", model=f"hf:{hf}", dtype="bfloat16", steps=2, population=4, batch_size=2,
+    train(TrainConfig.flat(task="arithmetic", model=f"hf:{hf}", dtype="bfloat16", steps=2, population=4, batch_size=2,
                       eval_every=2, log="none", out=str(out)), log=lambda *a, **k: None)
     back = tf.AutoModelForCausalLM.from_pretrained(out / "hf", local_files_only=True)
     assert back.dtype == torch.bfloat16

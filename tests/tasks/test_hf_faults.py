@@ -97,7 +97,7 @@ def test_from_the_cli_each_is_one_line(tmp_path):
 def test_run_hf_is_written_whole_with_files_for_everyone_to_read(tmp_path):
     hf = saved(tmp_path / "m")
     out = tmp_path / "run"
-    train(TrainConfig(task="arithmetic", model=f"hf:{hf}", steps=1, population=4, batch_size=2, log="none",
+    train(TrainConfig.flat(task="arithmetic", model=f"hf:{hf}", steps=1, population=4, batch_size=2, log="none",
                       out=str(out)), log=lambda *a, **k: None)
     files = [p for p in (out / "hf").rglob("*") if p.is_file()]
     assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in files)
@@ -117,7 +117,7 @@ def test_a_finished_run_evaluates_after_its_source_directory_is_gone(tmp_path):
     from nesgpu.train import load_run
     hf = saved(tmp_path / "m")
     out = tmp_path / "run"
-    train(TrainConfig(task="arithmetic", model=f"hf:{hf}", steps=1, population=4, batch_size=2, log="none",
+    train(TrainConfig.flat(task="arithmetic", model=f"hf:{hf}", steps=1, population=4, batch_size=2, log="none",
                       out=str(out)), log=lambda *a, **k: None)
     before = load_run(out, "cpu").model.state_dict()
     shutil.rmtree(hf)

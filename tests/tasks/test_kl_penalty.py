@@ -203,7 +203,7 @@ def test_the_memory_plan_counts_the_starting_weights_beta_keeps(tmp_path):
     plans = {}
     for beta in (0.0, 0.05):
         lines = []
-        cfg = TrainConfig(task="arithmetic", model=f"hf:{tmp_path / 'lm'}", steps=1, population=4, batch_size=2,
+        cfg = TrainConfig.flat(task="arithmetic", model=f"hf:{tmp_path / 'lm'}", steps=1, population=4, batch_size=2,
                           sigma=0.1, log="none", beta=beta, out=str(tmp_path / f"run{beta}"))
         train(cfg, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
         plans[beta] = next(line for line in lines if line.startswith("memory plan:"))

@@ -105,7 +105,7 @@ def test_an_adapter_directory_is_a_model_whose_adapter_alone_evolves(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, reference.eval()(input_ids=ids).logits)
     out = tmp_path / "run"
-    summary = train(TrainConfig(task="arithmetic", model=f"hf:{adapter}", steps=1, population=4, batch_size=2,
+    summary = train(TrainConfig.flat(task="arithmetic", model=f"hf:{adapter}", steps=1, population=4, batch_size=2,
                                 log="none", out=str(out)), log=lambda *a, **k: None)
     assert summary["parameters"] == sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     before = safetensors.load_file(base / "model.safetensors")
@@ -177,10 +177,10 @@ def test_a_bad_lora_flag_is_one_line(tmp_path):
              (dict(task="digits", use_peft=True), "'use_peft' .* not to task 'digits'")]
     for options, message in cases:
         with pytest.raises(ValueError, match=message):
-            TrainConfig(**{"task": "arithmetic", "model": f"hf:{base}", **options}).resolved()
+            TrainConfig.flat(**{"task": "arithmetic", "model": f"hf:{base}", **options}).resolved()
     with pytest.raises(ValueError, match="LoRA over .*not found in the base model.*its Linear layers: down_proj"):
         make_task("arithmetic", model=f"hf:{base}", use_peft=True, lora_target_modules="qkv").adapter_shapes()
     with pytest.raises(ValueError, match="is a PEFT adapter already .* drop --use-peft"):
         make_task("arithmetic", model=f"hf:{adapter}", use_peft=True)
-    resolved = TrainConfig(task="generation", model=f"hf:{base}", use_peft=True, lora_target_modules="all-linear")
-    assert (resolved.resolved().lora_r, resolved.resolved().lora_alpha) == (16, 32)  # TRL's defaults
+    resolved = TrainConfig.flat(task="generation", model=f"hf:{base}", use_peft=True, lora_target_modules="all-linear")
+    assert (resolved.resolved().option("lora_r"), resolved.resolved().option("lora_alpha")) == (16, 32)  # TRL's defaults

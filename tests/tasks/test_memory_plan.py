@@ -24,14 +24,14 @@ def model_dir(path, dtype=torch.float32):
 
 
 def config(hf, **options):
-    return TrainConfig(**{"task": "arithmetic", "model": f"hf:{hf}", "steps": 1, "population": 4, "batch_size": 2,
+    return TrainConfig.flat(**{"task": "arithmetic", "model": f"hf:{hf}", "steps": 1, "population": 4, "batch_size": 2,
                           "log": "none", **options})
 
 
 def test_the_plan_counts_the_directory_s_weights_and_nothing_an_in_place_run_does_not_hold(tmp_path):
     hf, model = model_dir(tmp_path / "m", torch.bfloat16)
     cfg = config(hf).resolved()
-    assert cfg.update == "sgd" and cfg.kl is False  # the language-model defaults: the memory of inference
+    assert cfg.update == "sgd" and cfg.option("kl") is False  # the language-model defaults: the memory of inference
     shapes = tensor_shapes(hf)
     assert len(shapes) == len(model.state_dict()) and all(dtype == torch.bfloat16 for _, dtype in shapes)
     plan = plan_run(cfg, hf, None, torch.device("cpu"))

@@ -14,10 +14,10 @@ from nesgpu.train import TrainConfig
 def test_a_run_resolves_to_its_strategys_preset(strategy):
     expected = RL_PRESETS.get(strategy, RLPreset())
     cfg = TrainConfig(task="pendulum", strategy=strategy, hidden=()).resolved()
-    assert cfg.observation_clip == expected.observation_clip
-    assert cfg.policy_output == ("linear" if expected.linear_policy else "tanh")
+    assert cfg.option("observation_clip") == expected.observation_clip
+    assert cfg.option("policy_output") == ("linear" if expected.linear_policy else "tanh")
     hidden = TrainConfig(task="pendulum", strategy=strategy, hidden=(8,)).resolved()
-    assert hidden.policy_output == "tanh"  # a hidden layer: tanh, whatever the preset
+    assert hidden.option("policy_output") == "tanh"  # a hidden layer: tanh, whatever the preset
 
 
 def test_the_presets_are_the_papers_and_no_strategy_takes_the_default():

@@ -64,7 +64,7 @@ def older_run(tmp_path, monkeypatch):
     start = start_directory(tmp_path / "start")
     monkeypatch.chdir(start)
     monkeypatch.setattr(trainer, "with_absolute_paths", lambda cfg: cfg)
-    train(TrainConfig(task="generation", model="hf:model", prompts="train.jsonl", drift_text="drift.txt",
+    train(TrainConfig.flat(task="generation", model="hf:model", prompts="train.jsonl", drift_text="drift.txt",
                       reward="rewards.py:correct", steps=1, population=2, batch_size=1, max_new_tokens=2, sigma=0.01,
                       lr=0.01, log="none", out="runs/a"), log=lambda *a, **k: None)
     assert json.loads((start / "runs/a/config.json").read_text())["model"] == "hf:model"
@@ -78,7 +78,7 @@ def test_an_older_runs_relative_paths_are_found_from_the_directory_it_started_in
     away = tmp_path / "away"
     away.mkdir()
     monkeypatch.chdir(away)
-    assert load_run(start / "runs/a").config.prompts == str(start / "train.jsonl")
+    assert load_run(start / "runs/a").config.option("prompts") == str(start / "train.jsonl")
     resumed = nesgpu("train", "--resume", str(start / "runs/a"), "--steps", "2", "--trust-run-code", cwd=away)
     assert resumed.returncode == 0 and json.loads(resumed.stdout)["steps"] == 2, resumed.stderr[-2000:]
     assert f"importing {start / 'rewards.py'} for the reward function rewards.py:correct" in resumed.stderr

@@ -257,9 +257,9 @@ def test_train_reverse_end_to_end_through_the_cli(tmp_path, capsys):
 
 def test_train_resumes_reverse_exactly(tmp_path):
     cfg = dict(task="reverse", population=8, batch_size=4, hidden=(8, 1), checkpoint_every=2)
-    a = train(TrainConfig(**cfg, steps=4, out=str(tmp_path / "a")), log=quiet)
-    train(TrainConfig(**cfg, steps=2, out=str(tmp_path / "b")), log=quiet)
-    b = train(TrainConfig(**cfg, steps=4, out=str(tmp_path / "b")), resume=True, log=quiet)
+    a = train(TrainConfig.flat(**cfg, steps=4, out=str(tmp_path / "a")), log=quiet)
+    train(TrainConfig.flat(**cfg, steps=2, out=str(tmp_path / "b")), log=quiet)
+    b = train(TrainConfig.flat(**cfg, steps=4, out=str(tmp_path / "b")), resume=True, log=quiet)
     assert a["value"] == b["value"]
     from safetensors.torch import load_file
 
@@ -269,7 +269,7 @@ def test_train_resumes_reverse_exactly(tmp_path):
 
 @pytest.mark.parametrize("options", [dict(chunk_size=2), dict(precision="bf16"), dict(layer="gaussian")])
 def test_train_reverse_in_chunks_under_autocast_and_other_kinds(tmp_path, options):
-    summary = train(TrainConfig(task="reverse", population=8, batch_size=4, hidden=(8, 1), steps=2,
+    summary = train(TrainConfig.flat(task="reverse", population=8, batch_size=4, hidden=(8, 1), steps=2,
                                 out=str(tmp_path), **options), log=quiet)
     assert 0.0 <= summary["value"] <= 1.0
 

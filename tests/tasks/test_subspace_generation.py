@@ -14,7 +14,7 @@ from nesgpu.train.setup.config import resolve_for
 
 
 def config(out, steps, chunk=None, update="sgd"):
-    return TrainConfig(task="generation", population=4, sigma=0.05, lr=1e-3, steps=steps, chunk_size=chunk,
+    return TrainConfig.flat(task="generation", population=4, sigma=0.05, lr=1e-3, steps=steps, chunk_size=chunk,
                        dtype="bfloat16", update=update, subspace=0.5, checkpoint_every=1, out=str(out), log="none")
 
 

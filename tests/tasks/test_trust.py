@@ -157,7 +157,7 @@ def test_eval_names_the_reward_file_it_imports_and_asks_before_one_from_elsewher
     (code / "rw.py").write_text("import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n"
                                 "def ok(completions, **kw):\n    return [1.0] * len(completions)\n")
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "1+1="}) + "\n")
-    train(TrainConfig(task="generation", model=f"hf:{hf}", prompts=str(tmp_path / "p.jsonl"),
+    train(TrainConfig.flat(task="generation", model=f"hf:{hf}", prompts=str(tmp_path / "p.jsonl"),
                       reward=f"{code / 'rw.py'}:ok", steps=1, population=2, batch_size=1, max_new_tokens=1,
                       sigma=0.01, lr=0.01, log="none", out=str(tmp_path / "run")), log=lambda *a, **k: None)
     (code / "imported").unlink()
@@ -233,7 +233,7 @@ def test_a_resume_on_a_prompts_file_changed_since_is_refused(tmp_path):
     prompts.write_text("\n".join(json.dumps(r) for r in rows))
 
     def run(steps, resume):
-        cfg = TrainConfig(task="generation", model=f"hf:{hf}", prompts=str(prompts), reward=f"{__name__}:correct",
+        cfg = TrainConfig.flat(task="generation", model=f"hf:{hf}", prompts=str(prompts), reward=f"{__name__}:correct",
                           steps=steps, population=2, batch_size=2, max_new_tokens=1, sigma=0.01, lr=0.01, log="none",
                           out=str(tmp_path / "run"))
         return train(cfg, resume=resume, log=lambda *a, **k: None)

@@ -34,7 +34,7 @@ def fitness(out):
 @pytest.mark.parametrize("recorded", [True, False])
 def test_a_resumed_run_keeps_its_starts_compile_decision_and_says_so(tmp_path, small_threshold, recorded):
     out = tmp_path / "run"
-    train(TrainConfig(**PENDULUM, steps=2, out=str(out)), log=quiet)
+    train(TrainConfig.flat(**PENDULUM, steps=2, out=str(out)), log=quiet)
     state_file = out / "checkpoint" / "state.pt"
     state = torch.load(state_file, weights_only=True)
     assert state["compiled"] is False
@@ -44,7 +44,7 @@ def test_a_resumed_run_keeps_its_starts_compile_decision_and_says_so(tmp_path, s
         torch.save(state, buffer)
         state_file.write_bytes(buffer.getvalue())
     lines = []
-    resumed = train(TrainConfig(**PENDULUM, steps=4, out=str(out)), resume=True, log=lines.append)
+    resumed = train(TrainConfig.flat(**PENDULUM, steps=4, out=str(out)), resume=True, log=lines.append)
     said = [line for line in lines if "rollouts" in line and "--compile on|off" in line]
     assert len(said) == 1 and "eagerly" in said[0]
     assert ("does not record" in said[0]) != recorded
@@ -52,12 +52,12 @@ def test_a_resumed_run_keeps_its_starts_compile_decision_and_says_so(tmp_path, s
     assert not any("compiling (torch.compile)" in line for line in lines)
     assert torch.load(state_file, weights_only=True)["compiled"] is False  # recorded again, for the next resume
     # bit for bit the uninterrupted run that runs eagerly (same machine, same process, same blocks)
-    whole = train(TrainConfig(**PENDULUM, steps=4, compile="off", out=str(tmp_path / "whole")), log=quiet)
+    whole = train(TrainConfig.flat(**PENDULUM, steps=4, compile="off", out=str(tmp_path / "whole")), log=quiet)
     assert fitness(out) == fitness(tmp_path / "whole") and resumed["value"] == whole["value"]
 
 
 def test_the_kept_decision_under_each_option():
-    cfg = TrainConfig(**PENDULUM, steps=2).resolved()
+    cfg = TrainConfig.flat(**PENDULUM, steps=2).resolved()
     assert not compiles(cfg)
     kept, note = kept_compile(cfg, True, {"steps": 600})  # started large: stays compiled at any --steps
     assert kept and "ran compiled from the run's start" in note and "alone would run them eagerly" in note
@@ -65,25 +65,25 @@ def test_the_kept_decision_under_each_option():
     kept, note = kept_compile(cfg, None, {"steps": 10**9})  # no record: its own config's --steps decides
     assert kept and "does not record" in note and "--steps 1000000000" in note
     assert kept_compile(cfg, None, {"steps": "x"}) == (False, None)  # resume refuses that checkpoint itself
-    off = TrainConfig(**PENDULUM, steps=2, compile="off").resolved()
+    off = TrainConfig.flat(**PENDULUM, steps=2, compile="off").resolved()
     assert kept_compile(off, True, {"steps": 600}) == (False, None)  # --compile on|off decides as it says
 
 
 def test_a_short_time_budget_decides_against_compiling():
     # issue 55: this run compiled for 77 s of its 40 s budget and made one step (eagerly: 132)
     options = dict(task="pendulum", strategy="snes", layer="gaussian")
-    assert compiles(TrainConfig(**options).resolved())  # 300 steps by default: auto compiles
-    short = TrainConfig(**options, time_budget=40).resolved()
+    assert compiles(TrainConfig.flat(**options).resolved())  # 300 steps by default: auto compiles
+    short = TrainConfig.flat(**options, time_budget=40).resolved()
     assert not compiles(short) and "--time-budget 40 s decides against compiling" in budget_note(short, False)
-    long = TrainConfig(**options, time_budget=defaults.COMPILE_MIN_BUDGET).resolved()
+    long = TrainConfig.flat(**options, time_budget=defaults.COMPILE_MIN_BUDGET).resolved()
     assert compiles(long) and "compiling counts inside --time-budget 300 s" in budget_note(long, True)
-    assert budget_note(TrainConfig(**PENDULUM, steps=2, time_budget=40).resolved(), False) is None  # none to compile
-    assert budget_note(TrainConfig(**options).resolved(), True) is None  # no budget
+    assert budget_note(TrainConfig.flat(**PENDULUM, steps=2, time_budget=40).resolved(), False) is None  # none to compile
+    assert budget_note(TrainConfig.flat(**options).resolved(), True) is None  # no budget
 
 
 def test_a_budgeted_run_says_in_one_line_that_it_does_not_compile(tmp_path, small_threshold):
     lines = []
-    summary = train(TrainConfig(**PENDULUM, steps=4, time_budget=40, out=str(tmp_path / "run")), log=lines.append)
+    summary = train(TrainConfig.flat(**PENDULUM, steps=4, time_budget=40, out=str(tmp_path / "run")), log=lines.append)
     assert len([line for line in lines if "decides against compiling" in line]) == 1
     assert not any("compiling (torch.compile)" in line for line in lines) and summary["steps"] == 4
 
@@ -103,7 +103,7 @@ def test_compiling_is_said_and_left_out_of_the_eta(tmp_path, monkeypatch):
     monkeypatch.setattr("nesgpu.train.loop.time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(trainer, "compiles", lambda cfg: True)  # as a compiled run: nothing compiles here
     lines = []
-    train(TrainConfig(task="digits", population=8, hidden=(8,), batch_size=8, steps=6, progress_every=1e-9,
+    train(TrainConfig.flat(task="digits", population=8, hidden=(8,), batch_size=8, steps=6, progress_every=1e-9,
                       log="none", out=str(tmp_path / "run")), log=lines.append)
     assert sum("compiling (torch.compile) in the first step" in line for line in lines) == 1
     steps = {int(line.split()[1].split("/")[0]): line for line in lines if line.startswith("step ")}

@@ -182,7 +182,7 @@ def test_two_processes_whose_members_all_tie_leave_the_weights_as_they_were(tmp_
     with open(tmp_path / "two" / "metrics.csv") as f:
         assert [row["no_signal"] for row in csv.DictReader(f)][1:] == ["1"] * 4
     assert '"steps_without_signal": 1.0' in two.stdout
-    start = build(TrainConfig(task="digits", population=16, steps=4, hidden=(8,), batch_size=8).resolved(),
+    start = build(TrainConfig.flat(task="digits", population=16, steps=4, hidden=(8,), batch_size=8).resolved(),
                   torch.device("cpu")).model.state_dict()
     trained = load_file(tmp_path / "two" / "model.safetensors")
     assert set(trained) == set(start) and all(torch.equal(trained[k], start[k]) for k in start)

@@ -17,7 +17,7 @@ def quiet(*args, **kwargs):
 
 
 def test_a_bf16_run_keeps_float32_masters_and_resumes_to_the_straight_run(tmp_path):
-    train(TrainConfig(**FAST, dtype="bfloat16", out=str(tmp_path / "straight")), log=quiet)
+    train(TrainConfig.flat(**FAST, dtype="bfloat16", out=str(tmp_path / "straight")), log=quiet)
     straight = load_file(tmp_path / "straight" / "model.safetensors")
     assert all(v.dtype == torch.bfloat16 for v in straight.values())
     state = torch.load(find_checkpoint(tmp_path / "straight" / "checkpoint") / "state.pt", weights_only=True)
@@ -26,8 +26,8 @@ def test_a_bf16_run_keeps_float32_masters_and_resumes_to_the_straight_run(tmp_pa
     for name, value in masters.items():  # the saved weights are the masters' rounding
         assert torch.equal(straight[name], value.to(torch.bfloat16)), name
 
-    train(TrainConfig(**{**FAST, "steps": 3}, dtype="bfloat16", out=str(tmp_path / "split")), log=quiet)
-    train(TrainConfig(**FAST, dtype="bfloat16", out=str(tmp_path / "split")), resume=True, log=quiet)
+    train(TrainConfig.flat(**{**FAST, "steps": 3}, dtype="bfloat16", out=str(tmp_path / "split")), log=quiet)
+    train(TrainConfig.flat(**FAST, dtype="bfloat16", out=str(tmp_path / "split")), resume=True, log=quiet)
     split = load_file(tmp_path / "split" / "model.safetensors")
     assert all(torch.equal(straight[k], split[k]) for k in straight)
     later = torch.load(find_checkpoint(tmp_path / "split" / "checkpoint") / "state.pt", weights_only=True)
@@ -35,7 +35,7 @@ def test_a_bf16_run_keeps_float32_masters_and_resumes_to_the_straight_run(tmp_pa
 
 
 def test_a_float32_run_stores_no_masters(tmp_path):
-    train(TrainConfig(**FAST, out=str(tmp_path / "fp32")), log=quiet)
+    train(TrainConfig.flat(**FAST, out=str(tmp_path / "fp32")), log=quiet)
     state = torch.load(find_checkpoint(tmp_path / "fp32" / "checkpoint") / "state.pt", weights_only=True)
     assert "masters" not in state["strategy"]
     assert all(v.dtype == torch.float32 for v in load_file(tmp_path / "fp32" / "model.safetensors").values())
@@ -47,11 +47,11 @@ def test_a_float32_run_stores_no_masters(tmp_path):
 ])
 def test_bad_dtypes_are_refused(tmp_path, options, match):
     with pytest.raises(ValueError, match=match):
-        train(TrainConfig(**{**FAST, **options}, out=str(tmp_path / "r")), log=quiet)
+        train(TrainConfig.flat(**{**FAST, **options}, out=str(tmp_path / "r")), log=quiet)
 
 
 def test_resume_with_another_dtype_is_refused(tmp_path):
-    train(TrainConfig(**{**FAST, "steps": 3}, dtype="bfloat16", out=str(tmp_path / "r")), log=quiet)
+    train(TrainConfig.flat(**{**FAST, "steps": 3}, dtype="bfloat16", out=str(tmp_path / "r")), log=quiet)
     with pytest.raises(ValueError, match="dtype"):
-        train(TrainConfig(**FAST, dtype="float16", out=str(tmp_path / "r")), resume=True, log=quiet)
+        train(TrainConfig.flat(**FAST, dtype="float16", out=str(tmp_path / "r")), resume=True, log=quiet)
 

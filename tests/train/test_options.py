@@ -28,39 +28,44 @@ def test_every_component_option_is_taken_by_name_and_held_by_its_own_side():
                 assert side(f.name) is owners, f.name
     assert STRATEGY.owners("shaping") == ["openai_es", "pgpe"] and STRATEGY.owners("top_b") == ["ars"]
     assert STRATEGY.owners("optimizer") == ["backprop"] and TASK.owners("vector_mode") == ["gym"]
-    cfg = TrainConfig(task="pendulum", strategy="ars", top_b=2, episodes=3)
+    cfg = TrainConfig.flat(task="pendulum", strategy="ars", top_b=2, episodes=3)
     assert cfg.strategy_options == {"top_b": 2} and cfg.task_options == {"episodes": 3}
     resolved = cfg.resolved()
     assert resolved.strategy_options == ARS.Options(top_b=2) and resolved.task_options.episodes == 3
-    assert (resolved.top_b, resolved.episodes, resolved.shaping) == (2, 3, None)  # read by name; not ars's: None
-    resolved.episodes = 4  # set by name: into the task's Options (checked), and resolved again the same
-    assert resolved.task_options == RLOptions(episodes=4, policy_output="tanh", observation_clip=0.0)
-    assert resolved.resolved().task_options.episodes == 4
-    changed = dataclasses.replace(resolved, top_b=1)  # a resolved config changed stays usable as it is
+    # read by name; not ars's: None
+    assert (resolved.option("top_b"), resolved.option("episodes"), resolved.option("shaping")) == (2, 3, None)
+    with pytest.raises(ValueError, match="unknown option 'top_c'"):
+        resolved.option("top_c")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'episodes'"):
+        TrainConfig(task="pendulum", episodes=3)  # a plain dataclass: a component's options are its own
+    changed = resolved.with_options(episodes=4)  # set by name: into the task's Options (checked), resolved the same
+    assert changed.task_options == RLOptions(episodes=4, policy_output="tanh", observation_clip=0.0)
+    assert changed.resolved().task_options.episodes == 4
+    changed = resolved.with_options(top_b=1)  # a resolved config changed stays usable as it is
     changed.validate()
     assert changed.strategy_options == ARS.Options(top_b=1)
     with pytest.raises(ValueError, match="RL task: option 'episodes' must be >= 1"):
-        resolved.episodes = 0
-    assert TrainConfig(task="cartpole", episodes=None) == TrainConfig(task="cartpole")  # None: unset
+        resolved.with_options(episodes=0)
+    assert TrainConfig.flat(task="cartpole", episodes=None) == TrainConfig(task="cartpole")  # None: unset
     for given, message in [(dict(task_options={"episode": 3}), r"\['episode'\] are not options of a task"),
                            (dict(task_options={"steps": 5}), r"\['steps'\] are not options of a task"),
                            (dict(strategy_options={"episodes": 5}), "are not options of a strategy")]:
         with pytest.raises(TypeError, match=message):
             TrainConfig(task="cartpole", **given)
     with pytest.raises(TypeError, match="TrainConfig got an unknown option 'top_k'"):
-        TrainConfig(top_k=2)
+        TrainConfig.flat(top_k=2)
     with pytest.raises(AttributeError, match="no attribute 'top_k'"):
         TrainConfig().top_k  # noqa: B018
 
 
 def test_a_resolved_config_holds_its_strategys_options_and_none_of_the_others():
-    ars = TrainConfig(task="pendulum", strategy="ars", top_b=2).resolved()
-    assert (ars.top_b, ars.ars_version, ars.shaping, ars.weight_decay, ars.optimizer) == (2, "v2", None, None, None)
-    pgpe = TrainConfig(task="pendulum", strategy="pgpe", sigma_lr=0.0).resolved()
-    assert (pgpe.sigma_lr, pgpe.max_sigma_change, pgpe.shaping, pgpe.top_b) == (0.0, 0.2, "centered_ranks", None)
+    ars = TrainConfig.flat(task="pendulum", strategy="ars", top_b=2).resolved()
+    assert (ars.option("top_b"), ars.option("ars_version"), ars.option("shaping"), ars.option("weight_decay"), ars.option("optimizer")) == (2, "v2", None, None, None)
+    pgpe = TrainConfig.flat(task="pendulum", strategy="pgpe", sigma_lr=0.0).resolved()
+    assert (pgpe.option("sigma_lr"), pgpe.option("max_sigma_change"), pgpe.option("shaping"), pgpe.option("top_b")) == (0.0, 0.2, "centered_ranks", None)
     # the task's tuned values hold for its own strategy only (digits tunes openai_es's weight decay)
-    assert TrainConfig().resolved().weight_decay == 0.005
-    assert TrainConfig(strategy="backprop").resolved().weight_decay == 0.01
+    assert TrainConfig().resolved().option("weight_decay") == 0.005
+    assert TrainConfig(strategy="backprop").resolved().option("weight_decay") == 0.01
 
 
 @pytest.mark.parametrize("options, message", [
@@ -78,8 +83,8 @@ def test_a_resolved_config_holds_its_strategys_options_and_none_of_the_others():
 def test_bad_strategy_options_are_refused_naming_strategy_option_and_value(options, message):
     with pytest.raises(ValueError, match=message):
         backprop = options.get("strategy") == "backprop"
-        TrainConfig(task="digits" if backprop else "pendulum", population=None if backprop else 64,
-                    **options).resolved()
+        TrainConfig.flat(task="digits" if backprop else "pendulum", population=None if backprop else 64,
+                         **options).resolved()
 
 
 def test_an_older_run_directorys_config_of_every_strategys_options_still_loads():
@@ -87,7 +92,7 @@ def test_an_older_run_directorys_config_of_every_strategys_options_still_loads()
     old = dict(task="pendulum", strategy="ars", shaping="centered_ranks", weight_decay=0.0, top_b=None,
                ars_version="v1", optimizer="adamw", accumulate=1, activation_checkpointing=False, shard=False)
     cfg = TrainConfig.from_dict(old).resolved()
-    assert (cfg.ars_version, cfg.shaping, cfg.optimizer, cfg.shard) == ("v1", None, None, None)
+    assert (cfg.option("ars_version"), cfg.option("shaping"), cfg.option("optimizer"), cfg.option("shard")) == ("v1", None, None, None)
 
 
 def test_the_strategies_build_their_options_and_check_them_once():
@@ -162,12 +167,12 @@ def test_a_new_strategy_with_an_option_is_one_file_plus_one_registry_line(tmp_pa
 
 def test_a_resolved_config_holds_its_tasks_options_and_none_of_the_others():
     digits = TrainConfig().resolved()
-    assert (digits.batch_size, digits.episodes, digits.reward_shift, digits.vector_mode) == (128, None, None, None)
+    assert (digits.option("batch_size"), digits.option("episodes"), digits.option("reward_shift"), digits.option("vector_mode")) == (128, None, None, None)
     pendulum = TrainConfig(task="pendulum").resolved()
-    assert (pendulum.batch_size, pendulum.episodes, pendulum.eval_episodes, pendulum.policy_output) == (
+    assert (pendulum.option("batch_size"), pendulum.option("episodes"), pendulum.option("eval_episodes"), pendulum.option("policy_output")) == (
         None, 2, 10, "tanh")
-    gym = TrainConfig(task="gym:Pendulum-v1", vector_mode="async").resolved()
-    assert (gym.vector_mode, gym.episodes) == ("async", 1)
+    gym = TrainConfig.flat(task="gym:Pendulum-v1", vector_mode="async").resolved()
+    assert (gym.option("vector_mode"), gym.option("episodes")) == ("async", 1)
 
 
 @pytest.mark.parametrize("options, message", [
@@ -180,7 +185,7 @@ def test_a_resolved_config_holds_its_tasks_options_and_none_of_the_others():
 ])
 def test_bad_task_options_are_refused_naming_option_value_and_owners(options, message):
     with pytest.raises(ValueError, match=message):
-        TrainConfig(**options).resolved()
+        TrainConfig.flat(**options).resolved()
 
 
 def test_an_older_run_directorys_config_of_every_tasks_options_still_loads():
@@ -188,7 +193,7 @@ def test_an_older_run_directorys_config_of_every_tasks_options_still_loads():
     old = dict(task="digits", batch_size=128, episodes=1, eval_episodes=10, vector_mode="sync", reward_shift=0.0,
                start_states="shared", policy_output="auto", observation_clip=5.0)
     cfg = TrainConfig.from_dict(old).resolved()
-    assert (cfg.batch_size, cfg.episodes, cfg.policy_output, cfg.observation_clip) == (128, None, None, None)
+    assert (cfg.option("batch_size"), cfg.option("episodes"), cfg.option("policy_output"), cfg.option("observation_clip")) == (128, None, None, None)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -32,7 +32,7 @@ def config(tmp_path, name="run", **kw):
     values = dict(steps=6, population=16, sigma=0.1, lr=0.05, eval_every=3, checkpoint_every=3, log="none",
                   out=str(tmp_path / name))
     values.update(kw)
-    return TrainConfig(**values)
+    return TrainConfig.flat(**values)
 
 
 def test_own_model_and_task_get_a_run_directory(tmp_path):

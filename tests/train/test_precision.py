@@ -53,7 +53,7 @@ def test_unknown_support_gives_no_note(monkeypatch):
 @pytest.mark.parametrize("native", [True, False])
 def test_the_evaluator_logs_the_note_once(monkeypatch, native):
     with_capabilities(monkeypatch, avx512_bf16=native)
-    cfg = TrainConfig(task="digits", population=8, hidden=(4,), batch_size=4, precision="bf16").resolved()
+    cfg = TrainConfig.flat(task="digits", population=8, hidden=(4,), batch_size=4, precision="bf16").resolved()
     pm = build(cfg, CPU, log=lambda *a: None).pm
     lines = []
     Population(pm, Ranks(), None, "bf16", log=lines.append)

@@ -31,11 +31,11 @@ def failing_first_step(monkeypatch, error):
 @pytest.mark.parametrize("error", [RuntimeError(CPU_MESSAGE), KeyboardInterrupt()])
 def test_a_new_run_that_fails_before_its_first_step_gives_the_old_run_back(tmp_path, monkeypatch, error):
     out = tmp_path / "run"
-    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    train(TrainConfig.flat(**RUN, out=str(out)), log=quiet)
     before = files(out)
     failing_first_step(monkeypatch, error)
     with pytest.raises(type(error)):
-        train(TrainConfig(**{**RUN, "seed": 1}, out=str(out)), log=quiet, overwrite=True)
+        train(TrainConfig.flat(**{**RUN, "seed": 1}, out=str(out)), log=quiet, overwrite=True)
     assert files(out) == before  # the same files, byte for byte: nothing of the new run is left
 
 
@@ -46,7 +46,7 @@ def test_one_ctrl_c_during_the_new_runs_first_step_keeps_the_old_run(tmp_path, m
     from nesgpu.train import Interrupted
 
     out = tmp_path / "run"
-    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    train(TrainConfig.flat(**RUN, out=str(out)), log=quiet)
     before = files(out)
     original = EvolutionStep.run
 
@@ -56,14 +56,14 @@ def test_one_ctrl_c_during_the_new_runs_first_step_keeps_the_old_run(tmp_path, m
         return original(self)
     monkeypatch.setattr(EvolutionStep, "run", interrupted_first_step)
     with pytest.raises(Interrupted, match="the old run in .* is kept as it was"):
-        train(TrainConfig(**{**RUN, "seed": 1}, out=str(out)), log=quiet, overwrite=True)
+        train(TrainConfig.flat(**{**RUN, "seed": 1}, out=str(out)), log=quiet, overwrite=True)
     assert files(out) == before
     assert "stopping at the end of this step" in capsys.readouterr().err  # said at once, not after the step
 
 
 def test_once_the_new_run_has_made_a_step_the_old_run_is_gone(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    train(TrainConfig(**{**RUN, "steps": 3}, out=str(out)), log=quiet)
+    train(TrainConfig.flat(**{**RUN, "steps": 3}, out=str(out)), log=quiet)
     calls = []
 
     def fail_at_the_second_step(step, row):
@@ -71,22 +71,22 @@ def test_once_the_new_run_has_made_a_step_the_old_run_is_gone(tmp_path, monkeypa
         if step == 2:
             raise RuntimeError("a failure after the first step")
     with pytest.raises(RuntimeError, match="after the first step"):
-        train(TrainConfig(**{**RUN, "seed": 1, "steps": 3}, out=str(out)), log=quiet, overwrite=True,
+        train(TrainConfig.flat(**{**RUN, "seed": 1, "steps": 3}, out=str(out)), log=quiet, overwrite=True,
               callback=fail_at_the_second_step)
     assert calls == [1, 2] and json.loads((out / "config.json").read_text())["seed"] == 1
     assert not list(out.glob(".replaced-*"))
-    train(TrainConfig(**{**RUN, "seed": 2}, out=str(out)), log=quiet, overwrite=True)
+    train(TrainConfig.flat(**{**RUN, "seed": 2}, out=str(out)), log=quiet, overwrite=True)
     assert json.loads((out / "summary.json").read_text())["seed"] == 2 and not list(out.glob(".replaced-*"))
 
 
 def test_an_old_run_left_aside_by_a_killed_overwrite_is_named_not_deleted(tmp_path):
     out = tmp_path / "run"
-    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    train(TrainConfig.flat(**RUN, out=str(out)), log=quiet)
     aside = out / ".replaced-4242"  # what a process killed (SIGKILL) during its first step leaves
     aside.mkdir()
     (aside / "summary.json").write_text("{}")
     with pytest.warns(UserWarning, match="replaced-4242 holds a run that an --overwrite moved aside"):
-        train(TrainConfig(**RUN, out=str(out)), log=quiet, overwrite=True)
+        train(TrainConfig.flat(**RUN, out=str(out)), log=quiet, overwrite=True)
     assert (aside / "summary.json").read_text() == "{}"
 
 
@@ -96,7 +96,7 @@ def test_eval_after_a_killed_overwrite_names_the_run_moved_aside(tmp_path):
     import nesgpu
 
     out = tmp_path / "run"
-    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    train(TrainConfig.flat(**RUN, out=str(out)), log=quiet)
     aside = out / ".replaced-4242"  # SIGKILL during the new run's first step: its config.json, no weights
     aside.mkdir()
     for name in os.listdir(out):
@@ -124,10 +124,10 @@ def test_an_allocation_failure_is_one_line_and_keeps_the_old_run(tmp_path, monke
 def test_a_run_that_fails_before_writing_leaves_no_empty_directory(tmp_path, monkeypatch):
     failing_first_step(monkeypatch, RuntimeError(CPU_MESSAGE))
     with pytest.raises(RuntimeError):
-        train(TrainConfig(**RUN, out=str(tmp_path / "new")), log=quiet)
+        train(TrainConfig.flat(**RUN, out=str(tmp_path / "new")), log=quiet)
     assert (tmp_path / "new").is_dir()  # it had written its config.json and metrics.csv by then
     with pytest.raises(ValueError, match="unknown model"):
-        train(TrainConfig(**{**RUN, "model": "cnn"}, out=str(tmp_path / "never")), log=quiet)
+        train(TrainConfig.flat(**{**RUN, "model": "cnn"}, out=str(tmp_path / "never")), log=quiet)
     assert not (tmp_path / "never").exists()
 
 

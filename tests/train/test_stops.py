@@ -29,24 +29,24 @@ def rows(out):
 ])
 def test_a_resumed_run_that_still_meets_its_stop_condition_takes_no_step(tmp_path, ended, again, further):
     out = tmp_path / "run"
-    first = train(TrainConfig(**RUN, **ended, out=str(out)), log=quiet)
+    first = train(TrainConfig.flat(**RUN, **ended, out=str(out)), log=quiet)
     before, lines = files(out), []
-    summary = train(TrainConfig(**RUN, **again, out=str(out)), resume=True, log=lines.append)
+    summary = train(TrainConfig.flat(**RUN, **again, out=str(out)), resume=True, log=lines.append)
     assert files(out)["metrics.csv"] == before["metrics.csv"]  # no step, no row
     assert summary["steps"] == first["steps"] and summary["stopped"] == first["stopped"]
     assert summary["value"] == first["value"]
     assert any(f"the run ended at step {first['steps']}" in line and "no step is taken (raise --" in line
                for line in lines)
-    more = train(TrainConfig(**RUN, **further, out=str(out)), resume=True, log=quiet)
+    more = train(TrainConfig.flat(**RUN, **further, out=str(out)), resume=True, log=quiet)
     assert more["steps"] > first["steps"] and len(rows(out)) == 1 + more["steps"]  # step 0 too
 
 
 def test_a_run_its_callback_stopped_goes_on_when_resumed(tmp_path):
     out = tmp_path / "run"
-    first = train(TrainConfig(**RUN, steps=10, out=str(out)), log=quiet, callback=lambda step, row: step == 3)
+    first = train(TrainConfig.flat(**RUN, steps=10, out=str(out)), log=quiet, callback=lambda step, row: step == 3)
     assert first["stopped"] == "callback" and first["steps"] == 3
     assert json.loads((out / "summary.json").read_text())["stopped"] == "callback"
-    more = train(TrainConfig(**RUN, steps=10, out=str(out)), resume=True, log=quiet)
+    more = train(TrainConfig.flat(**RUN, steps=10, out=str(out)), resume=True, log=quiet)
     assert more["steps"] == 10 and more["stopped"] == "steps"
 
 
@@ -56,7 +56,7 @@ def test_a_checkpoint_already_out_of_scale_is_not_offered_for_resuming(tmp_path,
     if strategy != "backprop":
         options["population"] = 8
     with pytest.raises(ValueError) as info:
-        train(TrainConfig(**options, out=str(tmp_path / "run")), log=quiet)
+        train(TrainConfig.flat(**options, out=str(tmp_path / "run")), log=quiet)
     message = str(info.value)
     assert "its weights already reach" in message and f"start a new run with a smaller {sizes}" in message
     assert strategy != "backprop" or "sigma" not in message

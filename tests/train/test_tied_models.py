@@ -52,7 +52,7 @@ def dense_reward(tmp_path):
 def test_a_tied_model_trains_checkpoints_resumes_and_saves_with_its_tie(family, tmp_path):
     hf = saved(family, tmp_path / "model")
     _, table, head = TIED[family]
-    cfg = TrainConfig(model=f"hf:{hf}", steps=3, population=4, batch_size=2, eval_every=3, checkpoint_every=1,
+    cfg = TrainConfig.flat(model=f"hf:{hf}", steps=3, population=4, batch_size=2, eval_every=3, checkpoint_every=1,
                       log="none", out=str(tmp_path / "straight"), **dense_reward(tmp_path))
     train(cfg, log=lambda *a, **k: None)
     train(dataclasses.replace(cfg, steps=2, out=str(tmp_path / "split")), log=lambda *a, **k: None)

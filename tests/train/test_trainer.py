@@ -28,7 +28,7 @@ def quiet(*args, **kwargs):
 
 @pytest.mark.parametrize("name", sorted(FAST))
 def test_run_writes_every_output(tmp_path, name):
-    summary = train(TrainConfig(**FAST[name], out=str(tmp_path)), log=quiet)
+    summary = train(TrainConfig.flat(**FAST[name], out=str(tmp_path)), log=quiet)
     for f in ["summary.json", "metrics.csv", "config.json", "model.safetensors", "curve.png",
               "checkpoint/model.safetensors", "checkpoint/state.pt"]:
         assert (tmp_path / f).is_file(), f
@@ -50,7 +50,7 @@ class Crash(Exception):
 @pytest.mark.parametrize("strategy", ["openai_es", "ars", "pgpe"])
 def test_resume_after_a_crash_ends_with_identical_weights(tmp_path, monkeypatch, name, strategy):
     cfg = dict(FAST[name], strategy=strategy, lr_schedule="cosine", lr_final=0.1, checkpoint_every=2)
-    train(TrainConfig(**cfg, out=str(tmp_path / "straight")), log=quiet)
+    train(TrainConfig.flat(**cfg, out=str(tmp_path / "straight")), log=quiet)
 
     from nesgpu.tasks import ClassificationTask, RLTask
 
@@ -64,11 +64,11 @@ def test_resume_after_a_crash_ends_with_identical_weights(tmp_path, monkeypatch,
 
     monkeypatch.setattr(task_cls, "fitness", crash_at_step_4)
     with pytest.raises(Crash):
-        train(TrainConfig(**cfg, out=str(tmp_path / "split")), log=quiet)
+        train(TrainConfig.flat(**cfg, out=str(tmp_path / "split")), log=quiet)
     monkeypatch.setattr(task_cls, "fitness", original)
     rows = (tmp_path / "split" / "metrics.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + 1 + 3  # step 0 and steps 1-3 ran; the checkpoint holds step 2
-    train(TrainConfig(**cfg, out=str(tmp_path / "split")), resume=True, log=quiet)
+    train(TrainConfig.flat(**cfg, out=str(tmp_path / "split")), resume=True, log=quiet)
     a = load_file(tmp_path / "straight" / "model.safetensors")
     b = load_file(tmp_path / "split" / "model.safetensors")
     assert a.keys() == b.keys()
@@ -132,23 +132,23 @@ def test_process_killed_mid_save_leaves_a_usable_checkpoint(tmp_path):
 
 
 def test_corrupt_and_mismatched_checkpoints_are_reported(tmp_path):
-    train(TrainConfig(**FAST["cartpole"], out=str(tmp_path / "run")), log=quiet)
+    train(TrainConfig.flat(**FAST["cartpole"], out=str(tmp_path / "run")), log=quiet)
     with pytest.raises(ValueError, match=r"options that define the run differ from its checkpoint \(hidden: "
                                          r"\(4,\) -> \(5,\)\)"):
-        train(TrainConfig(**{**FAST["cartpole"], "hidden": (5,), "steps": 8}, out=str(tmp_path / "run")),
+        train(TrainConfig.flat(**{**FAST["cartpole"], "hidden": (5,), "steps": 8}, out=str(tmp_path / "run")),
               resume=True, log=quiet)
     with pytest.raises(ValueError, match="for task 'cartpole', not 'acrobot'"):
-        train(TrainConfig(**{**FAST["cartpole"], "task": "acrobot", "steps": 8}, out=str(tmp_path / "run")),
+        train(TrainConfig.flat(**{**FAST["cartpole"], "task": "acrobot", "steps": 8}, out=str(tmp_path / "run")),
               resume=True, log=quiet)
     (tmp_path / "run" / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="corrupt"):
-        train(TrainConfig(**{**FAST["cartpole"], "steps": 8}, out=str(tmp_path / "run")), resume=True, log=quiet)
-    train(TrainConfig(**FAST["cartpole"], out=str(tmp_path / "run2")), log=quiet)
+        train(TrainConfig.flat(**{**FAST["cartpole"], "steps": 8}, out=str(tmp_path / "run")), resume=True, log=quiet)
+    train(TrainConfig.flat(**FAST["cartpole"], out=str(tmp_path / "run2")), log=quiet)
     (tmp_path / "run2" / "checkpoint" / "model.safetensors").write_bytes(b"\x00" * 20)
     with pytest.raises(ValueError, match="model.safetensors: the file is corrupt"):
-        train(TrainConfig(**{**FAST["cartpole"], "steps": 8}, out=str(tmp_path / "run2")), resume=True, log=quiet)
+        train(TrainConfig.flat(**{**FAST["cartpole"], "steps": 8}, out=str(tmp_path / "run2")), resume=True, log=quiet)
     with pytest.raises(ValueError, match="no checkpoint"):
-        train(TrainConfig(**FAST["cartpole"], out=str(tmp_path / "empty")), resume=True, log=quiet)
+        train(TrainConfig.flat(**FAST["cartpole"], out=str(tmp_path / "empty")), resume=True, log=quiet)
 
 
 @pytest.mark.parametrize("options,message", [
@@ -167,7 +167,7 @@ def test_corrupt_and_mismatched_checkpoints_are_reported(tmp_path):
 ])
 def test_bad_configuration_is_a_clear_error(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
-        train(TrainConfig(**{**FAST["cartpole"], **options}, out=str(tmp_path)), log=quiet)
+        train(TrainConfig.flat(**{**FAST["cartpole"], **options}, out=str(tmp_path)), log=quiet)
 
 
 def _damage_step(state):
@@ -186,14 +186,14 @@ def _damage_optimizer(state):
     (lambda state: state.pop("strategy"), "has no strategy state"),
 ])
 def test_a_damaged_checkpoint_is_refused_before_it_is_resumed(tmp_path, damage, message):
-    train(TrainConfig(**FAST["cartpole"], out=str(tmp_path / "run")), log=quiet)
+    train(TrainConfig.flat(**FAST["cartpole"], out=str(tmp_path / "run")), log=quiet)
     path = find_checkpoint(tmp_path / "run" / "checkpoint") / "state.pt"
     state = torch.load(path, weights_only=True)
     damage(state)
     torch.save(state, path)
     metrics = (tmp_path / "run" / "metrics.csv").read_text()
     with pytest.raises(ValueError, match=message):
-        train(TrainConfig(**{**FAST["cartpole"], "steps": 8}, out=str(tmp_path / "run")), resume=True, log=quiet)
+        train(TrainConfig.flat(**{**FAST["cartpole"], "steps": 8}, out=str(tmp_path / "run")), resume=True, log=quiet)
     assert (tmp_path / "run" / "metrics.csv").read_text() == metrics
 
 
@@ -210,7 +210,7 @@ def test_nan_fitness_names_step_and_member(tmp_path, monkeypatch):
 
     monkeypatch.setattr(RLTask, "fitness", poisoned)
     with pytest.raises(ValueError, match=r"non-finite fitness inf at step 3, member \(repeat 0, direction 2\)"):
-        train(TrainConfig(**FAST["cartpole"], out=str(tmp_path)), log=quiet)
+        train(TrainConfig.flat(**FAST["cartpole"], out=str(tmp_path)), log=quiet)
 
 
 def test_cli_train_config_file_flags_and_eval(tmp_path, capsys):
@@ -252,8 +252,8 @@ def test_python_dash_m_works_like_the_script(tmp_path):
 @pytest.mark.parametrize("strategy", ["openai_es", "ars", "pgpe"])
 def test_chunked_run_equals_unchunked(tmp_path, name, strategy):
     cfg = dict(FAST[name], strategy=strategy, population=32)
-    train(TrainConfig(**cfg, out=str(tmp_path / "whole")), log=quiet)
-    summary = train(TrainConfig(**cfg, chunk_size=5, out=str(tmp_path / "chunked")), log=quiet)
+    train(TrainConfig.flat(**cfg, out=str(tmp_path / "whole")), log=quiet)
+    summary = train(TrainConfig.flat(**cfg, chunk_size=5, out=str(tmp_path / "chunked")), log=quiet)
     assert summary["chunk_size"] == 5
     a = load_file(tmp_path / "whole" / "model.safetensors")
     b = load_file(tmp_path / "chunked" / "model.safetensors")
@@ -284,11 +284,11 @@ def test_auto_chunk_recovers_from_out_of_memory(tmp_path, monkeypatch, device):
 
     monkeypatch.setattr(ClassificationTask, "fitness", small_memory)
     logs = []
-    summary = train(TrainConfig(**FAST["digits"], chunk_size="auto", out=str(tmp_path / "auto")), log=logs.append)
+    summary = train(TrainConfig.flat(**FAST["digits"], chunk_size="auto", out=str(tmp_path / "auto")), log=logs.append)
     assert summary["chunk_size"] == 4 and calls[:3] == [8, 4, 4]
     assert any("retrying the step with chunk size 4" in line for line in logs)
     monkeypatch.setattr(ClassificationTask, "fitness", original)
-    train(TrainConfig(**FAST["digits"], chunk_size=4, out=str(tmp_path / "fixed")), log=quiet)
+    train(TrainConfig.flat(**FAST["digits"], chunk_size=4, out=str(tmp_path / "fixed")), log=quiet)
     a = load_file(tmp_path / "auto" / "model.safetensors")
     b = load_file(tmp_path / "fixed" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)  # no step lost or repeated
@@ -305,7 +305,7 @@ def test_auto_chunk_also_covers_the_noise_draw(tmp_path, monkeypatch):
         return original(self, step, directions, sigma)
 
     monkeypatch.setattr(PerturbedModel, "set_noise", small_memory)
-    summary = train(TrainConfig(**FAST["digits"], chunk_size="auto", out=str(tmp_path / "auto")), log=quiet)
+    summary = train(TrainConfig.flat(**FAST["digits"], chunk_size="auto", out=str(tmp_path / "auto")), log=quiet)
     assert summary["chunk_size"] == 4 and summary["steps"] == FAST["digits"]["steps"]
 
 
@@ -317,7 +317,7 @@ def test_other_errors_are_not_taken_for_out_of_memory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ClassificationTask, "fitness", broken)
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
-        train(TrainConfig(**FAST["digits"], chunk_size="auto", out=str(tmp_path)), log=quiet)
+        train(TrainConfig.flat(**FAST["digits"], chunk_size="auto", out=str(tmp_path)), log=quiet)
 
 
 @pytest.mark.parametrize("task", ["cartpole", "gym:Pendulum-v1"])
@@ -332,17 +332,17 @@ def test_reduced_precision_policies_drive_torch_and_gym_environments(tmp_path, t
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_reduced_precision_runs_and_keeps_fp32_master_weights(tmp_path, precision):
-    summary = train(TrainConfig(**FAST["digits"], precision=precision, out=str(tmp_path)), log=quiet)
+    summary = train(TrainConfig.flat(**FAST["digits"], precision=precision, out=str(tmp_path)), log=quiet)
     weights = load_file(tmp_path / "model.safetensors")
     assert all(w.dtype == torch.float32 for w in weights.values())
     assert summary["precision"] == precision and 0.0 <= summary["value"] <= 1.0
     with pytest.raises(ValueError, match="precision must be one of"):
-        train(TrainConfig(**FAST["digits"], precision="fp8", out=str(tmp_path)), log=quiet)
+        train(TrainConfig.flat(**FAST["digits"], precision="fp8", out=str(tmp_path)), log=quiet)
 
 
 def test_eval_of_an_unfinished_run_uses_its_checkpoint_with_a_warning(tmp_path, capsys):
     out = tmp_path / "run"
-    train(TrainConfig(**FAST["digits"], checkpoint_every=2, out=str(out)), log=quiet)
+    train(TrainConfig.flat(**FAST["digits"], checkpoint_every=2, out=str(out)), log=quiet)
     (out / "model.safetensors").unlink()  # as a run interrupted before its end leaves it
     with pytest.warns(UserWarning, match=r"has not finished \(no model.safetensors\): using its last checkpoint, "
                                          r"step 6; continue it with nesgpu train --resume"):
@@ -362,7 +362,7 @@ def test_evolve_matrices_trains_only_the_weight_matrices(tmp_path):
     """--evolve matrices: biases stay bit for bit from step 3 to step 6 (they moved under "all"), weight matrices
     move; the option defines the run (resuming without it is refused)."""
     def weights(name, steps, **options):
-        train(TrainConfig(**{**FAST["digits"], "steps": steps}, **options, out=str(tmp_path / name)), log=quiet)
+        train(TrainConfig.flat(**{**FAST["digits"], "steps": steps}, **options, out=str(tmp_path / name)), log=quiet)
         return load_file(tmp_path / name / "model.safetensors")
 
     everything = weights("all3", 3), weights("all6", 6)
@@ -372,19 +372,19 @@ def test_evolve_matrices_trains_only_the_weight_matrices(tmp_path):
     assert all(torch.equal(matrices[0][n], matrices[1][n]) for n in biases)
     assert all(not torch.equal(matrices[0][n], v) for n, v in matrices[1].items() if v.dim() == 2)
     with pytest.raises(ValueError, match="evolve"):
-        train(TrainConfig(**{**FAST["digits"], "steps": 8}, out=str(tmp_path / "mat6")), resume=True, log=quiet)
+        train(TrainConfig.flat(**{**FAST["digits"], "steps": 8}, out=str(tmp_path / "mat6")), resume=True, log=quiet)
 
 
 def test_a_schedule_under_a_time_budget_is_named_as_running_over_the_steps(tmp_path):
     """A schedule follows --steps: a --time-budget run that stops long before says so, not silently constant."""
     with pytest.warns(UserWarning, match=r"the sigma and lr schedule runs over --steps \(100000\), not over "
                                          r"--time-budget"):
-        train(TrainConfig(**{**FAST["digits"], "steps": 100_000}, time_budget=1.0, sigma_schedule="cosine",
+        train(TrainConfig.flat(**{**FAST["digits"], "steps": 100_000}, time_budget=1.0, sigma_schedule="cosine",
                           lr_schedule="linear", out=str(tmp_path / "both")), log=quiet)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no schedule, or no budget: no warning
-        train(TrainConfig(**FAST["digits"], time_budget=60.0, out=str(tmp_path / "plain")), log=quiet)
-        train(TrainConfig(**FAST["digits"], sigma_schedule="cosine", out=str(tmp_path / "steps")), log=quiet)
+        train(TrainConfig.flat(**FAST["digits"], time_budget=60.0, out=str(tmp_path / "plain")), log=quiet)
+        train(TrainConfig.flat(**FAST["digits"], sigma_schedule="cosine", out=str(tmp_path / "steps")), log=quiet)
 
 
 @pytest.mark.parametrize("given", [None, {}, "digits"])

@@ -12,7 +12,7 @@ from nesgpu.cli import main
 from nesgpu.train import TrainConfig
 from nesgpu.tune.space import DEFAULT_SPACES, default_space, make_space, parse_hidden, parse_space, read_space
 
-BASE = TrainConfig(task="digits", steps=6, population=16, batch_size=8, hidden=(8,), log="none", device="cpu")
+BASE = TrainConfig.flat(task="digits", steps=6, population=16, batch_size=8, hidden=(8,), log="none", device="cpu")
 
 
 def test_a_space_parses_into_floats_ints_and_choices():

@@ -38,7 +38,7 @@ def states(study):
 def tuned(tmp_path_factory):
     """A deliberately bad start (lr 1e-5 learns nothing in 20 steps), its value, and a tune of its lr."""
     root = tmp_path_factory.mktemp("tuned")
-    base = TrainConfig(**{**FAST, "steps": 20, "population": 32, "batch_size": 16, "hidden": (16,)}, lr=1e-5)
+    base = TrainConfig.flat(**{**FAST, "steps": 20, "population": 32, "batch_size": 16, "hidden": (16,)}, lr=1e-5)
     bad = train(dataclasses.replace(base, out=str(root / "bad")), log=quiet)["value"]
     lines = []
     study = tune(base, LR, trials=6, out=root / "tune", pruner="none", log=lines.append)
@@ -101,7 +101,7 @@ def tune_space(base):
 
 
 def test_a_second_call_continues_the_study_up_to_the_new_cap(tmp_path):
-    base = TrainConfig(**FAST)
+    base = TrainConfig.flat(**FAST)
     first = tune(base, LR, trials=2, out=tmp_path, log=quiet, plots=False)
     before = [(t.number, t.params, t.value) for t in first.trials]
     again = tune(base, LR, trials=2, out=tmp_path, log=quiet, plots=False)
@@ -115,7 +115,7 @@ def test_a_second_call_continues_the_study_up_to_the_new_cap(tmp_path):
 
 
 def test_a_study_of_another_base_config_or_space_is_refused(tmp_path):
-    base = TrainConfig(**FAST)
+    base = TrainConfig.flat(**FAST)
     tune(base, LR, trials=1, out=tmp_path, log=quiet, plots=False)
     with pytest.raises(ValueError, match=r"holds a study with another base config \(steps: 6 there, 7 here\)"):
         tune(dataclasses.replace(base, steps=7), LR, trials=2, out=tmp_path, log=quiet)
@@ -131,11 +131,11 @@ def test_a_study_of_another_base_config_or_space_is_refused(tmp_path):
 def test_run_directories_left_without_their_study_are_not_overwritten(tmp_path):
     (tmp_path / "trials" / "0000").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"trials holds run directories \(0000\) of a study that is no longer"):
-        tune(TrainConfig(**FAST), LR, trials=1, out=tmp_path, log=quiet)
+        tune(TrainConfig.flat(**FAST), LR, trials=1, out=tmp_path, log=quiet)
 
 
 def test_a_killed_processs_running_trial_is_marked_failed_and_does_not_block(tmp_path):
-    base = TrainConfig(**FAST)
+    base = TrainConfig.flat(**FAST)
     tune(base, LR, trials=1, out=tmp_path, heartbeat=1, log=quiet, plots=False)
     # a process that started trial 1 and was killed: RUNNING, with a heartbeat that is never renewed
     storage = open_storage(tmp_path, heartbeat=1)
@@ -160,7 +160,7 @@ def test_a_failing_trial_is_recorded_with_its_message_and_the_study_goes_on(tmp_
 
     monkeypatch.setattr(study_module, "train", diverge_once)
     lines = []
-    study = tune(TrainConfig(**FAST), LR, trials=2, out=tmp_path, log=lines.append, plots=False)
+    study = tune(TrainConfig.flat(**FAST), LR, trials=2, out=tmp_path, log=lines.append, plots=False)
     assert states(study) == [TrialState.FAIL, TrialState.COMPLETE]  # the failed trial counts toward the cap
     assert study.trials[0].user_attrs["error"] == "step 3 made non-finite values in ['0.weight']"
     assert lines[0].startswith("trial 0 failed: step 3 made non-finite values")
@@ -238,7 +238,7 @@ def test_the_pruning_callback_reports_evaluations_and_prunes_when_told():
 
 
 def test_bad_trials_are_pruned_from_their_intermediate_evaluations(tmp_path):
-    base = TrainConfig(**{**FAST, "steps": 20, "population": 32, "batch_size": 16, "hidden": (16,)})
+    base = TrainConfig.flat(**{**FAST, "steps": 20, "population": 32, "batch_size": 16, "hidden": (16,)})
     study = tune(base, {"lr": {"low": 1e-6, "high": 1.0, "log": True}}, trials=8, out=tmp_path, log=quiet,
                  pruner=optuna.pruners.MedianPruner(n_startup_trials=2), plots=False)
     assert TrialState.PRUNED in states(study)
@@ -248,10 +248,10 @@ def test_bad_trials_are_pruned_from_their_intermediate_evaluations(tmp_path):
 
 
 def test_the_pruners_by_name():
-    cfg = TrainConfig(**FAST).resolved()
+    cfg = TrainConfig.flat(**FAST).resolved()
     from nesgpu.tune.space import make_space
 
-    space = make_space(TrainConfig(**FAST), LR)
+    space = make_space(TrainConfig.flat(**FAST), LR)
     assert isinstance(make_pruner("median", cfg, space), optuna.pruners.MedianPruner)
     assert isinstance(make_pruner("hyperband", cfg, space), optuna.pruners.HyperbandPruner)
     assert isinstance(make_pruner("none", cfg, space), optuna.pruners.NopPruner)
@@ -262,7 +262,7 @@ def test_the_pruners_by_name():
 @pytest.mark.parametrize("sampler, pruner", [("gp", "hyperband"), ("cmaes", "median")])
 def test_the_other_samplers_and_pruners_run(tmp_path, sampler, pruner):
     space = {**LR, "sigma": {"low": 0.01, "high": 0.5, "log": True}}
-    study = tune(TrainConfig(**FAST), space, trials=3, out=tmp_path, sampler=sampler, pruner=pruner, log=quiet,
+    study = tune(TrainConfig.flat(**FAST), space, trials=3, out=tmp_path, sampler=sampler, pruner=pruner, log=quiet,
                  plots=False)
     assert len(study.trials) == 3 and TrialState.FAIL not in states(study)
 
@@ -270,12 +270,12 @@ def test_the_other_samplers_and_pruners_run(tmp_path, sampler, pruner):
 def test_cmaes_warns_that_choices_are_drawn_at_random(tmp_path):
     space = {**LR, "hidden": {"choices": ["8", "8,8"]}}
     with pytest.warns(UserWarning, match=r"--sampler cmaes samples numeric options only: \['hidden'\]"):
-        tune(TrainConfig(**FAST), space, trials=1, out=tmp_path, sampler="cmaes", log=quiet, plots=False)
+        tune(TrainConfig.flat(**FAST), space, trials=1, out=tmp_path, sampler="cmaes", log=quiet, plots=False)
 
 
 def test_the_base_configs_out_is_dropped_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="the base config's out .* is not used"):
-        study = tune(TrainConfig(**FAST, out=str(tmp_path / "run")), LR, trials=1, out=tmp_path / "t", log=quiet,
+        study = tune(TrainConfig.flat(**FAST, out=str(tmp_path / "run")), LR, trials=1, out=tmp_path / "t", log=quiet,
                      plots=False)
     assert study.trials[0].user_attrs["run_dir"] == str(tmp_path / "t" / "trials" / "0000")
     assert not (tmp_path / "run").exists()
@@ -290,13 +290,13 @@ def test_the_base_configs_out_is_dropped_with_a_warning(tmp_path):
 ])
 def test_bad_arguments_are_refused(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        tune(TrainConfig(**FAST), LR, out=tmp_path / "t", log=quiet, **kwargs)
+        tune(TrainConfig.flat(**FAST), LR, out=tmp_path / "t", log=quiet, **kwargs)
     assert not (tmp_path / "t").exists()
 
 
 def test_a_plot_that_needs_more_trials_is_skipped_with_a_note(tmp_path):
     lines = []
-    tune(TrainConfig(**FAST), LR, trials=1, out=tmp_path, log=lines.append)
+    tune(TrainConfig.flat(**FAST), LR, trials=1, out=tmp_path, log=lines.append)
     assert "no param_importances.png: it needs 2 complete trial(s); the study has 1" in lines
     assert (tmp_path / "optimization_history.png").is_file() and not (tmp_path / "param_importances.png").exists()
 
@@ -312,14 +312,14 @@ def test_a_trial_another_process_marked_failed_meanwhile_is_noted_and_the_study_
 
     monkeypatch.setattr(study_module, "train", late_heartbeat)
     lines = []
-    study = tune(TrainConfig(**FAST), LR, trials=1, out=tmp_path, log=lines.append, plots=False)
+    study = tune(TrainConfig.flat(**FAST), LR, trials=1, out=tmp_path, log=lines.append, plots=False)
     assert states(study) == [TrialState.FAIL, TrialState.COMPLETE]
     assert "but another process had marked it failed (its heartbeat was late)" in lines[0]
 
 
 def test_the_runs_notes_are_kept_and_its_progress_lines_dropped(tmp_path):
     lines = []
-    tune(TrainConfig(**FAST, target=0.0, progress_every=1e-9), LR, trials=1, out=tmp_path, log=lines.append,
+    tune(TrainConfig.flat(**FAST, target=0.0, progress_every=1e-9), LR, trials=1, out=tmp_path, log=lines.append,
          plots=False)
     assert lines[0].startswith("trial 0: test_accuracy ") and "reached the target 0 at step 1" in lines[0]
     assert lines[1].startswith("trial 0 test_accuracy ")

@@ -191,10 +191,11 @@ def _samples_per_step(cfg: TrainConfig, task) -> int | None:
     """Training samples drawn per step: the minibatch (every ES member sees the same one), times the
     micro-batches of a backprop step. A task of your own: its ``batch_size``, if it has one (else None:
     unknown)."""
-    batch = cfg.batch_size if cfg.batch_size is not None else getattr(task, "batch_size", None)
+    batch = cfg.option("batch_size")
+    batch = batch if batch is not None else getattr(task, "batch_size", None)
     if not isinstance(batch, int):
         return None
-    return batch * (cfg.accumulate if cfg.strategy == BACKPROP else 1)
+    return batch * (cfg.option("accumulate") if cfg.strategy == BACKPROP else 1)
 
 
 def _curve(run: Path, metric: str, cfg: TrainConfig, task) -> list[tuple[float, int | None, float]]:

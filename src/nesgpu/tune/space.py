@@ -79,7 +79,7 @@ class SearchSpace:
             raise ValueError(f"values for {unknown} are outside the search space {self.names}")
         fields = {n: config_value(n, v) for n, v in values.items() if not by_name[n].layer_option}
         options = {n: v for n, v in values.items() if by_name[n].layer_option}
-        return dataclasses.replace(base, **fields, layer_options={**base.layer_options, **options})
+        return base.with_options(**fields, layer_options={**base.layer_options, **options})
 
     def categorical(self) -> list[str]:
         return [p.name for p in self.params if p.kind == "categorical"]
@@ -188,7 +188,7 @@ AUTO_RANGES = {"sigma": (GRID[0], GRID[-1]), "lr": (1e-5, 0.1)}  # what "auto" i
 def _around(factor: float) -> Callable[[TrainConfig, str], dict]:
     """A log-uniform range ``factor`` times either side of the base config's value."""
     def spec(cfg: TrainConfig, name: str) -> dict:
-        value = getattr(cfg, name)
+        value = cfg.option(name)
         if value == "auto":  # probed at each trial's start: searched over the probe's own range instead
             return {"low": AUTO_RANGES[name][0], "high": AUTO_RANGES[name][1], "log": True}
         return {"low": value / factor, "high": value * factor, "log": True}
@@ -211,7 +211,7 @@ def _widths(cfg: TrainConfig, name: str) -> dict | None:
 
 
 def _halve_double(cfg: TrainConfig, name: str) -> dict:
-    value = getattr(cfg, name)
+    value = cfg.option(name)
     return {"choices": sorted({max(1, value // 2), value, 2 * value})}
 
 

@@ -18,8 +18,8 @@ from nesgpu.train.setup.build import build
 from nesgpu.train.setup.config import presets
 
 
-def train_parser():
-    return build_parser()._subparsers._group_actions[0].choices["train"]
+def train_parser(*argv):
+    return build_parser(["train", *argv])._subparsers._group_actions[0].choices["train"]
 
 
 def test_every_field_and_every_layer_option_has_a_flag_with_its_default_in_help():
@@ -30,8 +30,9 @@ def test_every_field_and_every_layer_option_has_a_flag_with_its_default_in_help(
             if shown(f.name, Chosen()) and f.name != "model":  # the model's help is the task's own
                 assert f.metadata["help"] in actions[f.name].help
                 assert "default" in actions[f.name].help or f.default in (None, dataclasses.MISSING)
-    options = {f"layer_option:{f.name}" for kind in KINDS.values() for f in dataclasses.fields(kind)}
-    assert options <= set(actions)
+    for name, kind in KINDS.items():  # the chosen kind's options, and only its
+        layer = {a.dest for a in train_parser("--layer", name)._actions if a.dest.startswith("layer_option:")}
+        assert layer == {f"layer_option:{f.name}" for f in dataclasses.fields(kind)}, name
     assert {"--rank", "--sparse-k", "--in-sparsity", "--signs", "--permutation"} <= set(layer_option_flags())
     help_text = " ".join(train_parser().format_help().split())
     assert "(default: 512)" in help_text and "(default: lowrank)" in help_text
@@ -55,7 +56,7 @@ def test_print_config_round_trips_through_yaml(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--rank", "two"], "argument --rank: invalid int value: 'two'"),
-    (["--layer", "gaussian", "--rank", "2"], "layer option(s) ['rank'] do not apply to layer 'gaussian'"),
+    (["--layer", "gaussian", "--rank", "2"], "option --rank (= 2) applies to layer 'lowrank', not to layer 'gaussian'"),
     (["--hidden", "8,-1"], "layer sizes must be >= 1 (or a lone 0 for none); got '8,-1'"),
     (["--hidden", "64,0,32"], "layer sizes must be >= 1"),
     (["--top-b", "4"], "option 'top_b' (= 4) applies to strategy 'ars', not to strategy 'openai_es'"),
@@ -82,7 +83,7 @@ def test_presets_come_from_one_function_and_strategies_bring_their_own_lr():
     assert TrainConfig(task="mnist1d", model="cnn").resolved().hidden == (32, 32, 32)
     # an ARS run's preset weight decay (digits' own) is not an error on resume or from --print-config
     values = TrainConfig(task="digits", strategy="ars").resolved().to_dict()
-    assert TrainConfig(**values).resolved().strategy == "ars"
+    assert TrainConfig.flat(**values).resolved().strategy == "ars"
 
 
 @pytest.mark.parametrize("name", ["digits", "reverse", "cartpole", "pendulum"])
@@ -95,14 +96,14 @@ def test_every_task_meets_the_task_protocol(name):
 
 def test_ars_v1_policies_see_raw_observations():
     cpu = torch.device("cpu")
-    v1 = build(TrainConfig(task="pendulum", strategy="ars", ars_version="v1", hidden=()).resolved(), cpu)
+    v1 = build(TrainConfig.flat(task="pendulum", strategy="ars", ars_version="v1", hidden=()).resolved(), cpu)
     v2 = build(TrainConfig(task="pendulum", strategy="ars", hidden=()).resolved(), torch.device("cpu"))
     assert isinstance(v1[1].norm, torch.nn.Identity) and not v1[0].normalize_observations
     assert not isinstance(v2[1].norm, torch.nn.Identity) and v2[0].normalize_observations
 
 
 def small_step(chunk, **cfg):
-    cfg = TrainConfig(task="digits", population=32, hidden=(8,), batch_size=8, layer="gaussian", **cfg).resolved()
+    cfg = TrainConfig.flat(task="digits", population=32, hidden=(8,), batch_size=8, layer="gaussian", **cfg).resolved()
     cfg.chunk_size = chunk
     built = build(cfg, torch.device("cpu"), log=lambda *a: None)
     return built.step, built.model
@@ -212,13 +213,13 @@ def test_an_es_runs_config_records_no_backprop_optimizer(tmp_path):
 
     out = tmp_path / "r"
     cfg = dict(task="digits", population=8, hidden=(4,), steps=2, out=str(out))
-    train(TrainConfig(**cfg), log=lambda *a, **k: None)
+    train(TrainConfig.flat(**cfg), log=lambda *a, **k: None)
     assert "optimizer" not in json.loads((out / "config.json").read_text())
-    assert TrainConfig(task="digits", strategy="backprop").resolved().optimizer == "adamw"
+    assert TrainConfig(task="digits", strategy="backprop").resolved().option("optimizer") == "adamw"
     # a run an earlier nesgpu wrote recorded backprop's "adamw": it still resumes and loads
     state_path = find_checkpoint(out / "checkpoint") / "state.pt"
     state = torch.load(state_path, weights_only=True)
     state["config"]["optimizer"] = "adamw"
     torch.save(state, state_path)
-    summary = train(TrainConfig(**{**cfg, "steps": 3}), resume=True, log=lambda *a, **k: None)
+    summary = train(TrainConfig.flat(**{**cfg, "steps": 3}), resume=True, log=lambda *a, **k: None)
     assert summary["steps"] == 3

@@ -25,7 +25,7 @@ CPU = torch.device("cpu")
 def config(**kw):
     values = dict(task="digits", strategy="backprop", steps=5, hidden=(16,), batch_size=32, device="cpu")
     values.update(kw)
-    return TrainConfig(**values).resolved()
+    return TrainConfig.flat(**values).resolved()
 
 
 def built(**kw):

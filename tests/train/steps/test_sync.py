@@ -45,7 +45,7 @@ def run_steps(cfg: TrainConfig, steps: int, seen: Counter):
 
 @pytest.mark.parametrize("chunk", [None, 4])
 def test_supervised_step_reads_the_device_once(host_reads, chunk):
-    cfg = TrainConfig(task="digits", population=16, hidden=(8,), batch_size=8, steps=3, chunk_size=chunk)
+    cfg = TrainConfig.flat(task="digits", population=16, hidden=(8,), batch_size=8, steps=3, chunk_size=chunk)
     seen = run_steps(cfg, 3, host_reads)
     assert dict(seen) == {"tolist in base.py:fitness_statistics": 3}
 
@@ -61,7 +61,7 @@ def test_rl_step_reads_fitness_and_checks_termination_every_16_env_steps(host_re
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_no_device_sync_on_gpu_outside_the_fitness_read(precision):
-    cfg = TrainConfig(task="digits", population=64, hidden=(16,), batch_size=16, steps=2, device="cuda").resolved()
+    cfg = TrainConfig.flat(task="digits", population=64, hidden=(16,), batch_size=16, steps=2, device="cuda").resolved()
     cfg.precision = precision
     built = build(cfg, torch.device("cuda"))
     stepper = built.step

@@ -16,7 +16,7 @@ RUN = dict(task="digits", population=8, steps=2, hidden=(8,))
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "run"
-    train(TrainConfig(**RUN, out=str(out)), log=lambda *a, **k: None)
+    train(TrainConfig.flat(**RUN, out=str(out)), log=lambda *a, **k: None)
     return out
 
 

@@ -29,7 +29,7 @@ def quiet(*args, **kwargs):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "run"
-    train(TrainConfig(**RUN, out=str(out)), log=quiet)
+    train(TrainConfig.flat(**RUN, out=str(out)), log=quiet)
     return out
 
 
@@ -192,7 +192,7 @@ def test_a_checkpoint_with_a_damaged_record_is_named_on_resume(run):
     state = torch.load(run / "checkpoint" / "state.pt", weights_only=True)
     torch.save({**state, "seconds": None}, run / "checkpoint" / "state.pt")
     with pytest.raises(ValueError, match=r"checkpoint in .*its seconds is None; expected a number >= 0"):
-        train(TrainConfig(**{**RUN, "steps": 3}, out=str(run)), resume=True, log=quiet)
+        train(TrainConfig.flat(**{**RUN, "steps": 3}, out=str(run)), resume=True, log=quiet)
 
 
 def test_weights_with_a_name_the_model_lacks_are_one_line(run):
@@ -214,7 +214,7 @@ def test_a_run_that_stopped_before_its_first_checkpoint_says_to_start_again(run)
     with pytest.raises(ValueError, match=f"holds no weights yet .*; train it again: {again}"):
         load_run(run, device="cpu")
     with pytest.raises(ValueError, match=f"cannot resume {run}: it holds no checkpoint .*start it again: {again}"):
-        train(TrainConfig(**{**RUN, "steps": 3}, out=str(run)), resume=True, log=quiet)
+        train(TrainConfig.flat(**{**RUN, "steps": 3}, out=str(run)), resume=True, log=quiet)
 
 
 # ----- the lock, --out, samples.jsonl ----------------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_a_lock_that_is_a_fifo_is_not_waited_on(tmp_path):
 def test_an_out_that_is_a_symlink_loop_is_named_as_one(tmp_path):
     (tmp_path / "run").symlink_to(tmp_path / "run")
     with pytest.raises(ValueError, match=r"--out .*run is a symbolic link \(.* -> .*\) that leads back to itself"):
-        train(TrainConfig(**RUN, out=str(tmp_path / "run")), log=quiet)
+        train(TrainConfig.flat(**RUN, out=str(tmp_path / "run")), log=quiet)
     with pytest.raises(ValueError, match=r"is not a run directory \(a symbolic link to .*, which does not exist or "
                                          r"loops\)"):
         read_config(tmp_path / "run")

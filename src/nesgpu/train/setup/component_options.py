@@ -1,7 +1,7 @@
 """The options the training configuration takes from its components: the chosen strategy's ``Options``
 (backprop's too) and the chosen task's. A configuration holds them as two objects, ``strategy_options`` and
 ``task_options``, built when it is resolved; config files, config.json and keyword arguments name them flat
-(``top_b: 2``, ``TrainConfig(episodes=3)``), and :func:`side` says which of the two a name belongs to. One
+(``top_b: 2``, ``TrainConfig.flat(episodes=3)``), and :func:`side` says which of the two a name belongs to. One
 set under another owner is an error that names its owners.
 
 Adding a strategy or a task with options of its own touches nothing here: its ``Options`` are read from the

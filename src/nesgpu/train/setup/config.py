@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,23 +66,6 @@ def opt(default=None, help: str = "", **cli):
 _SIDES = {"strategy": "strategy_options", "task": "task_options"}
 
 
-def _options_by_name(cls):
-    """``cls`` whose constructor also takes the strategy's and the task's options by name
-    (``TrainConfig(top_b=2)``): each goes into ``strategy_options`` or ``task_options``."""
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self, *args, strategy_options=None, task_options=None, **kwargs):
-        run = {f.name for f in dataclasses.fields(cls)}
-        strategy, task = by_side({k: kwargs.pop(k) for k in list(kwargs) if k not in run})
-        init(self, *args, strategy_options=with_named(strategy_options, strategy, STRATEGY),
-             task_options=with_named(task_options, task, TASK), **kwargs)
-
-    cls.__init__ = __init__
-    return cls
-
-
-@_options_by_name
 @dataclass
 class TrainConfig:
     """Everything a run needs: the one source of the training options. ``nesgpu train``'s flags are
@@ -93,9 +75,11 @@ class TrainConfig:
     Beside the run's own fields below, the chosen strategy's and the chosen task's options (``top_b`` of ars,
     ``shaping`` of openai_es and pgpe, ``optimizer`` of backprop, ``batch_size`` of the supervised tasks,
     ``episodes`` of the RL tasks, ...) are held in ``strategy_options`` and ``task_options``: a dict of those
-    given, then, once resolved, the component's own ``Options``. They are given and read by name too
-    (``TrainConfig(task="cartpole", episodes=3)``, ``cfg.episodes``); unset ones take the owner's default (or
-    the task's tuned value), and one set under another strategy or task is an error."""
+    given (``TrainConfig(task="cartpole", task_options={"episodes": 3})``), then, once resolved, the
+    component's own ``Options`` (``cfg.task_options.episodes``). Unset ones take the owner's default (or the
+    task's tuned value), and one set under another strategy or task is an error. Config files name them flat
+    (``episodes: 3``, :meth:`from_dict`); :meth:`option` reads any option by name and :meth:`with_options`
+    sets any."""
 
     task: str = opt("digits", "the task: digits, cartpole, gym:<id>, generation (your reward), ...")
     strategy: str | None = opt(help="the ES algorithm, or backprop (supervised tasks)",
@@ -160,22 +144,35 @@ class TrainConfig:
     task_options: object = opt(dict, "the task's options: a dict of those given, by name, or its Options (taken "
                                "whole; built when the config is resolved)", component=True)
 
-    def __getattr__(self, name: str):
-        """A component option by name (``cfg.top_b``): the strategy's or the task's value, None when it is not
-        set or not theirs."""
-        owners = None if name.startswith("__") or name in _SIDES.values() else side(name)
+    def __post_init__(self) -> None:
+        for key, owners in (("strategy_options", STRATEGY), ("task_options", TASK)):
+            with_named(getattr(self, key), {}, owners)  # a dict of another side's options: a TypeError
+
+    def option(self, name: str):
+        """Option ``name``, the run's or a component's (``cfg.option("top_b")``): a component's is None when it is
+        not set or not the chosen component's. A name that is no option is a ValueError."""
+        if name in self.__dataclass_fields__:
+            return getattr(self, name)
+        owners = side(name)
         if owners is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            raise ValueError(f"unknown option {name!r}; expected one of {sorted(option_names())}")
         return read(getattr(self, _SIDES[owners.kind]), name)
 
-    def __setattr__(self, name: str, value) -> None:
-        """A component option set by name (``cfg.episodes = 3``) goes into its side's options (checked again,
-        or resolved again when the config is)."""
-        owners = None if name in self.__dataclass_fields__ or name.startswith("_") else side(name)
-        if owners is None:
-            return object.__setattr__(self, name, value)
-        where = _SIDES[owners.kind]
-        object.__setattr__(self, where, with_named(getattr(self, where), {name: value}, owners))
+    def with_options(self, **named) -> TrainConfig:
+        """A copy with the options ``named`` set, the run's and the components' by name (each component's go into
+        its side's options, checked again, or resolved again when the config is)."""
+        run = {k: named.pop(k) for k in list(named) if k in self.__dataclass_fields__}
+        strategy, task = by_side(named)
+        for key, given, owners in (("strategy_options", strategy, STRATEGY), ("task_options", task, TASK)):
+            run[key] = with_named(run.get(key, getattr(self, key)), given, owners)
+        return dataclasses.replace(self, **run)
+
+    @classmethod
+    def flat(cls, **values) -> TrainConfig:
+        """A config of options given flat, by name (``TrainConfig.flat(task="cartpole", episodes=3)``): the
+        run's, and each component's into its side's options."""
+        run = {k: values.pop(k) for k in list(values) if k in cls.__dataclass_fields__}
+        return cls(**run).with_options(**values)
 
     def __eq__(self, other) -> bool:
         """Equal options, whether the components' are given by name or built (one given as None is unset)."""
@@ -232,7 +229,7 @@ class TrainConfig:
         defaults.)"""
         values = {"preset": preset, **options}
         expand_preset(values, set(options))
-        return cls(**values)
+        return cls.flat(**values)
 
     # ----- files -------------------------------------------------------------------------------------
     @classmethod
@@ -256,7 +253,7 @@ class TrainConfig:
             values["hidden"] = tuple(values["hidden"])
         if values.get("preset") is not None:
             expand_preset(values, set(values) - {"preset"})
-        return cls(**values)
+        return cls.flat(**values)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -343,8 +340,8 @@ def labelled(cfg: TrainConfig, task) -> TrainConfig:
     if wrong:  # a task of your own owns no built-in task's options: it reads none of them
         raise ValueError(f"task {name!r}: defaults {wrong} are options of the built-in tasks, which train() does not "
                          f"pass to a task of your own; set them in your task")
-    unset = {k: v for k, v in defaults.items() if getattr(cfg, k) is None and k not in skip}
-    return dataclasses.replace(cfg, task=label, **unset)
+    unset = {k: v for k, v in defaults.items() if cfg.option(k) is None and k not in skip}
+    return cfg.with_options(task=label, **unset)
 
 
 def resolve_for(cfg: TrainConfig, task=None) -> TrainConfig:

@@ -5,7 +5,6 @@ any directory (an older run's relative paths are found by :mod:`nesgpu.train.set
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -49,10 +48,7 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     new run records in config.json."""
     values = cfg.to_dict()
     changed = {name: value for name, value in absolute(values, Path.cwd()).items() if value != values[name]}
-    cfg = dataclasses.replace(cfg)
-    for name, value in changed.items():
-        setattr(cfg, name, value)
-    return cfg
+    return cfg.with_options(**changed)
 
 
 __all__ = ["PATHS", "absolute", "full_path", "mapped", "with_absolute_paths"]

@@ -108,7 +108,7 @@ def load_run(directory: str | Path, device: str = "auto", model: nn.Module | Non
 
 def _check_drift_text(cfg: TrainConfig, directory: Path) -> None:
     """A run whose evaluations measure drift on a text file (``drift_text``) needs the file again."""
-    drift = cfg.drift_text  # a task option (None where the task has none)
+    drift = cfg.option("drift_text")  # a task option (None where the task has none)
     if isinstance(drift, str) and not os.path.lexists(drift):
         raise ValueError(f"{directory / 'config.json'} names the drift text {drift} (--drift-text), which is gone: "
                          f"the run's evaluation measures drift_nll on it; restore the file, or set \"drift_text\" "
