@@ -11,7 +11,6 @@ from pathlib import Path
 
 from ..train.setup.config import TrainConfig, option_names, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
-from ..train.setup.component_options import STRATEGY, TASK, task_key
 from ..train.setup.old_runs import resumed
 from .help_flag import add_help_flag
 from .run_code import add_trust_flag, consent_to_run_code, run_config
@@ -41,19 +40,16 @@ def add_train_parser(commands, argv: list[str] | None = None) -> None:
     p.set_defaults(func=run_train)
 
 
-def _check_sides(given: dict, strategy: str | None, task: str) -> None:
-    """A flag of another strategy's or task's options (or an ES option under backprop) is an error, even at its
-    default value (TrainConfig can only tell a value from its default; a flag is the user's own word)."""
+def _check_es_only(given: dict, strategy: str | None, task: str) -> None:
+    """An ES option given as a flag under backprop is an error, even at its default value (TrainConfig can only
+    tell a value from its default; a flag is the user's own word). Another component's option is no flag here
+    (``train_flags.foreign_flag``)."""
     mine = strategy or presets(task)["strategy"]
     hint = "" if strategy else " (the task's default)"
     wrong = [name for name in given if mine == BACKPROP and name in ES_ONLY]
     if wrong:
         raise ValueError(f"option {wrong[0]!r} (= {given[wrong[0]]!r}) applies to the ES strategies, not to "
                          f"strategy {mine!r}{hint}; drop it or choose an ES strategy")
-    for owners, owner, why in ((STRATEGY, mine, hint), (TASK, task_key(task), "")):
-        wrong = [name for name in given if owners.owners(name) and name not in owners.defaults_of(owner)]
-        if wrong:
-            raise owners.refusal(wrong[0], given[wrong[0]], owner, why)
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
@@ -77,7 +73,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
     task = flags.get("task", values.get("task", "digits"))
     preset = flags.get("preset", values.get("preset"))
     strategy = flags.get("strategy", values.get("strategy"))
-    _check_sides(flags, strategy or (preset_components(preset, task).get("strategy") if preset else None), task)
+    _check_es_only(flags, strategy or (preset_components(preset, task).get("strategy") if preset else None), task)
     values.update(flags)
     options = {key.split(":", 1)[1]: value for key, value in vars(args).items()
                if key.startswith("layer_option:") and value is not None}
