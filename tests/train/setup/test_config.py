@@ -223,3 +223,21 @@ def test_an_es_runs_config_records_no_backprop_optimizer(tmp_path):
     torch.save(state, state_path)
     summary = train(TrainConfig.flat(**{**cfg, "steps": 3}), resume=True, log=lambda *a, **k: None)
     assert summary["steps"] == 3
+
+
+def test_a_config_file_may_group_each_components_options(tmp_path):
+    flat, grouped = tmp_path / "flat.yaml", tmp_path / "grouped.yaml"
+    flat.write_text("task: cartpole\nstrategy: ars\ntop_b: 2\nepisodes: 3\nreward_shift: 1e-3\n")
+    grouped.write_text("task: cartpole\nstrategy: ars\nstrategy_options:\n  top_b: 2\ntask_options:\n  episodes: 3\n"
+                       "  reward_shift: 1e-3\n")  # YAML 1.1 reads 1e-3 as text: a float option's is a float
+    assert TrainConfig.from_yaml(grouped).resolved() == TrainConfig.from_yaml(flat).resolved()
+    assert TrainConfig.from_yaml(grouped).resolved().task_options.reward_shift == 0.001
+    for text, message in [("strategy_options:\n  episodes: 2\n", "strategy_options names 'episodes', which is no "
+                                                                  "strategy's option"),
+                          ("task_options: 3\n", "task_options must be a mapping of the task's options; got 3"),
+                          ("episodes: 2\ntask_options:\n  episodes: 3\n", "option 'episodes' is given twice")]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("task: cartpole\n" + text)
+        with pytest.raises(ValueError, match=message):
+            TrainConfig.from_yaml(bad)
+    assert TrainConfig.from_dict({"task": "cartpole", "task_options": {"episodes": 3}}).task_options == {"episodes": 3}

@@ -234,9 +234,10 @@ class TrainConfig:
     # ----- files -------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: dict, source: str = "config") -> TrainConfig:
-        """A config from a flat mapping of options (a YAML file's, a run's config.json): the run's own, and
-        the strategy's and the task's by name; a ``preset`` there expands over the options the mapping does
-        not set."""
+        """A config from a mapping of options (a YAML file's, a run's config.json): the run's own, and the
+        strategy's and the task's by name, or in ``strategy_options`` and ``task_options`` mappings
+        (:func:`flat_values`); a ``preset`` there expands over the options the mapping does not set."""
+        values = flat_values(values, source)
         fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("component")}
         unknown = sorted(name for name in values if name not in fields and side(name) is None)
         if unknown:
@@ -268,6 +269,7 @@ class TrainConfig:
         values = read_yaml_file(path) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of options; got {type(values).__name__}")
+        values = flat_values(values, str(path))
         for name, value in values.items():  # YAML 1.1 reads 1e-3 (no dot) as a string
             if isinstance(value, str) and "float" in option_type(name):
                 try:
@@ -286,6 +288,29 @@ class TrainConfig:
 
         values = {k: list(v) if isinstance(v, tuple) else v for k, v in self.to_dict().items()}
         return yaml.safe_dump(values, sort_keys=False)
+
+
+def flat_values(values: dict, source: str = "config") -> dict:
+    """``values`` with the entries of its ``strategy_options`` and ``task_options`` mappings (a config file may
+    group a component's options so) set by name beside the run's options. An entry of the wrong side, or one also
+    given by name with another value, is a ValueError."""
+    flat = {k: v for k, v in values.items() if k not in _SIDES.values()}
+    for kind, key in _SIDES.items():
+        given = values.get(key)
+        if given is None:
+            continue
+        if not isinstance(given, dict):
+            raise ValueError(f"{source}: {key} must be a mapping of the {kind}'s options; got {given!r:.60}")
+        owners = STRATEGY if kind == "strategy" else TASK
+        for name, value in given.items():
+            if not owners.owners(name):
+                raise ValueError(f"{source}: {key} names {name!r}, which is no {kind}'s option; expected some of "
+                                 f"{owners.names()}")
+            if name in flat and flat[name] != value:
+                raise ValueError(f"{source}: option {name!r} is given twice, as {flat[name]!r} and in {key} as "
+                                 f"{value!r}")
+            flat[name] = value
+    return flat
 
 
 def _set(cfg: TrainConfig) -> dict:
