@@ -148,16 +148,19 @@ def _additive_mask(attn_mask, key_padding_mask, n, heads, length, source, dtype)
         raise ValueError(f"key_padding_mask must have shape ({n}, {source}) (rows, source length); got "
                          f"{tuple(key_padding_mask.shape)}")
     if attn_mask is not None:
-        m = attn_mask if attn_mask.is_floating_point() else torch.zeros(
-            attn_mask.shape, dtype=dtype, device=attn_mask.device).masked_fill_(attn_mask, float("-inf"))
+        m = _additive(attn_mask, dtype)
         mask = m.view(n, heads, length, source) if m.dim() == 3 else m.view(1, 1, length, source)
     if key_padding_mask is not None:
-        kp = key_padding_mask if key_padding_mask.is_floating_point() else torch.zeros(
-            key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device).masked_fill_(key_padding_mask,
-                                                                                               float("-inf"))
-        kp = kp.view(n, 1, 1, source)
+        kp = _additive(key_padding_mask, dtype).view(n, 1, 1, source)
         mask = kp if mask is None else mask + kp
     return None if mask is None else mask.to(dtype)
+
+
+def _additive(mask: torch.Tensor, dtype) -> torch.Tensor:
+    """A float mask as it is; a bool one (True: not allowed) as 0 and -inf in ``dtype``."""
+    if mask.is_floating_point():
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
 
 
 class PerturbedTransformerEncoderLayer(nn.TransformerEncoderLayer):

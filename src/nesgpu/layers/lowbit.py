@@ -34,6 +34,7 @@ from .layout import Cached, compute_dtype, rows_view
 from .linear import PerturbedLinear
 
 NOISE_ON = ("latent", "quantized")
+"""Where a low-bit layer's noise goes: on the float latents (then quantised) or on the quantised weights."""
 
 
 def check_low_bit_options(bits: int | None, noise_on: str = "latent", act_bits: int | None = None,
@@ -49,7 +50,6 @@ def check_low_bit_options(bits: int | None, noise_on: str = "latent", act_bits: 
         raise ValueError(f"{option} applies to low-bit layers; {hint}")
     if act_bits is not None and (isinstance(act_bits, bool) or act_bits != 8):
         raise ValueError(f"act_bits must be None (float activations) or 8; got {act_bits!r}")
-"""Where a low-bit layer's noise goes: on the float latents (then quantised) or on the quantised weights."""
 
 
 def _members(t: torch.Tensor, signs: int) -> torch.Tensor:
@@ -72,10 +72,7 @@ class _LowBit:
 
     def _init_lowbit(self, bits: int, noise_on: str, act_bits: int | None = None) -> None:
         self.bits = check_bits(bits)
-        if noise_on not in NOISE_ON:
-            raise ValueError(f"noise_on must be one of {list(NOISE_ON)}; got {noise_on!r}")
-        if act_bits is not None and (isinstance(act_bits, bool) or act_bits != 8):
-            raise ValueError(f"act_bits must be None (float activations) or 8; got {act_bits!r}")
+        check_low_bit_options(self.bits, noise_on, act_bits)
         self.noise_on, self.act_bits = noise_on, act_bits
         self._members_cache = None
         self._members_buffer: torch.Tensor | None = None

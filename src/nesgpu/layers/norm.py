@@ -43,6 +43,12 @@ class _ElementwiseAffine(PerturbedModule):
             return normalised.mul_(weight)
         return normalised.add_(bias) if bias is not None else normalised
 
+    def _affine_last(self, x: torch.Tensor, normalised: torch.Tensor) -> torch.Tensor:
+        """Every member's affine map over the last ``normalized_shape`` dims of ``normalised`` (shaped as x)."""
+        pop = self.population_of(x.shape[0], normalised.dtype, x.device)
+        k = math.prod(self.normalized_shape)
+        return self._affine(normalised.view(pop.repeats, pop.directions, -1, k), pop, (1, k)).view(x.shape)
+
 
 class PerturbedLayerNorm(_ElementwiseAffine, nn.LayerNorm):
     """nn.LayerNorm with per-member weight and bias. Shape: (R * D, *, *normalized_shape)."""
@@ -55,11 +61,7 @@ class PerturbedLayerNorm(_ElementwiseAffine, nn.LayerNorm):
         self._init_norm(directions)
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
-        normalised = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
-        pop = self.population_of(x.shape[0], normalised.dtype, x.device)
-        k = math.prod(self.normalized_shape)
-        y = self._affine(normalised.view(pop.repeats, pop.directions, -1, k), pop, (1, k))
-        return y.view(x.shape)
+        return self._affine_last(x, F.layer_norm(x, self.normalized_shape, None, None, self.eps))
 
 
 class PerturbedRMSNorm(_ElementwiseAffine, nn.RMSNorm):
@@ -73,11 +75,7 @@ class PerturbedRMSNorm(_ElementwiseAffine, nn.RMSNorm):
         self._init_norm(directions)
 
     def population_forward(self, x: torch.Tensor) -> torch.Tensor:
-        normalised = F.rms_norm(x, self.normalized_shape, None, self.eps)
-        pop = self.population_of(x.shape[0], normalised.dtype, x.device)
-        k = math.prod(self.normalized_shape)
-        y = self._affine(normalised.view(pop.repeats, pop.directions, -1, k), pop, (1, k))
-        return y.view(x.shape)
+        return self._affine_last(x, F.rms_norm(x, self.normalized_shape, None, self.eps))
 
 
 def _channels_view(x: torch.Tensor, pop: PopulationCall) -> torch.Tensor:
