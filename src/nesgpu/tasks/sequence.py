@@ -13,7 +13,7 @@ from torch import nn
 
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from .spec import BatchOptions, TaskContext, TaskSpec
+from .spec import BatchOptions, TaskSpec, batch_maker
 
 _BATCH_STREAM = 0x6261  # the same key as the supervised tasks' minibatch sampler
 _TEST_STREAM = 0x7465  # the held-out set: fixed, whatever the run seed
@@ -258,19 +258,13 @@ def sort(device="cpu", seed: int = 0, batch_size: int = 32) -> SequenceTask:
     return SequenceTask("sort", length=6, digits=8, batch_size=batch_size, device=device, seed=seed)
 
 
-def _maker(factory):
-    def make(name: str, where: TaskContext, options: BatchOptions) -> SequenceTask:
-        return factory(device=where.device, seed=where.seed, batch_size=options.batch_size)
-    return make
-
-
 # hidden = (d_model, n_layers) of the transformer; these reach >= 95% test token accuracy well within 10
 # minutes on 2 CPU cores (benchmarks/results/transformer_es_vs_adamw_*.json)
 TASKS = {
-    "reverse": TaskSpec(_maker(reverse), dict(population=256, sigma=0.05, lr=0.01, steps=300, hidden=(32, 2),
-                                              batch_size=32), models=("transformer",), supervised=True,
+    "reverse": TaskSpec(batch_maker(reverse), dict(population=256, sigma=0.05, lr=0.01, steps=300,
+                                                   hidden=(32, 2), batch_size=32), models=("transformer",), supervised=True,
                         options=BatchOptions),
-    "sort": TaskSpec(_maker(sort), dict(population=512, sigma=0.05, lr=0.01, steps=1000, hidden=(32, 2),
-                                        batch_size=32, lr_schedule="cosine", lr_final=0.1),
+    "sort": TaskSpec(batch_maker(sort), dict(population=512, sigma=0.05, lr=0.01, steps=1000, hidden=(32, 2),
+                                             batch_size=32, lr_schedule="cosine", lr_final=0.1),
                      models=("transformer",), supervised=True, options=BatchOptions),
 }

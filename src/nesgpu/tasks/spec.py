@@ -25,6 +25,13 @@ class BatchOptions:
         check_options(self, "supervised task")
 
 
+def batch_maker(factory: Callable):
+    """A maker (``make(name, context, options)``) of a minibatch task ``factory(device, seed, batch_size)`` makes."""
+    def make(name: str, where: TaskContext, options: BatchOptions):
+        return factory(device=where.device, seed=where.seed, batch_size=options.batch_size)
+    return make
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """Where and how a task runs, beside its own options: what ``make_task`` passes to a task's maker with
@@ -70,4 +77,4 @@ class TaskSpec:
     options: type = NoOptions
 
 
-__all__ = ["MAX_COUNT", "BatchOptions", "TaskContext", "TaskSpec"]
+__all__ = ["MAX_COUNT", "BatchOptions", "TaskContext", "TaskSpec", "batch_maker"]

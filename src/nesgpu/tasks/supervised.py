@@ -9,7 +9,7 @@ from torch.utils.data import Dataset, default_collate
 
 from ..model import PerturbedModel
 from ..noise import derive_seed
-from .spec import BatchOptions, TaskContext, TaskSpec
+from .spec import BatchOptions, TaskSpec, batch_maker
 
 _BATCH_STREAM = 0x6261  # keys the minibatch sampler apart from the noise
 
@@ -172,19 +172,13 @@ def mnist1d(device="cpu", seed: int = 0, batch_size: int = 64) -> Classification
                               name="mnist1d")
 
 
-def _maker(factory):
-    def make(name: str, where: TaskContext, options: BatchOptions) -> ClassificationTask:
-        return factory(device=where.device, seed=where.seed, batch_size=options.batch_size)
-    return make
-
-
 # tuned on a 2-core CPU from starting points in the ES literature (Salimans et al. 2017): OpenAI-ES + Adam;
 # population = members per step (both signs counted), batch_size = samples per member per step
 TASKS = {
-    "digits": TaskSpec(_maker(digits), dict(population=512, sigma=0.1, lr=0.005, steps=1000, hidden=(64,),
-                                            batch_size=128, weight_decay=0.005), supervised=True, options=BatchOptions),
-    "mnist1d": TaskSpec(_maker(mnist1d), dict(population=512, sigma=0.05, lr=0.005, steps=1500, hidden=(128,),
-                                              batch_size=64), models=("mlp", "cnn"), supervised=True,
+    "digits": TaskSpec(batch_maker(digits), dict(population=512, sigma=0.1, lr=0.005, steps=1000, hidden=(64,),
+                                                 batch_size=128, weight_decay=0.005), supervised=True, options=BatchOptions),
+    "mnist1d": TaskSpec(batch_maker(mnist1d), dict(population=512, sigma=0.05, lr=0.005, steps=1500,
+                                                   hidden=(128,), batch_size=64), models=("mlp", "cnn"), supervised=True,
                         # hidden = the Conv1d channels of "cnn"
                         model_defaults={"cnn": dict(hidden=(32, 32, 32), lr=0.01, steps=1200)}, options=BatchOptions),
 }
