@@ -36,8 +36,9 @@ def test_every_component_option_is_taken_by_name_and_held_by_its_own_side():
     assert (resolved.option("top_b"), resolved.option("episodes"), resolved.option("shaping")) == (2, 3, None)
     with pytest.raises(ValueError, match="unknown option 'top_c'"):
         resolved.option("top_c")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'episodes'"):
-        TrainConfig(task="pendulum", episodes=3)  # a plain dataclass: a component's options are its own
+    with pytest.raises(TypeError, match=r"got 'episodes', an option of a task: give it as task_options=\{'episodes': "
+                                        r"\.\.\.\}, or by name through TrainConfig.flat"):
+        TrainConfig(task="pendulum", episodes=3)  # a component's options are its own
     changed = resolved.with_options(episodes=4)  # set by name: into the task's Options (checked), resolved the same
     assert changed.task_options == RLOptions(episodes=4, policy_output="tanh", observation_clip=0.0)
     assert changed.resolved().task_options.episodes == 4

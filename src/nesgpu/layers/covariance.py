@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .model_distribution import COVARIANCE
 from .layout import check_weights
 from .scales import full_name, signed_weights, statistic_weights
 from .subspace import ModelSubspace
@@ -26,7 +27,8 @@ from .subspace import ModelSubspace
 class ModelCovariance(ModelSubspace):
     """Mixin of :class:`nesgpu.PerturbedModel`: a covariance over all its perturbed entries (see the module
     docstring), and the drawing of the model's noise (zero outside a step's subspace: :mod:`.subspace`). Uses the
-    model's ``layers``, ``seed``, ``step``, ``antithetic``, ``local_directions``, ``noise_range`` and ``scales()``."""
+    model's ``layers``, ``seed``, ``step``, ``antithetic``, ``local_directions``, ``noise_range`` and
+    ``check_distribution()``."""
 
     def covariance_entries(self) -> tuple[tuple[str, int], ...]:
         """(parameter name, entries) of every perturbed parameter, in the order of A's rows; a ValueError names
@@ -68,9 +70,7 @@ class ModelCovariance(ModelSubspace):
         if tuple(factor.shape) != (n, n):
             raise ValueError(f"the covariance factor must have shape ({n}, {n}) for the model's {n} perturbed "
                              f"entries; got {tuple(factor.shape)}")
-        if self.scales():
-            raise ValueError("the model has a sigma per parameter (set_scales); a covariance replaces it: "
-                             "set_scales(None) first")
+        self.check_distribution(COVARIANCE)
         if self.subspace < 1:
             raise ValueError(f"the model perturbs a subspace per step (set_subspace({self.subspace})), whose zero "
                              f"noise a covariance would adapt from; set_subspace(1) first")

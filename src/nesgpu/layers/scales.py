@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..kinds import Noise
+from .model_distribution import SCALES, ModelDistribution
 from .drawing import HALF
 from .layout import check_weights, repeat_scale
 
@@ -155,10 +156,10 @@ class ScaledNoise:
         return out
 
 
-class ModelScales:
+class ModelScales(ModelDistribution):
     """Mixin of :class:`nesgpu.PerturbedModel`: a sigma per entry of its perturbed parameters (see the module
     docstring). Uses the model's ``layers``, ``seed``, ``step``, ``antithetic``, ``local_directions``,
-    ``parameters()``, ``covariance_factor()`` and ``redraw_noise()``."""
+    ``parameters()``, ``check_distribution()`` and ``redraw_noise()``."""
 
     def set_scales(self, scales: dict[str, torch.Tensor] | None) -> None:
         """Set the scale S of perturbed parameters: ``{"2.weight": S, ...}`` keyed as :meth:`dense_noise`, each
@@ -171,9 +172,8 @@ class ModelScales:
         again (same step and directions) so that it holds the new S (``free_memory()`` first skips that draw).
         Bad input (an unknown name, a kind that takes no scale, a wrong type or shape, a value that is not
         finite or not > 0) is a ValueError or TypeError naming the parameter; nothing is changed then."""
-        if scales and self.covariance_factor() is not None:
-            raise ValueError("the model has a covariance (set_covariance); scales cannot be set beside it: "
-                             "set_covariance(None) first")
+        if scales:
+            self.check_distribution(SCALES)
         before = bool(self.scales())
         self.place_scales(scales)
         if before or self.scales():

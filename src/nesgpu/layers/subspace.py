@@ -23,6 +23,7 @@ import random
 import torch
 
 from ..noise import derive_seed
+from .model_distribution import ISOTROPIC, ModelDistribution
 
 SUBSPACE_STREAM = 0x73756273  # "subs": keys the subset's order apart from the noise
 
@@ -61,10 +62,10 @@ def zero_noise_(layer) -> None:
                 t.zero_()
 
 
-class ModelSubspace:
+class ModelSubspace(ModelDistribution):
     """Mixin of :class:`nesgpu.PerturbedModel`: the share of perturbed parameters each step perturbs and updates
-    (see the module docstring). Uses the model's ``layers``, ``seed``, ``parameters()``, ``scales()`` and
-    ``covariance_factor()``."""
+    (see the module docstring). Uses the model's ``layers``, ``seed``, ``parameters()`` and
+    ``distribution``."""
 
     @property
     def subspace(self) -> float:
@@ -83,7 +84,7 @@ class ModelSubspace:
 
     def check_subspace_fits(self) -> None:
         """A ValueError if the model adapts its noise (scales, a covariance): zero noise would corrupt it."""
-        if self.scales() or self.covariance_factor() is not None:
+        if self.distribution != ISOTROPIC:
             raise ValueError("subspace below 1 zeroes the noise of the modules outside each step's subset, which a "
                              "sigma per parameter or a covariance would adapt from; use one or the other")
 

@@ -144,6 +144,15 @@ class TrainConfig:
     task_options: object = opt(dict, "the task's options: a dict of those given, by name, or its Options (taken "
                                "whole; built when the config is resolved)", component=True)
 
+    def __new__(cls, *args, **kwargs):
+        """Refuse a component's option passed by name (``TrainConfig(episodes=3)``), saying where it goes."""
+        named = next((k for k in kwargs if k not in cls.__dataclass_fields__ and side(k) is not None), None)
+        if named is not None:
+            kind = side(named).kind
+            raise TypeError(f"TrainConfig got {named!r}, an option of a {kind}: give it as "
+                            f"{_SIDES[kind]}={{{named!r}: ...}}, or by name through TrainConfig.flat(...)")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         for key, owners in (("strategy_options", STRATEGY), ("task_options", TASK)):
             with_named(getattr(self, key), {}, owners)  # a dict of another side's options: a TypeError
