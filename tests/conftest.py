@@ -1,3 +1,6 @@
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -101,6 +104,16 @@ def antithetic_or_skip(case, antithetic: bool) -> bool:
 def case_id(case):
     cls, options = case
     return cls.__name__ + "".join(f"-{k}={v}" for k, v in options.items())
+
+
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def doc_section(title: str) -> tuple[list[str], list[str]]:
+    """A worked example of docs/architecture.md (its section ``### title``): its ```python blocks (the code)
+    and its ```py blocks (the registration and its use)."""
+    section = ARCHITECTURE.read_text().split(f"### {title}\n")[1].split("\n### ")[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S), re.findall(r"```py\n(.*?)```", section, flags=re.S)
 
 
 def randomize_(module: nn.Module, seed: int = 1) -> nn.Module:

@@ -3,8 +3,6 @@ test_registered_kinds.py, the machinery that tests each registered kind, runs ov
 with it by name is exact against a dense per-member reference."""
 
 import inspect
-import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,21 +10,15 @@ import test_registered_kinds  # tests/kinds is on sys.path
 from torch import nn
 
 import nesgpu
+from conftest import doc_section
 from nesgpu.kinds import KINDS, make_kind
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 MACHINERY = [f for name, f in vars(test_registered_kinds).items() if name.startswith("test_") and callable(f)]
-
-
-def section_code(title: str) -> tuple[list[str], list[str]]:
-    """The ```python blocks (the code) and the ```py blocks (its registration and use) of a section."""
-    section = DOC.read_text().split(f"### {title}\n")[1].split("\n### ")[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S), re.findall(r"```py\n(.*?)```", section, flags=re.S)
 
 
 @pytest.fixture
 def rademacher():
-    code, registration = section_code("A noise kind of your own")
+    code, registration = doc_section("A noise kind of your own")
     namespace = {"__name__": "worked_kind", "KINDS": KINDS}
     for block in code + registration:
         exec(compile(block, "architecture.md: a noise kind", "exec"), namespace)

@@ -4,8 +4,6 @@ may declare options of its own (docs/architecture.md's worked example, run here)
 refused."""
 
 import dataclasses
-import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +13,8 @@ import nesgpu
 from nesgpu.kinds import KINDS, Gaussian, Geometry, LowRank
 from nesgpu.layers import ConversionOptions, Form, PerturbedModule, form_table, register_form
 from nesgpu.layers.swap import swap_class
+
+from conftest import doc_section
 
 
 class Scale(nn.Module):
@@ -109,16 +109,11 @@ def adopt_linear_gaussian(module, found, kind, options):
     return module
 
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
-
-
 def run_section(title: str, namespace: dict) -> None:
-    """A section of docs/architecture.md: its ```python blocks (the code), then its ```py blocks (registration)."""
-    section = DOC.read_text().split(f"### {title}\n")[1].split("\n### ")[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S) + re.findall(r"```py\n(.*?)```", section,
-                                                                                flags=re.S)
-    assert blocks, title
-    for block in blocks:
+    """A worked example of docs/architecture.md run in ``namespace``: its code, then its registration."""
+    code, registration = doc_section(title)
+    assert code, title
+    for block in code + registration:
         exec(compile(block, f"architecture.md: {title}", "exec"), namespace)
 
 

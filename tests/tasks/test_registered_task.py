@@ -7,29 +7,9 @@ import json
 import subprocess
 import sys
 
-TOY = '''
-from dataclasses import dataclass
+from conftest import doc_section
 
-from nesgpu.options import check_options, option
-from nesgpu.tasks import TaskSpec, digits
-
-
-@dataclass(frozen=True)
-class ToyOptions:
-    samples: int = option(16, "samples per member per step", at_least=1, defines=True)
-
-    def __post_init__(self):
-        check_options(self, "toy")
-
-
-def make(name, where, options):
-    print(f"toy samples {options.samples}")
-    return digits(device=where.device, seed=where.seed, batch_size=options.samples)
-
-
-SPEC = TaskSpec(make, dict(population=8, sigma=0.1, lr=0.01, steps=2, hidden=(8,)), supervised=True,
-                options=ToyOptions)
-'''
+TOY, REGISTRATION = (blocks[0] for blocks in doc_section("A task with an option of its own"))
 
 DRIVER = """
 import sys
@@ -37,15 +17,14 @@ sys.path.insert(0, {here!r})
 import nesgpu.train  # the configuration first: the registry is read when a config is resolved
 import nesgpu.tasks
 from toy_task import SPEC
-nesgpu.tasks.TASKS.register("toy", SPEC)  # the registration
-from nesgpu.cli import main
+{registration}from nesgpu.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
 def test_a_task_with_an_option_is_its_own_file_plus_one_registry_line(tmp_path):
     (tmp_path / "toy_task.py").write_text(TOY)
-    (tmp_path / "driver.py").write_text(DRIVER.format(here=str(tmp_path)))
+    (tmp_path / "driver.py").write_text(DRIVER.format(here=str(tmp_path), registration=REGISTRATION))
 
     def nesgpu(*args):
         return subprocess.run([sys.executable, str(tmp_path / "driver.py"), "train", *args], capture_output=True,
