@@ -45,3 +45,14 @@ def test_one_distribution_beside_the_other_is_refused_and_changes_nothing():
     with pytest.raises(ValueError, match="subspace below 1 .* sigma per parameter or a covariance"):
         pm.set_subspace(0.5)
     assert pm.subspace == 1.0
+
+
+def test_a_subspace_per_step_refuses_scales_and_a_covariance_before_either_is_set():
+    pm = model()
+    pm.set_subspace(0.5)
+    for set_, what in ((lambda: pm.set_scales(pm.unit_scales()), "sigma per parameter"),
+                       (lambda: pm.set_covariance(torch.eye(pm.num_perturbed)), "covariance")):
+        with pytest.raises(ValueError, match=f"set_subspace\\(0.5\\)\\), whose zero noise a {what} would adapt"):
+            set_()
+        assert pm.distribution == ISOTROPIC and pm.scales() == {}  # nothing set
+    pm.set_scales(None)  # removing none is no conflict

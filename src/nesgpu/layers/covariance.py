@@ -71,9 +71,6 @@ class ModelCovariance(ModelSubspace):
             raise ValueError(f"the covariance factor must have shape ({n}, {n}) for the model's {n} perturbed "
                              f"entries; got {tuple(factor.shape)}")
         self.check_distribution(COVARIANCE)
-        if self.subspace < 1:
-            raise ValueError(f"the model perturbs a subspace per step (set_subspace({self.subspace})), whose zero "
-                             f"noise a covariance would adapt from; set_subspace(1) first")
         params = [layer.get_parameter(slot.name) for layer in self.layers.values() for slot in layer.slots]
         dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
         held = factor.detach().to(device=params[0].device, dtype=dtype, copy=True).contiguous()

@@ -14,7 +14,7 @@ BESIDE = {COVARIANCE: "the model has a covariance (set_covariance); scales canno
 
 class ModelDistribution:
     """Mixin of :class:`nesgpu.PerturbedModel`: the distribution it samples from, read from what it holds. Uses
-    the model's ``scales()`` and ``covariance_factor()``."""
+    the model's ``scales()``, ``covariance_factor()`` and ``subspace``."""
 
     @property
     def distribution(self) -> str:
@@ -26,7 +26,12 @@ class ModelDistribution:
 
     def check_distribution(self, wanted: str) -> None:
         """A ValueError if the model holds a distribution other than ``wanted`` (``SCALES`` or ``COVARIANCE``)
-        that setting ``wanted`` would sit beside."""
+        that setting ``wanted`` would sit beside, or perturbs a subspace per step, whose zero noise ``wanted``
+        would adapt from."""
         held = self.distribution
         if held not in (ISOTROPIC, wanted):
             raise ValueError(BESIDE[held])
+        if self.subspace < 1:
+            what = "covariance" if wanted == COVARIANCE else "sigma per parameter"
+            raise ValueError(f"the model perturbs a subspace per step (set_subspace({self.subspace})), whose zero "
+                             f"noise a {what} would adapt from; set_subspace(1) first")
