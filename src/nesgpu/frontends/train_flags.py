@@ -230,8 +230,8 @@ def foreign_flag(flag: str, value, c: Chosen) -> str | None:
         except (TypeError, ValueError):
             pass
     layers = layer_option_flags()
-    if "--" + name.replace("_", "-") in layers:
-        kind = layers["--" + name.replace("_", "-")][0]
+    if flag in layers:
+        kind = layers[flag][0]
         if c.strategy == BACKPROP:
             return (f"option {flag} (= {value!r}) applies to layer {kind!r}, an ES option; strategy 'backprop' "
                     f"perturbs no layer; drop it or choose an ES strategy")

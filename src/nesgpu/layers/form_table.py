@@ -1,6 +1,6 @@
 """The table of module forms: how a module is recognised and converted. A :class:`Form` detects (a check of the
 module's class, or a probe of what its forward computes) and adopts: a torch type is rebuilt as its perturbed
-class (:func:`nesgpu.layers.registry.torch_forms`); a module type nesgpu does not rebuild (transformers' types,
+class (:data:`nesgpu.layers.registry.TORCH_FORMS`); a module type nesgpu does not rebuild (transformers' types,
 your own) is converted in place by a class swap (:func:`nesgpu.layers.swap.swap_class`), so that its
 state_dict and plain forward stay. ``convert`` asks the forms in order (:func:`forms`); the first that detects
 a module adopts it, given the conversion's :class:`ConversionOptions`.
@@ -24,7 +24,7 @@ from . import hf_attention, hf_linear, hf_moe, hf_norm
 from ..kinds import KINDS, Kind, make_kind
 from ..registry import Registry, instance_of
 from .form import LOW_BIT_OPTIONS, ConversionOptions, Form
-from .registry import torch_forms
+from .registry import TORCH_FORMS
 
 BUILTIN: tuple[Form, ...] = (*hf_linear.HF_FORMS, *hf_moe.HF_FORMS, *hf_norm.HF_FORMS, *hf_attention.HF_FORMS)
 """transformers' module types, in the order they are asked (after the torch types): linear and embedding
@@ -68,8 +68,8 @@ def _check_form(form: Form) -> None:
 
 def forms() -> list[Form]:
     """Every form, in the order ``convert`` asks them: yours (the most recently registered first), the torch
-    types (:func:`nesgpu.layers.registry.torch_forms`), then transformers' (:data:`BUILTIN`)."""
-    return [*reversed(list(FORMS.values())), *torch_forms(), *BUILTIN]
+    types (:data:`nesgpu.layers.registry.TORCH_FORMS`), then transformers' (:data:`BUILTIN`)."""
+    return [*reversed(list(FORMS.values())), *TORCH_FORMS, *BUILTIN]
 
 
 def recognise(module: nn.Module, own: bool) -> tuple[Form, Any] | None:

@@ -1,5 +1,5 @@
 """Which perturbed module replaces which torch module, and with which constructor arguments; each conversion
-is a form (:func:`torch_forms`) that ``convert`` asks in the same ordered list as transformers' types and yours
+is a form (:data:`TORCH_FORMS`) that ``convert`` asks in the same ordered list as transformers' types and yours
 (:func:`nesgpu.layers.form_table.forms`)."""
 
 from __future__ import annotations
@@ -110,18 +110,15 @@ def conversion_for(module: nn.Module) -> Conversion | None:
     return None
 
 
-def torch_forms() -> list[Form]:
-    """The conversions as forms, in :data:`CONVERSIONS`' order: each detects the modules whose first matching
-    conversion it is (their own forward, options the perturbed class covers) and rebuilds them, as their low-bit
-    version with ``bits`` (:data:`LOW_BIT_SWAPS`); asked for every module with something to perturb."""
-    forms = []
-    for c in CONVERSIONS:
-        low_bit = LOW_BIT_SWAPS.get(c.source)
-        takes = frozenset() if low_bit is None else frozenset({"bits", "act_bits"} if low_bit is LowBitLinear
-                                                              else {"bits"})
-        forms.append(Form(c.source.__name__, partial(_is_converted_by, c), partial(_rebuild_as, c), c.product,
-                          takes=takes, always=True))
-    return forms
+def _torch_form(c: Conversion) -> Form:
+    """Conversion ``c`` as a form: it detects the modules whose first matching conversion it is (their own
+    forward, options the perturbed class covers) and rebuilds them, as their low-bit version with ``bits``
+    (:data:`LOW_BIT_SWAPS`); asked for every module with something to perturb."""
+    low_bit = LOW_BIT_SWAPS.get(c.source)
+    takes = frozenset() if low_bit is None else frozenset({"bits", "act_bits"} if low_bit is LowBitLinear
+                                                          else {"bits"})
+    return Form(c.source.__name__, partial(_is_converted_by, c), partial(_rebuild_as, c), c.product, takes=takes,
+                always=True)
 
 
 def _is_converted_by(conversion: Conversion, module: nn.Module) -> bool:
@@ -138,6 +135,10 @@ def _rebuild_as(conversion: Conversion, module: nn.Module, found, kind, options:
         if options.act_bits is not None:
             extra["act_bits"] = options.act_bits
     return rebuild(target, module, {**conversion.args(module), **extra}, options.directions)
+
+
+TORCH_FORMS: tuple[Form, ...] = tuple(_torch_form(c) for c in CONVERSIONS)
+"""The conversions as forms, in :data:`CONVERSIONS`' order (built once: ``convert`` asks them for every module)."""
 
 
 def rebuilt_as(cls: type[nn.Module], module: nn.Module, **args) -> nn.Module:

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from .component_options import own_only
+from .component_options import BACKPROP, own_only
 from .paths import PATHS, full_path, mapped
 
 # the values of options newer than a run (its config.json lacks them) that its nesgpu used: every run had float
@@ -51,7 +51,7 @@ def resumed(values: dict, run: Path, optional: Collection[str]) -> dict:
     :func:`located` (those in ``optional``, which the command line replaces, need not be found), and an ES run
     from before ``--update`` stepping .grad by its strategy's optimizer, as it did."""
     values = located(values, run, optional=optional)
-    if "update" not in values and values.get("strategy") != "backprop":
+    if "update" not in values and values.get("strategy") != BACKPROP:
         values["update"] = "strategy"
     return values
 
