@@ -6,7 +6,8 @@ import numbers
 import warnings
 import weakref
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -17,12 +18,14 @@ from .kinds import check_kind_options
 from .layers import PerturbedModule
 from .layers.covariance import ModelCovariance
 from .layers.guarded_value import NeedsFallback
-from .layers.layout import RowLayout, member_weights, one_sequence_per_row
+from .layers.layout import member_weights, one_sequence_per_row, tell_layout
 from .layers.scales import ModelScales
 from .layers.sequential import shared_forward
 from .masters import MasterWeights
 from .masters import register as register_masters
 from .trainable import check_trainable, uncovered_parameters
+
+T = TypeVar("T")
 
 # the smallest noise scale taken: below it 1 / (D sigma) overflows float32 for large D, and the noise is lost in
 # the rounding of any weight larger than 1e-5 anyway (float32 keeps 7 digits)
@@ -269,32 +272,29 @@ class PerturbedModel(ModelScales, ModelCovariance):
     def population_call(self, *args, unused: list[str] | None = None, **kwargs):
         """``pm(*args, **kwargs)``: the model's population call, a module found to need the exact fallback put
         there first (with a warning, see :meth:`fall_back`); ``unused`` as in :meth:`perturbing`."""
-        inside = any(layer.is_perturbing for layer in self.layers.values())
-        while True:  # each fallback takes more of the model, so it ends (fall_back refuses a second time)
+        def call():
+            with self.perturbing(unused):
+                return self.model(*args, **kwargs)
+        if not any(layer.is_perturbing for layer in self.layers.values()):
+            return self.with_fallbacks(call)
+        try:  # a module made now would not be perturbing in the rest of the caller's block
+            return call()
+        except NeedsFallback as e:
+            raise ValueError(f"{e}\n(nesgpu would put it into the exact fallback itself, but not in the middle of a "
+                             f"`with pm.perturbing():` block: call pm(...) once before the block, or convert with that "
+                             f"fallback)") from e
+
+    def with_fallbacks(self, call: Callable[[], T]) -> T:
+        """``call()``, again after each module it finds exact only in the fallback is put there (:meth:`fall_back`)."""
+        while True:
             try:
-                with self.perturbing(unused):
-                    return self.model(*args, **kwargs)
+                return call()
             except NeedsFallback as e:
-                if inside:  # a module made now would not be perturbing in the rest of the caller's block
-                    raise ValueError(f"{e}\n(nesgpu would put it into the exact fallback itself, but not in the "
-                                     f"middle of a `with pm.perturbing():` block: call pm(...) once before the "
-                                     f"block, or convert with that fallback)") from e
                 self.fall_back(e)
 
     def _see_rows(self, module, args, kwargs) -> None:
-        """Tell every module how the model's input lays out the population rows (input_ids, inputs_embeds or
-        the first tensor; see :mod:`nesgpu.layers.layout`): a module that sees the tokens flattened
-        (rows * T, ...), as an MoE block's experts do, needs it to find each token's member."""
-        named = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"))
-                      if isinstance(t, torch.Tensor) and t.dim() >= 1), None)
-        rows = named if named is not None else next(
-            (t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() >= 1), None)
-        layout, d = None, self.local_directions
-        if rows is not None and rows.shape[0] % d == 0 and not (self.antithetic and (rows.shape[0] // d) % 2):
-            # else not laid out rows-first (a sequence-first model): the modules check what they can
-            layout = RowLayout(rows.shape[0], rows.shape[1] if rows.dim() > 1 else None, named is not None)
-        for layer in self.layers.values():
-            layer.__dict__["population_layout"] = layout  # a plain attribute, without nn.Module.__setattr__
+        """Tell every module how the call's input lays out the population rows (:func:`tell_layout`)."""
+        tell_layout(self.layers.values(), self.local_directions, self.antithetic, args, kwargs)
 
     def __call__(self, *args, **kwargs):
         return self.population_call(*args, **kwargs)

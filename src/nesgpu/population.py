@@ -15,7 +15,6 @@ import torch
 from .blocks import Blocks
 from .distributed import Ranks
 from .layers import HALF
-from .layers.guarded_value import NeedsFallback
 from .layers.layout import member_weights
 from .memory import out_of_memory
 from .model import PerturbedModel
@@ -136,11 +135,9 @@ class Population:
         that shapes its own (the probe reads rewards)."""
         if not self.blocks.sized:
             self.blocks.size_for(task, self.device)
-        while True:  # each fallback takes more of the model, so it ends (fall_back refuses a second time)
+        while True:
             try:
-                return self._evaluate(task, step, sigma, sq_norms, finish, shape)
-            except NeedsFallback as e:  # a module exact only in the fallback (once per module, at the first call)
-                self.pm.fall_back(e)
+                return self.pm.with_fallbacks(lambda: self._evaluate(task, step, sigma, sq_norms, finish, shape))
             except RuntimeError as e:  # torch.OutOfMemoryError is one too
                 if not out_of_memory(e) or not self.blocks.halve():
                     raise

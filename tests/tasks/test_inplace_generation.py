@@ -12,7 +12,7 @@ from test_reward_stats import ROWS, ones, short
 from nesgpu.tasks.reward_data import dataset_task
 from nesgpu.train import TrainConfig, train
 from nesgpu.train.setup.build import build
-from nesgpu.train.setup.config import resolve_for
+from nesgpu.train.setup.own_task import resolve_for
 from nesgpu.train.storage.checkpoint import find_checkpoint
 
 

@@ -10,7 +10,7 @@ from test_inplace_generation import task
 
 from nesgpu.train import TrainConfig, train
 from nesgpu.train.setup.build import build
-from nesgpu.train.setup.config import resolve_for
+from nesgpu.train.setup.own_task import resolve_for
 
 
 def config(out, steps, chunk=None, update="sgd"):

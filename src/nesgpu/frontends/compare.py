@@ -19,7 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..train.setup.config import BACKPROP, TrainConfig, option_names, resolve_for
+from ..train.setup.config import BACKPROP, TrainConfig, option_names
+from ..train.setup.own_task import resolve_for
 from ..train.storage.rundir import is_run_directory
 
 # what compare sets in every run; a strategy's config file may not

@@ -9,6 +9,7 @@ import math
 import os
 from pathlib import Path
 
+from ..train.setup.component_options import KEYS
 from ..train.setup.config import TrainConfig, option_names, presets
 from ..train.setup.defaults import BACKPROP, ES_ONLY
 from ..train.setup.old_runs import resumed
@@ -54,37 +55,41 @@ def _check_es_only(given: dict, strategy: str | None, task: str) -> None:
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, bool]:
     """Defaults < the resumed run's config < --config file < flags."""
-    values: dict = {}
+    old: dict = {}
     # the keys a --config file sets, each type-checked (a value equal to a default still counts)
     from_file = TrainConfig.read_yaml(args.config) if args.config else {}
     fields = set(option_names())
     flags = {key: value for key, value in vars(args).items() if key in fields and value is not None}
+    for side in KEYS.values():  # a name both chosen components take: --strategy-NAME, --task-NAME
+        given = {key.partition(":")[2]: value for key, value in vars(args).items()
+                 if key.startswith(side + ":") and value is not None}
+        if given:
+            flags[side] = given
     if args.resume:
-        old = run_config(Path(args.resume))
-        if old is None:
+        recorded = run_config(Path(args.resume))
+        if recorded is None:
             raise ValueError(f"--resume {args.resume}: no config.json there; is it a run directory?")
         if args.out is not None and Path(args.out) != Path(args.resume):
             raise ValueError(f"--resume {args.resume} continues the run in that directory; --out {args.out} names "
                              f"another (drop --out)")
-        values.update(resumed(old, Path(args.resume), optional={*from_file, *flags}))
-        values["out"] = args.resume
-    values.update(from_file)
+        old = {**resumed(recorded, Path(args.resume), optional={*from_file, *flags}), "out": args.resume}
+    values = {**old, **from_file}
     # a flag of the other side is refused even at its default (a config file lists every option: --print-config)
     task = flags.get("task", values.get("task", "digits"))
     preset = flags.get("preset", values.get("preset"))
     strategy = flags.get("strategy", values.get("strategy"))
     _check_es_only(flags, strategy or (preset_components(preset, task).get("strategy") if preset else None), task)
-    values.update(flags)
     options = {key.split(":", 1)[1]: value for key, value in vars(args).items()
                if key.startswith("layer_option:") and value is not None}
     if options:
-        values["layer_options"] = {**values.get("layer_options", {}), **options}
+        flags["layer_options"] = {**values.get("layer_options", {}), **options}
     if args.resume:  # a config file's or a flag's out cannot send the resumed run elsewhere
-        if values.get("out") is not None and Path(values["out"]) != Path(args.resume):
+        out = flags.get("out", values.get("out"))
+        if out is not None and Path(out) != Path(args.resume):
             raise ValueError(f"--resume {args.resume} continues the run in that directory; the options name out "
-                             f"{values['out']} (drop it from the config file)")
-        values["out"] = args.resume
-    return TrainConfig.from_dict(values, source="options"), bool(args.resume)
+                             f"{out} (drop it from the config file)")
+        flags["out"] = args.resume
+    return TrainConfig.from_layers(old, from_file, flags, source="options"), bool(args.resume)
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -16,9 +16,10 @@ from ..options import annotation_text
 from ..tasks import TASKS, task_key
 from ..train.setup.ars_paper import preset_values
 from ..train.setup.config import TrainConfig, presets
+from ..train.setup.defaults import preset_parts
 from ..strategies import STRATEGIES
 from ..train.setup.defaults import BACKPROP, ES_ONLY, compiling_tasks, needs_gaussian
-from ..train.setup.component_options import STRATEGY, TASK
+from ..train.setup.component_options import KEYS, STRATEGY, TASK
 from ..train.setup.validation import act_bits_apply, bits_apply
 from ..files import read_json
 
@@ -146,13 +147,13 @@ def _shown_default(value) -> str:
     return "none" if value is None else str(value)
 
 
-def _add(p, name: str, f: dataclasses.Field, default, help: str | None = None) -> None:
+def _add(p, name: str, f: dataclasses.Field, default, help: str | None = None, dest: str | None = None) -> None:
     """The flag ``--name`` of field ``f`` (a run option's or a component's), its default in the help."""
     meta, text = f.metadata, annotation_text(f.type)
     doc = meta.get("help", "")
     if help is None:
         help = doc + (f" (default: {default})" if default not in ("", "none") and "default" not in doc else "")
-    kwargs: dict = dict(dest=name, default=None, help=help)
+    kwargs: dict = dict(dest=dest or name, default=None, help=help)
     flag = "--" + name.replace("_", "-")
     if text.split(" | ")[0] == "bool":
         p.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
@@ -196,9 +197,9 @@ def add_config_arguments(p: argparse.ArgumentParser, c: Chosen) -> None:
     annotation, with its doc and default in ``--help``. Unset flags stay None, so a config file or a resumed
     run's options are not overridden by defaults."""
     try:
-        defaults = presets(c.task, c.model, c.strategy)
+        defaults, *sides = preset_parts(c.task, c.model, c.strategy)
     except ValueError:  # an unknown task, model or strategy: named when the config is resolved
-        defaults = {}
+        defaults, sides = {}, [{}, {}]
     strategy = c.strategy or defaults.get("strategy")
     for f in dataclasses.fields(TrainConfig):
         if f.name != "layer_options" and not f.metadata.get("component"):
@@ -206,14 +207,17 @@ def add_config_arguments(p: argparse.ArgumentParser, c: Chosen) -> None:
             if f.name == "model" and defaults:
                 help = _model_help(c.task, defaults["model"])
             _add(p, f.name, f, _run_default(f, defaults), help)
-    mine: set[str] = set()
-    for owners, owner, title in ((STRATEGY, strategy, f"strategy {strategy}"), (TASK, task_key(c.task),
-                                                                             f"task {c.task}")):
+    owned = ((STRATEGY, strategy, f"strategy {strategy}"), (TASK, task_key(c.task), f"task {c.task}"))
+    both = set.intersection(*({f.name for f in _component_fields(owners, owner)} for owners, owner, _ in owned))
+    for (owners, owner, title), shown_defaults in zip(owned, sides):
         fields = _component_fields(owners, owner)
         group = p.add_argument_group(f"{title} options") if fields else None
         for f in fields:
-            _add(group, f.name, f, _shown_default(defaults.get(f.name, f.default)))
-            mine.add(f.name)
+            default = _shown_default(shown_defaults.get(f.name, f.default))
+            if f.name in both:  # a name both take: --strategy-NAME, --task-NAME
+                _add(group, f"{owners.kind}_{f.name}", f, default, dest=f"{KEYS[owners.kind]}:{f.name}")
+            else:
+                _add(group, f.name, f, default)
     if shown("layer_options", c):
         _add_layer_flags(p, c.layer)
 
@@ -242,6 +246,10 @@ def foreign_flag(flag: str, value, c: Chosen) -> str | None:
     except ValueError:  # an unknown task or model: the run names that error
         return None
     hint = "" if c.strategy else " (the task's default)"
+    if name in STRATEGY.defaults_of(strategy) and name in TASK.defaults_of(task_key(c.task)):
+        bare = flag.removeprefix("--")
+        return (f"option {flag} is an option of strategy {strategy!r}{hint} and of task {c.task!r}: give "
+                f"--strategy-{bare} or --task-{bare}")
     for owners, owner, why in ((STRATEGY, strategy, hint), (TASK, task_key(c.task), "")):
         for option, negated in ((name, False), (name.removeprefix("no_"), True)):
             field = owners.field(option) if owners.owners(option) else None

@@ -193,3 +193,19 @@ def one_sequence_per_row(model):
     finally:
         model.__dict__.pop("generate", None)
 
+
+
+def tell_layout(layers, directions: int, antithetic: bool, args: tuple, kwargs: dict) -> None:
+    """Tell every perturbed module of ``layers`` how a model call's input lays out the population rows of
+    ``directions`` directions (input_ids, inputs_embeds or the first tensor): a module that sees the tokens
+    flattened (rows * T, ...), as an MoE block's experts do, needs it to find each token's member."""
+    named = next((t for t in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"))
+                  if isinstance(t, torch.Tensor) and t.dim() >= 1), None)
+    rows = named if named is not None else next(
+        (t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() >= 1), None)
+    layout = None
+    if rows is not None and rows.shape[0] % directions == 0 and not (antithetic and (rows.shape[0] // directions) % 2):
+        # else not laid out rows-first (a sequence-first model): the modules check what they can
+        layout = RowLayout(rows.shape[0], rows.shape[1] if rows.dim() > 1 else None, named is not None)
+    for layer in layers:
+        layer.__dict__["population_layout"] = layout  # a plain attribute, without nn.Module.__setattr__

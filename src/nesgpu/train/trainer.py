@@ -26,7 +26,8 @@ from ..tasks.protocol import SavesModel
 from ..version import __version__
 from .loop import Interrupted, Loop, Progress, check_finite, evaluated, shown_statistics
 from .setup.build import Built, build, check_own, resolve_device
-from .setup.config import TrainConfig, is_supervised, resolve_for
+from .setup.config import TrainConfig, is_supervised
+from .setup.own_task import resolve_for
 from .setup.defaults import budget_note, compiles, kept_compile, torch_env_tasks
 from .setup.paths import with_absolute_paths
 from .storage import rundir

@@ -30,7 +30,8 @@ import torch
 from optuna.trial import TrialState
 
 from ..tasks import ClassificationTask, RLTask, SequenceTask
-from ..train.setup.config import TrainConfig, labelled
+from ..train.setup.config import TrainConfig
+from ..train.setup.own_task import labelled
 from ..train.trainer import Interrupted, train
 from .outputs import write_outputs
 from .space import SearchSpace, make_space

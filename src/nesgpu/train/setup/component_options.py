@@ -1,8 +1,12 @@
 """The options the training configuration takes from its components: the chosen strategy's ``Options``
 (backprop's too) and the chosen task's. A configuration holds them as two objects, ``strategy_options`` and
-``task_options``, built when it is resolved; config files, config.json and keyword arguments name them flat
-(``top_b: 2``, ``TrainConfig.flat(episodes=3)``), and :func:`side` says which of the two a name belongs to. One
-set under another owner is an error that names its owners.
+``task_options``, built when it is resolved.
+
+Config files, config.json and keyword arguments may name them flat (``top_b: 2``,
+``TrainConfig.flat(episodes=3)``): :func:`route` sends a flat name to the side whose components declare it.
+A strategy and a task may declare the same name. Such a name is routed to whichever of the chosen strategy
+and task takes it. If both take it, it must be given under its side, as ``strategy_options: {name: ...}`` or
+``task_options: {name: ...}`` (flags ``--strategy-NAME`` / ``--task-NAME``), and :func:`joined` writes it so.
 
 Adding a strategy or a task with options of its own touches nothing here: its ``Options`` are read from the
 registries (``nesgpu.strategies.STRATEGIES``, ``nesgpu.tasks.TASKS``) at each call.
@@ -23,25 +27,97 @@ BACKPROP = "backprop"
 # every strategy's options, by the strategy's config name; every built-in task's, by its registry key
 STRATEGY = Owners("strategy", lambda: {**STRATEGIES.options_by_name(), BACKPROP: BackpropOptions})
 TASK = TASK_OPTIONS
+# where a config mapping holds each side's options
+KEYS = {"strategy": "strategy_options", "task": "task_options"}
 
 
-def side(name: str) -> Owners | None:
-    """The owners (STRATEGY or TASK) of option ``name``; None when no component declares it. A name declared
-    by a strategy and by a task could not be told apart in a config file: a TypeError."""
-    sides = [owners for owners in (STRATEGY, TASK) if owners.owners(name)]
-    if len(sides) > 1:
-        raise TypeError(f"option {name!r} is declared by strategy {STRATEGY.owners(name)} and by task "
-                        f"{TASK.owners(name)}; rename one")
-    return sides[0] if sides else None
+def sides(name: str) -> list[Owners]:
+    """The sides (STRATEGY, TASK, both or neither) whose components declare option ``name``."""
+    return [owners for owners in (STRATEGY, TASK) if owners.owners(name)]
 
 
-def check_option_type(name: str, value, source: str) -> None:
-    """``value`` fits a component option's type as some owner declares it, or is None: unset, the owner's
-    default (the owner's Options check the rest when the config is resolved)."""
+def route(name: str, strategy: str | None, task: str | None, source: str = "config") -> Owners | None:
+    """The side of option ``name`` given flat in a run of ``strategy`` and ``task`` (their names; None: no
+    such component): the one side that declares it, else the side of the chosen component that takes it (None:
+    a run option, or no option). A name both chosen components take, or that neither takes, is a ValueError."""
+    declared = sides(name)
+    if len(declared) < 2:
+        return declared[0] if declared else None
+    takes = [owners for owners, owner in ((STRATEGY, strategy), (TASK, task_key(task or "")))
+             if name in owners.defaults_of(owner)]
+    if len(takes) == 1:
+        return takes[0]
+    flag = name.replace("_", "-")
+    if takes:
+        raise ValueError(f"{source}: option {name!r} is an option of strategy {strategy!r} and of task {task!r}: give "
+                         f"it as strategy_options: {{{name}: ...}} or task_options: {{{name}: ...}} (flags "
+                         f"--strategy-{flag} / --task-{flag})")
+    raise ValueError(f"{source}: option {name!r} applies to strategy {' or '.join(STRATEGY.owners(name))} or task "
+                     f"{' or '.join(TASK.owners(name))}, not to strategy {strategy!r} nor task {task!r}; drop it")
+
+
+def split(given: dict, strategy: str | None, task: str | None, source: str = "config") -> tuple[dict, dict, dict]:
+    """A config mapping (options by name, and ``strategy_options`` / ``task_options`` mappings) as three: the
+    run's options (and names that are no option), the strategy's and the task's. Flat names go by :func:`route`.
+    A mapping entry of the wrong side, or a name given flat and in its side's mapping with another value, is a
+    ValueError."""
+    parts: tuple[dict, dict] = ({}, {})
+    for owners, part in zip((STRATEGY, TASK), parts):
+        key, nested = KEYS[owners.kind], given.get(KEYS[owners.kind])
+        if nested is None:
+            continue
+        if dataclasses.is_dataclass(nested) and not isinstance(nested, type):
+            nested = values(nested)
+        if not isinstance(nested, dict):
+            raise ValueError(f"{source}: {key} must be a mapping of the {owners.kind}'s options; got {nested!r:.60}")
+        wrong = [name for name in nested if not owners.owners(name)]
+        if wrong:
+            raise ValueError(f"{source}: {key} names {wrong[0]!r}, which is no {owners.kind}'s option; expected some "
+                             f"of {owners.names()}")
+        part.update(nested)
+    run = {}
+    for name, value in given.items():
+        owners = None if name in KEYS.values() else route(name, strategy, task, source)
+        if owners is None:
+            if name not in KEYS.values():
+                run[name] = value
+            continue
+        part = parts[owners is TASK]
+        if name in part and part[name] != value:
+            raise ValueError(f"{source}: option {name!r} is given twice, as {value!r} and in {KEYS[owners.kind]} as "
+                             f"{part[name]!r}")
+        part[name] = value
+    return run, parts[0], parts[1]
+
+
+def joined(run: dict, strategy: dict, task: dict) -> dict:
+    """The mapping config files and config.json hold: the run's options, then the strategy's and the task's by
+    name, except a name a strategy and a task both declare, which goes under its side (``strategy_options``,
+    ``task_options``)."""
+    out = dict(run)
+    for key, part in ((KEYS["strategy"], strategy), (KEYS["task"], task)):
+        for name, value in part.items():
+            if len(sides(name)) > 1:
+                out.setdefault(key, {})[name] = value
+            else:
+                out[name] = value
+    return out
+
+
+def keyed(given: dict) -> dict:
+    """A config mapping with one key per option: a side's mapping's entries as ``strategy_options.NAME``."""
+    flat = {k: v for k, v in given.items() if k not in KEYS.values()}
+    for key in KEYS.values():
+        flat.update({f"{key}.{name}": value for name, value in (given.get(key) or {}).items()})
+    return flat
+
+
+def check_option_type(owners: Owners, name: str, value, source: str) -> None:
+    """``value`` fits option ``name``'s type as some component of ``owners``' side declares it, or is None:
+    unset, the owner's default (the owner's Options check the rest when the config is resolved)."""
     if value is None:
         return
-    fields = [f for options in side(name).registry.values() for f in dataclasses.fields(options)
-              if f.name == name]
+    fields = [f for options in owners.registry.values() for f in dataclasses.fields(options) if f.name == name]
     errors = []
     for f in fields:
         try:
@@ -49,19 +125,6 @@ def check_option_type(name: str, value, source: str) -> None:
         except ValueError as e:
             errors.append(e)
     raise errors[0]
-
-
-def by_side(named: dict, where: str = "TrainConfig") -> tuple[dict, dict]:
-    """Options given flat (``top_b=2, episodes=3``), split into the strategy's and the task's; a name no
-    component declares is a TypeError."""
-    sides: tuple[dict, dict] = ({}, {})
-    for name, value in named.items():
-        owners = side(name)
-        if owners is None:
-            raise TypeError(f"{where} got an unknown option {name!r}; expected a run option or an option of a "
-                            f"strategy ({', '.join(STRATEGY.names())}) or a task ({', '.join(TASK.names())})")
-        sides[owners is TASK][name] = value
-    return sides
 
 
 def as_values(options) -> dict:
@@ -81,8 +144,9 @@ def with_named(options, named: dict, owners: Owners):
     values set: an Options object that takes them all stays one (checked again), else a dict, from which the
     config is resolved. A key of the dict that is not an option of that side is a TypeError. (An Options
     object is taken whole: each of its fields is a given value, its defaults included.)"""
-    if isinstance(options, dict):
-        wrong = sorted(name for name in options if side(name) is not owners)
+    if isinstance(options, dict) or named:
+        wrong = sorted(name for name in [*(options if isinstance(options, dict) else ()), *named]
+                       if not owners.owners(name))
         if wrong:
             raise TypeError(f"{owners.kind}_options: {wrong} are not options of a {owners.kind}; expected some of "
                             f"{owners.names()}")
@@ -106,11 +170,11 @@ def defining_options() -> list[str]:
                               for f in dataclasses.fields(options) if f.metadata.get("defines")))
 
 
-def own_only(values: dict, strategy: str, task: str) -> dict:
-    """``values`` without the options neither ``strategy`` nor ``task`` takes."""
-    return TASK.own_only(STRATEGY.own_only(values, strategy), task_key(task))
+def own_only(given: dict, strategy: str, task: str) -> dict:
+    """A config mapping without the options neither ``strategy`` nor ``task`` takes."""
+    run, mine, theirs = split(given, strategy, task)
+    return joined(run, STRATEGY.own_only(mine, strategy), TASK.own_only(theirs, task_key(task)))
 
 
-__all__ = ["BACKPROP", "STRATEGY", "TASK", "Owners", "as_values", "by_side", "check_option_type", "defining_options",
-           "own_only", "read",
-           "side", "task_key", "with_named"]
+__all__ = ["BACKPROP", "KEYS", "STRATEGY", "TASK", "Owners", "as_values", "check_option_type", "defining_options",
+           "joined", "keyed", "own_only", "read", "route", "sides", "split", "task_key", "with_named"]

@@ -13,26 +13,37 @@ from ...layers.lowbit import NOISE_ON
 from ...options import NoOptions, annotation_text, check_type
 from ...precision import DTYPES, PRECISIONS
 from ...quantize import BITS
-from ...strategies import STRATEGIES
 from ...inplace import UPDATES
 from ...strategies.schedules import SCHEDULES
 from .ars_paper import PRESETS, preset_values
 from .defaults import (
     BACKPROP,
     CUSTOM,
-    ES_ONLY,
-    GLOBAL_DEFAULTS,
     TASK_DEFAULTS,
+    chosen_strategy,
     compiles,
     is_supervised,
     kind_choices,
+    preset_parts,
     presets,
     strategy_choices,
     torch_env_tasks,
     tuned_options,
 )
 from .initialization import INITS
-from .component_options import STRATEGY, TASK, as_values, by_side, check_option_type, read, side, task_key, with_named
+from .component_options import (
+    KEYS,
+    STRATEGY,
+    TASK,
+    as_values,
+    check_option_type,
+    joined,
+    read,
+    sides,
+    split,
+    task_key,
+    with_named,
+)
 from .validation import check_hidden_applies, check_strategy_options, validate
 
 
@@ -62,10 +73,6 @@ def opt(default=None, help: str = "", **cli):
     return field(**factory, metadata={"help": help, **cli})
 
 
-# where a config holds each side's options
-_SIDES = {"strategy": "strategy_options", "task": "task_options"}
-
-
 @dataclass
 class TrainConfig:
     """Everything a run needs: the one source of the training options. ``nesgpu train``'s flags are
@@ -78,8 +85,9 @@ class TrainConfig:
     given (``TrainConfig(task="cartpole", task_options={"episodes": 3})``), then, once resolved, the
     component's own ``Options`` (``cfg.task_options.episodes``). Unset ones take the owner's default (or the
     task's tuned value), and one set under another strategy or task is an error. Config files name them flat
-    (``episodes: 3``, :meth:`from_dict`); :meth:`option` reads any option by name and :meth:`with_options`
-    sets any."""
+    (``episodes: 3``, :meth:`from_dict`), or under their side where the chosen strategy and task both take a name
+    (:mod:`~nesgpu.train.setup.component_options`); :meth:`option` reads any option by name and
+    :meth:`with_options` sets any."""
 
     task: str = opt("digits", "the task: digits, cartpole, gym:<id>, generation (your reward), ...")
     strategy: str | None = opt(help="the ES algorithm, or backprop (supervised tasks)",
@@ -146,11 +154,12 @@ class TrainConfig:
 
     def __new__(cls, *args, **kwargs):
         """Refuse a component's option passed by name (``TrainConfig(episodes=3)``), saying where it goes."""
-        named = next((k for k in kwargs if k not in cls.__dataclass_fields__ and side(k) is not None), None)
+        named = next((k for k in kwargs if k not in cls.__dataclass_fields__ and sides(k)), None)
         if named is not None:
-            kind = side(named).kind
-            raise TypeError(f"TrainConfig got {named!r}, an option of a {kind}: give it as "
-                            f"{_SIDES[kind]}={{{named!r}: ...}}, or by name through TrainConfig.flat(...)")
+            owners = sides(named)
+            where = " or ".join(f"{KEYS[o.kind]}={{{named!r}: ...}}" for o in owners)
+            raise TypeError(f"TrainConfig got {named!r}, an option of a {' and of a '.join(o.kind for o in owners)}: "
+                            f"give it as {where}, or by name through TrainConfig.flat(...)")
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
@@ -162,25 +171,36 @@ class TrainConfig:
         not set or not the chosen component's. A name that is no option is a ValueError."""
         if name in self.__dataclass_fields__:
             return getattr(self, name)
-        owners = side(name)
-        if owners is None:
+        if not sides(name):
             raise ValueError(f"unknown option {name!r}; expected one of {sorted(option_names())}")
-        return read(getattr(self, _SIDES[owners.kind]), name)
+        found = {o.kind: read(getattr(self, KEYS[o.kind]), name) for o in sides(name)}
+        found = {kind: value for kind, value in found.items() if value is not None}
+        if len(found) > 1:
+            raise ValueError(f"option {name!r} is set for the strategy and for the task: read cfg.strategy_options or "
+                             f"cfg.task_options")
+        return next(iter(found.values()), None)
 
     def with_options(self, **named) -> TrainConfig:
-        """A copy with the options ``named`` set, the run's and the components' by name (each component's go into
-        its side's options, checked again, or resolved again when the config is)."""
-        run = {k: named.pop(k) for k in list(named) if k in self.__dataclass_fields__}
-        strategy, task = by_side(named)
-        for key, given, owners in (("strategy_options", strategy, STRATEGY), ("task_options", task, TASK)):
-            run[key] = with_named(run.get(key, getattr(self, key)), given, owners)
+        """A copy with the options ``named`` set: the run's, the components' by name (each into its side's
+        options, checked again, or resolved again when the config is), and ``strategy_options`` /
+        ``task_options`` mappings, whose entries are set on that side."""
+        run = {k: named.pop(k) for k in list(named) if k in self.__dataclass_fields__ and k not in KEYS.values()}
+        explicit = {key: as_values(named.pop(key)) for key in KEYS.values() if key in named}
+        task = run.get("task", self.task)
+        unknown, strategy, options = split(named, chosen_strategy(task, run.get("strategy", self.strategy)), task,
+                                           "TrainConfig")
+        if unknown:
+            raise TypeError(f"TrainConfig got an unknown option {next(iter(unknown))!r}; expected a run option or an "
+                            f"option of a strategy ({', '.join(STRATEGY.names())}) or a task ({', '.join(TASK.names())})")
+        for key, given, owners in (("strategy_options", strategy, STRATEGY), ("task_options", options, TASK)):
+            run[key] = with_named(getattr(self, key), {**explicit.get(key, {}), **given}, owners)
         return dataclasses.replace(self, **run)
 
     @classmethod
     def flat(cls, **values) -> TrainConfig:
         """A config of options given flat, by name (``TrainConfig.flat(task="cartpole", episodes=3)``): the
         run's, and each component's into its side's options."""
-        run = {k: values.pop(k) for k in list(values) if k in cls.__dataclass_fields__}
+        run = {k: values.pop(k) for k in list(values) if k in cls.__dataclass_fields__ and k not in KEYS.values()}
         return cls(**run).with_options(**values)
 
     def __eq__(self, other) -> bool:
@@ -189,35 +209,40 @@ class TrainConfig:
             return NotImplemented
         return _set(self) == _set(other)
 
-    def to_dict(self) -> dict:
-        """The options flat, by name, as config files and config.json hold them: the run's, then the
-        strategy's and the task's."""
+    def parts(self) -> tuple[dict, dict, dict]:
+        """The options as three mappings: the run's, the strategy's and the task's (those given, by name)."""
         run = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)
                if not f.metadata.get("component")}
-        return {**run, **as_values(self.strategy_options), **as_values(self.task_options)}
+        return run, as_values(self.strategy_options), as_values(self.task_options)
+
+    def to_dict(self) -> dict:
+        """The options as config files and config.json hold them: the run's, then the strategy's and the task's
+        by name (:func:`~nesgpu.train.setup.component_options.joined`)."""
+        return joined(*self.parts())
 
     def resolved(self) -> TrainConfig:
         """A copy with the task's presets filled in and the strategy's and task's Options built, validated. (A
         ``preset`` was expanded when the config was built; one set afterwards, ``cfg.preset = ...``, sets the
         options still at their defaults.)"""
-        values = self.to_dict()
+        run, strategy, options = self.parts()
         if self.preset is not None:
             defaults = field_defaults()
-            expand_preset(values, {name for name, value in values.items() if value != defaults.get(name)})
-        defaults = presets(values["task"], values["model"], values["strategy"])
-        if values.get("update") not in (None, defaults.get("update")) and values.get("lr") is None:
-            values["lr"] = "auto"  # the task's step size was tuned for its own optimizer: the other's rule
-        check_hidden_applies(values)
-        check_strategy_options(values, defaults["strategy"], field_defaults(), defaults, tuned_options(values["task"]))
+            given = {name for name, value in run.items() if value != defaults.get(name)}
+            expand_preset(run, strategy, options, given | {k for k, v in {**strategy, **options}.items()
+                                                           if v is not None})
+        own_run, own_strategy, own_task = preset_parts(run["task"], run["model"], run["strategy"])
+        if run.get("update") not in (None, own_run.get("update")) and run.get("lr") is None:
+            run["lr"] = "auto"  # the task's step size was tuned for its own optimizer: the other's rule
+        check_hidden_applies(run)
+        check_strategy_options(run, strategy, own_run["strategy"], field_defaults(), own_run,
+                               tuned_options(run["task"]))
         # what RL runs resolve to (a printed config of one) and ars's clip, which older runs recorded for every task
-        TASK.drop_foreign(values, task_key(values["task"]), allowed={"observation_clip": 0.0, "policy_output": "tanh"})
-        for name, value in defaults.items():
-            if values.get(name) is None:
-                values[name] = value
-        values["hidden"] = tuple(values["hidden"])
-        run = {name: values.pop(name) for name in field_defaults() if name in values}
-        cfg = TrainConfig(**run, strategy_options=STRATEGY.options_of(run["strategy"], values),
-                          task_options=_task_options(run, values))
+        TASK.drop_foreign(options, task_key(run["task"]), allowed={"observation_clip": 0.0, "policy_output": "tanh"})
+        for given, defaults in ((run, own_run), (strategy, own_strategy), (options, own_task)):
+            given.update({name: value for name, value in defaults.items() if given.get(name) is None})
+        run["hidden"] = tuple(run["hidden"])
+        cfg = TrainConfig(**run, strategy_options=STRATEGY.options_of(run["strategy"], strategy),
+                          task_options=_task_options(run, options))
         cfg.validate()
         return cfg
 
@@ -236,34 +261,45 @@ class TrainConfig:
         ``options["task"]``, with the ``options`` given here keeping their values, even one equal to its
         default. (``TrainConfig(preset=...)`` expands when resolved, over the options still at their
         defaults.)"""
-        values = {"preset": preset, **options}
-        expand_preset(values, set(options))
-        return cls.flat(**values)
+        run, strategy, given = cls.flat(**options, preset=preset).parts()
+        expand_preset(run, strategy, given, set(options) | set(strategy) | set(given))
+        return cls(**run, strategy_options=strategy, task_options=given)
 
     # ----- files -------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: dict, source: str = "config") -> TrainConfig:
         """A config from a mapping of options (a YAML file's, a run's config.json): the run's own, and the
-        strategy's and the task's by name, or in ``strategy_options`` and ``task_options`` mappings
-        (:func:`flat_values`); a ``preset`` there expands over the options the mapping does not set."""
-        values = flat_values(values, source)
+        strategy's and the task's by name or in ``strategy_options`` and ``task_options`` mappings
+        (:func:`~nesgpu.train.setup.component_options.split`); a ``preset`` there expands over the options the
+        mapping does not set."""
         fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("component")}
-        unknown = sorted(name for name in values if name not in fields and side(name) is None)
+        run, strategy, options = split(values, *_routing(values), source)
+        unknown = sorted(name for name in run if name not in fields)
         if unknown:
             raise ValueError(f"{source}: unknown option(s) {unknown}; expected a subset of {sorted(option_names())}")
-        values = dict(values)
-        for name, value in values.items():
-            if name not in fields:
-                check_option_type(name, value, source)
-                continue
+        for name, value in run.items():
             check_type(name, value, fields[name].type, source)
             if fields[name].metadata.get("parse") == "auto" and isinstance(value, str) and value != "auto":
                 raise ValueError(f"{source}: option {name!r} must be a number or 'auto'; got {value!r}")
-        if values.get("hidden") is not None:
-            values["hidden"] = tuple(values["hidden"])
-        if values.get("preset") is not None:
-            expand_preset(values, set(values) - {"preset"})
-        return cls.flat(**values)
+        for owners, part in ((STRATEGY, strategy), (TASK, options)):
+            for name, value in part.items():
+                check_option_type(owners, name, value, source)
+        if run.get("hidden") is not None:
+            run["hidden"] = tuple(run["hidden"])
+        if run.get("preset") is not None:
+            expand_preset(run, strategy, options, (set(run) | set(strategy) | set(options)) - {"preset"})
+        return cls(**run, strategy_options=strategy, task_options=options)
+
+    @classmethod
+    def from_layers(cls, *layers: dict, source: str = "options") -> TrainConfig:
+        """A config from mappings of options (a resumed run's, a config file's, the flags'), each over the ones
+        before it: a side's options are merged by name (:meth:`from_dict`)."""
+        chosen = _routing({key: value for layer in layers for key, value in layer.items()})
+        parts: tuple[dict, dict, dict] = ({}, {}, {})
+        for layer in layers:
+            for part, given in zip(parts, split(layer, *chosen, source)):
+                part.update(given)
+        return cls.from_dict(joined(*parts), source)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -278,13 +314,13 @@ class TrainConfig:
         values = read_yaml_file(path) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of options; got {type(values).__name__}")
-        values = flat_values(values, str(path))
-        for name, value in values.items():  # YAML 1.1 reads 1e-3 (no dot) as a string
-            if isinstance(value, str) and "float" in option_type(name):
-                try:
-                    values[name] = float(value)
-                except ValueError:
-                    pass
+        for part in (values, *(values[key] for key in KEYS.values() if isinstance(values.get(key), dict))):
+            for name, value in part.items():  # YAML 1.1 reads 1e-3 (no dot) as a string
+                if isinstance(value, str) and "float" in option_type(name):
+                    try:
+                        part[name] = float(value)
+                    except ValueError:
+                        pass
         cls.from_dict(values, source=str(path))  # names any unknown or mistyped option
         return values
 
@@ -299,33 +335,23 @@ class TrainConfig:
         return yaml.safe_dump(values, sort_keys=False)
 
 
-def flat_values(values: dict, source: str = "config") -> dict:
-    """``values`` with the entries of its ``strategy_options`` and ``task_options`` mappings (a config file may
-    group a component's options so) set by name beside the run's options. An entry of the wrong side, or one also
-    given by name with another value, is a ValueError."""
-    flat = {k: v for k, v in values.items() if k not in _SIDES.values()}
-    for kind, key in _SIDES.items():
-        given = values.get(key)
-        if given is None:
-            continue
-        if not isinstance(given, dict):
-            raise ValueError(f"{source}: {key} must be a mapping of the {kind}'s options; got {given!r:.60}")
-        owners = STRATEGY if kind == "strategy" else TASK
-        for name, value in given.items():
-            if not owners.owners(name):
-                raise ValueError(f"{source}: {key} names {name!r}, which is no {kind}'s option; expected some of "
-                                 f"{owners.names()}")
-            if name in flat and flat[name] != value:
-                raise ValueError(f"{source}: option {name!r} is given twice, as {flat[name]!r} and in {key} as "
-                                 f"{value!r}")
-            flat[name] = value
-    return flat
+def _routing(values: dict) -> tuple[str | None, str]:
+    """The strategy and the task a config mapping chooses (for :func:`~nesgpu.train.setup.component_options.route`):
+    its own, else its preset's strategy, else the task's; the default task."""
+    task = values.get("task") if isinstance(values.get("task"), str) else "digits"
+    strategy = values.get("strategy") if isinstance(values.get("strategy"), str) else None
+    if strategy is None and isinstance(values.get("preset"), str):
+        try:
+            strategy = preset_values(values["preset"], task).get("strategy")
+        except ValueError:  # an unknown preset: named when the preset expands
+            pass
+    return chosen_strategy(task, strategy), task
 
 
-def _set(cfg: TrainConfig) -> dict:
+def _set(cfg: TrainConfig) -> tuple:
     """The options of ``cfg``: the run's, and the components' that are not None (unset)."""
-    run = cfg.to_dict()
-    return {k: v for k, v in run.items() if v is not None or k in cfg.__dataclass_fields__}
+    run, strategy, options = cfg.parts()
+    return run, {k: v for k, v in strategy.items() if v is not None}, {k: v for k, v in options.items() if v is not None}
 
 
 def _task_options(run: dict, values: dict):
@@ -340,54 +366,18 @@ def _task_options(run: dict, values: dict):
     return options if for_run is None else for_run(strategy, run["hidden"])
 
 
-def expand_preset(values: dict, given) -> None:
-    """Set, in ``values``, the options ``values["preset"]`` sets that are not in ``given`` (an option given
-    explicitly keeps its value, even one equal to its default); the preset is then spent (None)."""
-    for name, value in preset_values(values["preset"], values.get("task", "digits")).items():
-        if name not in given:
-            values[name] = value
-    values["preset"] = None
+def expand_preset(run: dict, strategy: dict, options: dict, given) -> None:
+    """Set, in a config's ``run``, ``strategy`` and ``options`` (the task's) options, those ``run["preset"]``
+    sets that are not in ``given`` (an option given explicitly keeps its value, even one equal to its default);
+    the preset is then spent (None)."""
+    task = run.get("task", "digits")
+    values = preset_values(run["preset"], task)
+    chosen = run.get("strategy") if "strategy" in given else values.get("strategy", run.get("strategy"))
+    for part, new in zip((run, strategy, options), split(values, chosen_strategy(task, chosen), task,
+                                                         f"preset {run['preset']!r}")):
+        part.update({name: value for name, value in new.items() if name not in given})
+    run["preset"] = None
 
 
-def custom_label(task) -> str:
-    """The task name a run of the user's own ``task`` records: ``custom:<its name or class name>``."""
-    return f"{CUSTOM}{getattr(task, 'name', None) or type(task).__name__}"
-
-
-def labelled(cfg: TrainConfig, task) -> TrainConfig:
-    """``cfg`` for a run of the user's own ``task`` object: labelled ``custom:<its name>`` (unless it is
-    already) and with the task's ``defaults`` mapping, if it has one, in the options left unset (None)."""
-    name = getattr(task, "name", None) or type(task).__name__
-    label = cfg.task if cfg.task.startswith(CUSTOM) else custom_label(task)
-    defaults = getattr(task, "defaults", None) or {}
-    if not isinstance(defaults, dict):
-        raise TypeError(f"a task's defaults must be a dict of TrainConfig options; got {type(defaults).__name__}")
-    fields = {f.name for f in dataclasses.fields(TrainConfig) if not f.metadata.get("component")}
-    unknown = sorted(name for name in defaults if name not in fields and side(name) is None)
-    if unknown:
-        raise ValueError(f"task {name!r}: defaults {unknown} are not TrainConfig options")
-    # the other side's defaults do not apply to it, nor other strategies' options
-    strategy = cfg.strategy or defaults.get("strategy") or GLOBAL_DEFAULTS["strategy"]
-    skip = set(STRATEGY.names()) - set(STRATEGY.defaults_of(strategy)) | (set(ES_ONLY) if strategy == BACKPROP
-                                                                           else set())
-    wrong = sorted(set(defaults) & set(TASK.names()))
-    if wrong:  # a task of your own owns no built-in task's options: it reads none of them
-        raise ValueError(f"task {name!r}: defaults {wrong} are options of the built-in tasks, which train() does not "
-                         f"pass to a task of your own; set them in your task")
-    unset = {k: v for k, v in defaults.items() if cfg.option(k) is None and k not in skip}
-    return cfg.with_options(task=label, **unset)
-
-
-def resolve_for(cfg: TrainConfig, task=None) -> TrainConfig:
-    """``cfg`` resolved for a run of ``task``: a built-in one by its name (None), or the user's own object
-    (see :func:`labelled`)."""
-    if task is None:
-        if cfg.task.startswith(CUSTOM):
-            raise ValueError(f"task {cfg.task!r} is a task of your own: pass the object (train(cfg, task=...), "
-                             f"load_run(directory, task=...)); the config cannot rebuild it")
-        return cfg.resolved()
-    return labelled(cfg, task).resolved()
-
-
-__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "TrainConfig", "compiles", "custom_label", "is_supervised",
-           "labelled", "option_names", "option_type", "presets", "resolve_for", "torch_env_tasks"]
+__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "TrainConfig", "compiles", "is_supervised", "option_names",
+           "option_type", "presets", "torch_env_tasks"]

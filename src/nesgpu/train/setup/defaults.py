@@ -9,7 +9,7 @@ import dataclasses
 from ...layers import KINDS
 from ...strategies import STRATEGIES
 from ...tasks import TASKS, DifferentiableTask, task_spec
-from .component_options import BACKPROP, STRATEGY, TASK, task_key
+from .component_options import BACKPROP, STRATEGY, TASK, joined, split, task_key
 
 # the gradient baseline is a strategy name of the config, so a run differs from an ES run by one option; its
 # step size is AdamW's own (its other options are BackpropOptions')
@@ -36,41 +36,61 @@ COMPILE_MIN_ENV_STEPS = 20_000_000
 COMPILE_MIN_BUDGET = 300.0
 
 
-def presets(task: str, model: str | None = None, strategy: str | None = None) -> dict:
-    """The defaults a run of ``task`` (with ``model`` and ``strategy``, None: the task's own) starts from:
-    global defaults < the task's < its model's. The task's tuned step size and update hold for its own strategy;
-    another strategy starts from its own optimizer (``update="strategy"``) and ``default_lr``. A custom
-    task starts from ``CUSTOM_DEFAULTS`` (its own defaults are set in the config first: ``labelled``)."""
+def chosen_strategy(task: str, strategy: str | None) -> str | None:
+    """The strategy a run of ``task`` uses: ``strategy``, else the task's own (None: an unknown task)."""
+    if strategy is not None:
+        return strategy
     if task.startswith(CUSTOM):
-        values = {**GLOBAL_DEFAULTS, **CUSTOM_DEFAULTS}
-        values["model"] = model or values["model"]
+        return GLOBAL_DEFAULTS["strategy"]
+    try:
+        return task_spec(task).defaults.get("strategy", GLOBAL_DEFAULTS["strategy"])
+    except ValueError:
+        return None
+
+
+def preset_parts(task: str, model: str | None = None, strategy: str | None = None) -> tuple[dict, dict, dict]:
+    """The defaults a run of ``task`` (with ``model`` and ``strategy``, None: the task's own) starts from, as
+    the run's options, the strategy's and the task's: global defaults < the task's < its model's. The task's
+    tuned step size, update and strategy options hold for its own strategy; another strategy starts from its own
+    optimizer (``update="strategy"``), ``default_lr`` and options. A custom task starts from
+    ``CUSTOM_DEFAULTS`` (its own defaults are set in the config first: ``labelled``)."""
+    if task.startswith(CUSTOM):
+        run, tuned, options = {**GLOBAL_DEFAULTS, **CUSTOM_DEFAULTS}, {}, {}
+        run["model"] = model or run["model"]
     else:
         spec = task_spec(task)
         model = model or spec.models[0]
-        values = {**GLOBAL_DEFAULTS, **TASK.defaults_of(task_key(task)), **spec.defaults,
-                  **spec.model_defaults.get(model, {}), "model": model}
-    own = values["strategy"]  # the strategy the task's values were tuned for
-    tuned = {name: values.pop(name) for name in STRATEGY.names() if name in values}
-    if strategy is not None and strategy != values["strategy"]:
+        given = {**spec.defaults, **spec.model_defaults.get(model, {})}
+        run, tuned, options = split(given, chosen_strategy(task, None), task, f"task {task!r}'s defaults")
+        run = {**GLOBAL_DEFAULTS, **run, "model": model}
+        options = {**TASK.defaults_of(task_key(task)), **options}
+    own = run["strategy"]  # the strategy the task's values were tuned for
+    if strategy is not None and strategy != own:
         if strategy == BACKPROP:
-            values.update(strategy=strategy, **BACKPROP_DEFAULTS)
+            run.update(strategy=strategy, **BACKPROP_DEFAULTS)
         elif strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {strategy_choices()}")
         else:
             # a sigma from the probe takes the strategy's own rule for lr (auto); else its own default
-            lr = "auto" if values.get("lr") == "auto" else STRATEGIES[strategy].default_lr
-            values.update(strategy=strategy, lr=lr, update="strategy")  # its own optimizer, as its own lr
+            lr = "auto" if run.get("lr") == "auto" else STRATEGIES[strategy].default_lr
+            run.update(strategy=strategy, lr=lr, update="strategy")  # its own optimizer, as its own lr
+    chosen = STRATEGIES.get(run["strategy"])
+    if not getattr(chosen, "default_antithetic", True):  # CMA-ES: independent members
+        run["antithetic"] = False
+    if needs_gaussian(chosen, run["layer"]):  # the layer follows the strategy
+        run["layer"] = "gaussian"
     # the strategy's options: its own defaults, less what the task tuned for it (for its own strategy only)
-    values.update(STRATEGY.defaults_of(values["strategy"]))
-    if not getattr(STRATEGIES.get(values["strategy"]), "default_antithetic", True):  # CMA-ES: independent members
-        values["antithetic"] = False
-    if needs_gaussian(STRATEGIES.get(values["strategy"]), values["layer"]):  # the layer follows the strategy
-        values["layer"] = "gaussian"
-    values.update({k: v for k, v in tuned.items() if values["strategy"] == own and k in values})
+    mine = STRATEGY.defaults_of(run["strategy"])
+    mine.update({k: v for k, v in tuned.items() if run["strategy"] == own and k in mine})
     run_defaults = None if task.startswith(CUSTOM) else getattr(task_spec(task).options, "run_defaults", None)
     if run_defaults is not None:  # the task's defaults that depend on the strategy (RL: its observation clip)
-        values.update(run_defaults(None if values["strategy"] == BACKPROP else values["strategy"]))
-    return values
+        options.update(run_defaults(None if run["strategy"] == BACKPROP else run["strategy"]))
+    return run, mine, options
+
+
+def presets(task: str, model: str | None = None, strategy: str | None = None) -> dict:
+    """:func:`preset_parts` as one config mapping (:func:`~nesgpu.train.setup.component_options.joined`)."""
+    return joined(*preset_parts(task, model, strategy))
 
 
 def needs_gaussian(strategy, layer: str, options=None) -> bool:
@@ -98,8 +118,7 @@ def tuned_options(task: str) -> dict:
     directories recorded under every strategy."""
     if task.startswith(CUSTOM):
         return {}
-    spec = task_spec(task)
-    return {name: value for name, value in spec.defaults.items() if name in STRATEGY.names()}
+    return split(task_spec(task).defaults, chosen_strategy(task, None), task)[1]
 
 
 def is_supervised(task: str, obj=None) -> bool:
@@ -179,5 +198,5 @@ def kept_compile(cfg, recorded: bool | None, old: dict) -> tuple[bool, str | Non
                   f"its floats differ from this run's; --compile on|off to choose)")
 
 
-__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "budget_note", "compiles", "compiling_tasks", "is_supervised",
-           "kept_compile", "kind_choices", "presets", "strategy_choices", "torch_env_tasks", "tuned_options"]
+__all__ = ["BACKPROP", "CUSTOM", "TASK_DEFAULTS", "budget_note", "chosen_strategy", "compiles", "compiling_tasks", "is_supervised",
+           "kept_compile", "kind_choices", "preset_parts", "presets", "strategy_choices", "torch_env_tasks", "tuned_options"]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from .component_options import BACKPROP, own_only
-from .paths import PATHS, full_path, mapped
+from .paths import PATHS, each_path, full_path
 
 # the values of options newer than a run (its config.json lacks them) that its nesgpu used: every run had float
 # weights in the model's own dtype; RL policies were squashed by tanh and their standardised observations
@@ -75,7 +75,7 @@ def located(values: dict, run: Path, optional: Collection[str] = ()) -> dict:
     then kept as given: the caller says what is missing)."""
     bases = _bases(values, run)
 
-    def find(name: str) -> Callable[[str], str]:
+    def find(name: str, values: dict) -> Callable[[str], str]:
         def where(path: str) -> str:
             if Path(path).expanduser().is_absolute():
                 return path
@@ -91,8 +91,7 @@ def located(values: dict, run: Path, optional: Collection[str] = ()) -> dict:
                              f"in full in {run / 'config.json'}")
         return where
 
-    found = {name: mapped(values, name, find(name)) for name in PATHS}
-    return {**values, **{name: value for name, value in found.items() if value is not None}}
+    return each_path(values, find)
 
 
 def saved_step_sizes(state: dict, optimizer) -> list | float | None:

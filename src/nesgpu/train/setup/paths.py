@@ -35,12 +35,22 @@ def mapped(values: dict, name: str, where: Callable[[str], str]) -> str | None:
     return where(value)
 
 
-def absolute(values: dict, base: Path) -> dict:
-    """``values`` (a run's options, by name) with every path they name made absolute against ``base``."""
-    found = {name: mapped(values, name, lambda path: full_path(path, base)) for name in PATHS}
-    if isinstance(values.get("out"), str):
-        found["out"] = full_path(values["out"], base)
+def each_path(values: dict, where: Callable[[str, dict], Callable[[str], str]]) -> dict:
+    """A config mapping with each path its options name (a task's under ``task_options`` too) passed through
+    ``where(name, mapping)``."""
+    found = {name: mapped(values, name, where(name, values)) for name in PATHS}
+    nested = values.get("task_options")
+    if isinstance(nested, dict):
+        found["task_options"] = each_path(nested, where)
     return {**values, **{name: value for name, value in found.items() if value is not None}}
+
+
+def absolute(values: dict, base: Path) -> dict:
+    """``values`` (a run's options) with every path they name made absolute against ``base``."""
+    values = each_path(values, lambda name, mapping: lambda path: full_path(path, base))
+    if isinstance(values.get("out"), str):
+        values["out"] = full_path(values["out"], base)
+    return values
 
 
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
@@ -51,4 +61,4 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     return cfg.with_options(**changed)
 
 
-__all__ = ["PATHS", "absolute", "full_path", "mapped", "with_absolute_paths"]
+__all__ = ["PATHS", "absolute", "each_path", "full_path", "mapped", "with_absolute_paths"]

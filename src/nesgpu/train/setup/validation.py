@@ -167,11 +167,12 @@ def _check_backprop_task(strategy: str, task: str) -> None:
                          f"{task!r} has no differentiable loss (use an ES strategy)")
 
 
-def check_strategy_options(values: dict, strategy: str, defaults: dict, preset: dict, tuned: dict) -> None:
-    """The ES-only options set under backprop are errors, and another strategy's options (``top_b`` under
-    openai_es) are errors or, at their defaults, dropped (:func:`~nesgpu.train.setup.component_options.drop_foreign`;
-    ``tuned``: the task's values of them). ``defaults`` are the fields' defaults, ``preset`` the run's
-    :func:`presets`."""
+def check_strategy_options(values: dict, given: dict, strategy: str, defaults: dict, preset: dict,
+                           tuned: dict) -> None:
+    """The ES-only options set under backprop (``values``: the run's options) are errors, and another strategy's
+    options given (``top_b`` under openai_es) are errors or, at their defaults, dropped from ``given``
+    (:meth:`~nesgpu.options.Owners.drop_foreign`; ``tuned``: the task's values of them). ``defaults`` are the
+    fields' defaults, ``preset`` the run's :func:`presets`."""
     _check_backprop_task(strategy, values["task"])  # before its options are found not to be the task's
     if strategy == BACKPROP:
         for name in ES_ONLY:
@@ -180,7 +181,7 @@ def check_strategy_options(values: dict, strategy: str, defaults: dict, preset: 
             if value is not None and value not in (defaults[name], preset.get(name, defaults[name])):
                 raise ValueError(f"option {name!r} (= {values[name]!r}) applies to the ES strategies, not to "
                                  f"strategy 'backprop'; drop it or choose an ES strategy")
-    STRATEGY.drop_foreign(values, strategy, tuned)
+    STRATEGY.drop_foreign(given, strategy, tuned)
 
 
 def check_layer_options(layer: str, options: dict) -> None:

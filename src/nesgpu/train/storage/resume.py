@@ -4,7 +4,6 @@ step object's state is restored and the options a resume may change take effect 
 from __future__ import annotations
 
 import math
-import warnings
 from pathlib import Path
 
 import torch
@@ -13,7 +12,7 @@ from ...strategies import Schedule
 from ...tasks.protocol import Fingerprinted
 from ..loop import Progress
 from ..setup.config import TrainConfig
-from ..setup.old_runs import recorded, saved_step_sizes, warn_unfingerprinted
+from ..setup.old_runs import recorded, warn_unfingerprinted
 from ..steps.evolution import Stepper
 from . import rundir
 from .checkpoint import STATE, WEIGHTS, find_checkpoint, load_checkpoint
@@ -52,7 +51,8 @@ def resume(cfg: TrainConfig, out: Path, stepper: Stepper, supervised: bool, log,
     # a new schedule (or a new --steps, which stretches one) applies from the next step: say where it jumps
     jumps = [f"{name} {before:.4g} -> {after:.4g}" for name, before, after in scheduled_values(old, cfg, stepper.step)
              if not math.isclose(before, after, rel_tol=1e-9)]
-    changed = rundir.differences(old, new, [n for n in new if n not in rundir.defining() and n != "out"])
+    kept = [n for n in rundir.option_names(new) if n not in rundir.defining() and n != "out"]
+    changed = rundir.differences(old, new, kept)
     every = [max(1, int(steps or 1) // 10) for steps in (old.get("steps"), cfg.steps)]  # eval_every 0: a tenth
     if not cfg.eval_every and not old.get("eval_every") and every[0] != every[1]:
         changed.append(f"evaluations every {every[1]} steps, a tenth of --steps (were every {every[0]}: the rows that "

@@ -18,7 +18,7 @@ import socket
 import warnings
 from pathlib import Path
 
-from ..setup.component_options import defining_options
+from ..setup.component_options import defining_options, keyed
 from ...files import read_json, read_text
 
 # the run options that define a run: changing them would make the checkpoint another run's (a strategy's or a
@@ -235,8 +235,16 @@ def _alive(owner: str) -> bool:
 
 
 def differences(old: dict, new: dict, names) -> list[str]:
-    """``name: old -> new`` for each of ``names`` whose value differs (lists and tuples compare equal)."""
+    """``name: old -> new`` for each option of ``names`` whose value differs between two config mappings (lists and
+    tuples compare equal; an option under its side's mapping is named ``task_options.NAME``)."""
     def norm(v):
         return list(v) if isinstance(v, tuple) else v
+    old, new = keyed(old), keyed(new)
+    keys = [key for name in names for key in old if key.rpartition(".")[2] == name]  # in the order of names
     # an option the old run did not record (see old_runs) is not a difference
-    return [f"{n}: {old.get(n)!r} -> {new.get(n)!r}" for n in names if n in old and norm(old[n]) != norm(new.get(n))]
+    return [f"{n}: {old[n]!r} -> {new.get(n)!r}" for n in keys if norm(old[n]) != norm(new.get(n))]
+
+
+def option_names(values: dict) -> list[str]:
+    """The options a config mapping names (a side's mapping's entries by their own names)."""
+    return list(dict.fromkeys(key.rpartition(".")[2] for key in keyed(values)))

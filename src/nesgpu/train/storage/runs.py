@@ -13,7 +13,8 @@ from torch import nn
 from ...tasks.protocol import ReportsEvaluation
 from ...tasks.reward_tasks import HF
 from ..setup.build import build, resolve_device
-from ..setup.config import CUSTOM, TrainConfig, custom_label, is_supervised, resolve_for
+from ..setup.config import CUSTOM, TrainConfig, is_supervised
+from ..setup.own_task import custom_label, resolve_for
 from ..setup.old_runs import located, recorded, with_old_defaults
 from . import rundir
 from .checkpoint import find_checkpoint, load_checkpoint, load_weights, require_safetensors
