@@ -82,3 +82,20 @@ $PY benchmarks/lm_population_scale.py --device cuda --bf16 --shape 1.5b --member
   --json "$OUT/lm_population_1.5b_cuda.json" | tail -1
 # issue 54: an ES step's GPU memory (torch.cuda.max_memory_allocated) against plain inference, Qwen2-0.5B-shaped, bf16
 $PY benchmarks/lm_memory_gpu.py --size 0.5B --out runs/mem_gpu
+# issue 58: the population on vLLM (each member a LoRA adapter) against plain vLLM on the same rows and against
+# transformers' generate(), at 0.5B and 1.5B (Qwen2's shapes, random weights), bf16; where vLLM is installed (the
+# GPU build: pip install 'nesgpu[vllm]'; VLLM_PY names another interpreter that has it)
+VLLM_PY=${VLLM_PY:-$PY}
+if $VLLM_PY -c "import vllm" 2>/dev/null; then
+  for size in 0.5b 1.5b; do
+    $VLLM_PY benchmarks/vllm_population.py --make-model "$OUT/vllm_$size" --size "$size"
+    for population in 32 256; do
+      for mode in plain vllm hf; do
+        $VLLM_PY benchmarks/vllm_population.py --model "$OUT/vllm_$size" --mode $mode --population $population \
+          --dtype bfloat16 --kv-cache-gib 16 --repeats 3 | tail -1 | tee -a "$OUT/vllm_population_cuda.jsonl"
+      done
+    done
+  done
+else
+  echo "vLLM is not installed for $VLLM_PY: no vLLM rows (pip install 'nesgpu[vllm]')"
+fi

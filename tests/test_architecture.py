@@ -10,7 +10,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "nesgpu"
 # the house, bottom to top (docs/architecture.md): a module may import its own part and the parts below
 PARTS = {"version": 0, "noise": 1, "rounding": 1, "memory": 1, "files": 1, "options": 1, "registry": 1, "quantize": 1, "kinds": 2, "layers": 3, "conversion": 4, "exporting": 4, "autofallback": 4, "masters": 4, "model": 4, "trainable": 4,
-         "distributed": 5, "precision": 5, "blocks": 5, "decode": 5, "population": 6, "inplace": 6, "strategies": 6, "probe": 7, "tasks": 7, "train": 8, "exactness": 8, "frontends": 9, "tune": 9,
+         "distributed": 5, "precision": 5, "blocks": 5, "decode": 5, "population": 6, "engines": 6, "inplace": 6, "strategies": 6, "probe": 7, "tasks": 7, "train": 8, "exactness": 8, "frontends": 9, "tune": 9,
          "cli": 10, "__main__": 11, "__init__": 11}
 
 

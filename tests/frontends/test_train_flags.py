@@ -37,8 +37,8 @@ def test_cartpoles_help_is_its_own_and_short():
 
 def test_generations_help_is_its_own_and_short():
     text = helped("--task", "generation")
-    assert len(text.splitlines()) < 130  # its own rows and rewards, and LoRA's five (TRL's --use_peft)
-    assert {"--prompts", "--reward", "--correct-at", "--kl", "--compile"} <= flags(text)
+    assert len(text.splitlines()) < 135  # its own rows and rewards, LoRA's five (TRL's --use_peft), --engine
+    assert {"--prompts", "--reward", "--correct-at", "--kl", "--compile", "--engine"} <= flags(text)
     assert not {"--episodes", "--policy-output", "--observation-clip", "--bits", "--hidden"} & flags(text)
     assert "hf:DIR: a local Hugging Face model directory" in " ".join(text.split())
 

@@ -61,7 +61,8 @@ def make_dataset_task(name: str, where: TaskContext, options: DatasetOptions) ->
         raise ValueError(f"--reward-weights needs one weight per reward function ({len(functions)}); got "
                          f"{len(weights)}")
     measured = measures(options)
-    make = functools.partial(PretrainedGenerationTask, directory, where.dtype, lora=lora_of(options))
+    make = functools.partial(PretrainedGenerationTask, directory, where.dtype, lora=lora_of(options),
+                             engine=options.engine)
     return dataset_task(rows, load_tokenizer(directory), functions, weights,
                         eval_data=held, task_class=make, prompts_per_step=options.batch_size,
                         max_new_tokens=options.max_new_tokens, temperature=options.temperature,

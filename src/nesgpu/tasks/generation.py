@@ -23,6 +23,7 @@ from ..decode import CompiledDecode, check_compilable
 from ..model import PerturbedModel
 from ..noise import derive_seed
 from .generation_checks import FITNESSES, REWARD_SHAPINGS, check_arguments, check_measures, check_prompts
+from .engine_generation import EngineGenerating
 from .generation_eval import KL_KEYS, Evaluating
 from .kl_penalty import PENALTY, PenalisesKL, check_beta
 from .likelihood import CompletionIds, Drawn, importance_weighted, joined, kept_tokens, sequence_logp
@@ -34,7 +35,7 @@ from .scores import checked_rewards
 DRAW = 0x6C696B  # a key of its own for the likelihood fitness's completions (seed, step, DRAW)
 
 
-class GenerationTask(PenalisesKL, Evaluating):
+class GenerationTask(PenalisesKL, Evaluating, EngineGenerating):
     """Fine-tune a causal LM on a reward.
 
     Args:
@@ -147,9 +148,7 @@ class GenerationTask(PenalisesKL, Evaluating):
             return self._likelihood_fitness(pm, step)
         prompts = self.step_prompts(step)
         ids, mask = self.encode_prompts([p for p in prompts for _ in range(self.generations)], pm.model, self.compile)
-        seed = derive_seed(self.seed, step, pm.noise_range.start)
-        with pm.perturbing():
-            new = self.generate_tokens(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed, self.compile)
+        new = self.population_tokens(pm, ids, mask, step, derive_seed(self.seed, step, pm.noise_range.start))
         if self.compile:
             self._note_graphs(step)
         signs, d = (2 if pm.antithetic else 1), pm.local_directions

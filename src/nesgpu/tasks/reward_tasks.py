@@ -16,6 +16,7 @@ from ..options import check_options, option
 from .adapters import (ADAPTER_CONFIG, LORA_ALPHA, LORA_R, Lora, adapter_config, base_directory, evolving_shapes,
                        is_peft, lora_of, read_adapter, settled, tokenizer_directory, with_adapter, with_lora)
 from .divergence import read_texts
+from .engine_generation import ENGINES, check_engine
 from .generation import FITNESSES, GenerationTask
 from .generation_checks import MAX_EVAL_GENERATIONS, unreadable
 from .generation_config import generation_config_error
@@ -193,13 +194,17 @@ class PretrainedGenerationTask(GenerationTask):
     :meth:`save` writes the adapter (``adapter_config.json`` naming the base directory)."""
 
     def __init__(self, directory: Path, dtype: str | None = None, tokenizer=None, lora: Lora | None = None,
-                 **options):
+                 engine: str = "hf", **options):
         self.directory, self.dtype, self.lora = directory, dtype, lora
         self.base = base_directory(directory)
         if lora is not None and self.base != directory:
             raise ValueError(f"--use-peft puts a new LoRA adapter on a model; {directory} is a PEFT adapter already "
                              f"({ADAPTER_CONFIG}), whose own adapter a run trains: drop --use-peft")
         super().__init__(tokenizer=load_tokenizer(directory) if tokenizer is None else tokenizer, **options)
+        self.engine, self.engine_model = check_engine(engine, self.fitness_kind, self.compile), directory
+        if engine == "vllm" and (lora is not None or self.base != directory):
+            raise ValueError("--engine vllm serves each member as a LoRA adapter of the model; a run that evolves a "
+                             "LoRA adapter (--use-peft, or a PEFT directory) has no such members: use --engine hf")
         self.check_context(_context(directory))  # from config.json: before the weights load (a minute, for 1B)
         unknown = unreadable(self.tokenizer, self.prompts, "training prompts")
         if unknown:
@@ -256,7 +261,8 @@ def measures(options: PromptOptions) -> dict:
 def _maker(problems, verifier, max_new_tokens: int):
     def make(name: str, where: TaskContext, options: PromptOptions) -> PretrainedGenerationTask:
         train, held_out = splits(problems)
-        return PretrainedGenerationTask(hf_directory(where.model), where.dtype, lora=lora_of(options), prompts=train,
+        return PretrainedGenerationTask(hf_directory(where.model), where.dtype, lora=lora_of(options),
+                                        engine=options.engine, prompts=train,
                                         eval_prompts=held_out, reward=rewards_of(verifier),
                                         max_new_tokens=max_new_tokens, prompts_per_step=options.batch_size,
                                         temperature=options.temperature, generations=options.generations,
@@ -291,6 +297,9 @@ class PromptOptions:
     lora_target_modules: str | None = option(None, "q_proj,v_proj or all-linear (default: PEFT's table)",
                                              defines=True)
     lora_dropout: float = option(0.0, "must be 0: ES scores in eval mode (default: 0.0)", at_least=0)
+    engine: str = option("hf", "where the population generates: hf (transformers' generate) or vllm (one vLLM "
+                               "engine, each member a LoRA adapter; --layer lowrank --evolve matrices)",
+                         choices=ENGINES)
 
     def __post_init__(self):
         check_options(self, "reward task")

@@ -153,7 +153,7 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
     finally:  # after an error, without the barrier: a dead peer would make it wait for the timeout
         if ranks.distributed:  # free the run's modules (FSDP's hold the process group in reference cycles)
             gc.collect()  # before the group goes: freed after it, gloo could abort the process at exit
-        shutdown()
+            shutdown()  # the group torchrun's ranks joined; one of a single process is vLLM's (--engine vllm)
 
 
 def _train(job: _Job) -> dict:

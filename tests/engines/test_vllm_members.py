@@ -1,0 +1,174 @@
+"""The population on vLLM: every member of a low-rank population, as a LoRA adapter on one vLLM engine, generates
+what the same member generates through transformers' ``generate()`` (greedy, float32), its per-token
+log-probabilities within a stated tolerance, and the engine's weights follow the trainer's in place. These run in
+the vLLM environment (``make test`` builds it: vLLM pins its own torch and transformers)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import CHARS, char_tokenizer
+from safetensors.torch import load_file
+
+import nesgpu
+from nesgpu.engines.adapters import adapter_config, check_members, member_adapters
+
+if os.environ.get("NESGPU_VLLM_TESTS") == "1":  # the vLLM environment (make test): no vLLM is an error, not a skip
+    import vllm  # noqa: F401
+else:
+    pytest.importorskip("vllm")
+tf = pytest.importorskip("transformers")
+from nesgpu.engines.vllm_engine import VLLMEngine  # noqa: E402
+
+DIRECTIONS, RANK, SIGMA, NEW = 4, 4, 0.3, 8
+# vLLM's CPU attention takes head_dim 64 and up; two decoder layers, untied head (the head is evolved too)
+CONFIG = dict(vocab_size=len(CHARS) + 3, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+              num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0,
+              bos_token_id=1, eos_token_id=1, tie_word_embeddings=False)
+PROMPTS = ["12+7=", "3*4=", "99-1=", "5+5="]
+# the largest difference of a token's log-probability between vLLM's decode and transformers' teacher-forced forward
+# that we accept (float32; the median must be a hundredth of it): measured over every member's 256 tokens, at most
+# 1.2e-4 and a median of 1e-6 (vLLM's CPU kernels and KV cache against one forward of the whole sequence)
+LOGPROB_TOLERANCE = 5e-4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**CONFIG, initializer_range=0.2)).eval()
+    where = tmp_path_factory.mktemp("tiny_llama")
+    model.save_pretrained(where)
+    char_tokenizer().save_pretrained(where)
+    return where
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    return VLLMEngine(str(model_dir), members=2 * DIRECTIONS + 1, rank=RANK, max_model_len=64)
+
+
+def population(model_dir, step=0):
+    model = tf.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    pm = nesgpu.PerturbedModel(nesgpu.convert(model, "lowrank", evolve="matrices", rank=RANK), DIRECTIONS,
+                               sigma=SIGMA, antithetic=True, seed=3)
+    pm.set_noise(step=step)
+    return pm
+
+
+def hf_rows(pm, tokenizer):
+    """Every member's greedy tokens for every prompt, through transformers, rows laid out (sign, prompt,
+    direction), and the row's ids."""
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    with pm.perturbing():
+        out = pm.model.generate(input_ids=pm.member_rows(enc.input_ids), attention_mask=pm.member_rows(
+            enc.attention_mask), do_sample=False, max_new_tokens=NEW, pad_token_id=0, temperature=None, top_p=None,
+            top_k=None)
+    ids = [tokenizer(p).input_ids for p in PROMPTS]
+    rows = [ids[(n // DIRECTIONS) % len(PROMPTS)] for n in range(out.shape[0])]
+    members = [(n // (DIRECTIONS * len(PROMPTS))) * DIRECTIONS + n % DIRECTIONS for n in range(out.shape[0])]
+    return out[:, enc.input_ids.shape[1]:], rows, members
+
+
+def same_tokens(hf: torch.Tensor, engine_tokens: list[int]) -> bool:
+    """transformers pads a row after its EOS; vLLM stops there."""
+    width = len(engine_tokens)
+    return hf[:width].tolist() == engine_tokens and bool((hf[width:] == 0).all())
+
+
+def test_every_member_generates_on_vllm_what_it_generates_in_transformers(model_dir, engine):
+    pm = population(model_dir)
+    names = check_members(pm)
+    assert len(names) == 2 * 7 + 1  # the decoder's projections and the head
+    engine.set_members(member_adapters(pm, names), adapter_config(names, RANK))
+    expected, rows, members = hf_rows(pm, char_tokenizer())
+    got = engine.generate(rows, members, NEW)
+    mismatched = [n for n in range(len(rows)) if not same_tokens(expected[n], got[n])]
+    assert not mismatched, f"rows {mismatched} of {len(rows)} differ"
+    assert len({tuple(t) for t in got}) > len(PROMPTS)  # the members differ from one another
+
+
+def test_a_members_log_probabilities_agree_within_the_stated_tolerance(model_dir, engine):
+    pm = population(model_dir, step=1)
+    names = check_members(pm)
+    engine.set_members(member_adapters(pm, names), adapter_config(names, RANK))
+    tokenizer = char_tokenizer()
+    _, rows, members = hf_rows(pm, tokenizer)
+    tokens, logprobs = engine.generate(rows, members, NEW, logprobs=True)
+    gaps = []
+    for n in range(len(rows)):  # one teacher-forced population forward each
+        ids = torch.tensor([rows[n] + tokens[n]])
+        with pm.perturbing():
+            logits = pm.model(pm.member_rows(ids)).logits
+        member_logits = logits[members[n]]  # the rows of one prompt: (sign, direction), a member each
+        expected = member_logits[len(rows[n]) - 1:-1].log_softmax(-1).gather(1, torch.tensor(tokens[n])[:, None])
+        gaps += [abs(a - b) for a, b in zip(expected[:, 0].tolist(), logprobs[n])]
+    gaps = torch.tensor(gaps)
+    print(f"log-probability differences over {len(gaps)} tokens: max {gaps.max():.1e}, median {gaps.median():.1e}")
+    assert gaps.max() < LOGPROB_TOLERANCE and gaps.median() < LOGPROB_TOLERANCE / 100
+
+
+def test_the_engines_weights_follow_the_trainers_in_place(model_dir, engine):
+    pm = population(model_dir, step=2)
+    names = check_members(pm)
+    with torch.no_grad():  # a step of the trainer: every projection and the head change
+        for name in names:
+            weight = pm.model.get_submodule(name).weight
+            weight.add_(0.05 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(len(name))))
+    engine.load_weights((f"{name}.weight", pm.model.get_submodule(name).weight) for name in names)
+    engine.set_members(member_adapters(pm, names), adapter_config(names, RANK))
+    expected, rows, members = hf_rows(pm, char_tokenizer())
+    got = engine.generate(rows, members, NEW)
+    assert all(same_tokens(expected[n], got[n]) for n in range(len(rows)))
+
+
+def test_what_a_lora_adapter_cannot_carry_is_refused_by_name(model_dir):
+    model = tf.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    pm = nesgpu.PerturbedModel(nesgpu.convert(model, "lowrank", rank=RANK), DIRECTIONS, sigma=SIGMA, antithetic=True)
+    with pytest.raises(ValueError, match=r"module 'model.embed_tokens' \(PerturbedEmbedding\) is perturbed and is not "
+                                         r"one of the projections"):
+        check_members(pm)
+    model = tf.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    pm = nesgpu.PerturbedModel(nesgpu.convert(model, "gaussian", evolve="matrices"), DIRECTIONS, sigma=SIGMA)
+    with pytest.raises(ValueError, match=r"takes 'gaussian' noise, not low-rank"):
+        check_members(pm)
+
+
+def nesgpu_train(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "nesgpu", "train", "--task", "arithmetic", "--evolve", "matrices",
+                           "--population", "16", "--sigma", "0.3", "--lr", "0.05", "--log", "none", *args],
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def test_a_run_on_vllm_is_the_run_on_transformers_and_resumes_bit_for_bit(model_dir, tmp_path):
+    runs = {}
+    for name, args in [("hf", ["--steps", "6"]), ("vllm", ["--engine", "vllm", "--steps", "6"]),
+                       ("cut", ["--engine", "vllm", "--steps", "3", "--checkpoint-every", "3"])]:
+        done = nesgpu_train("--model", f"hf:{model_dir}", *args, "--out", str(tmp_path / name), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        runs[name] = tmp_path / name
+    resumed = subprocess.run([sys.executable, "-m", "nesgpu", "train", "--resume", str(runs["cut"]), "--steps", "6"],
+                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr
+    weights = {name: load_file(run / "model.safetensors") for name, run in runs.items()}
+    for name in ("vllm", "cut"):  # every member's completions the same: the same fitness, the same updates
+        assert all(torch.equal(weights["hf"][k], weights[name][k]) for k in weights["hf"]), name
+    assert json.loads((runs["vllm"] / "config.json").read_text())["engine"] == "vllm"
+    curve = [(runs[name] / "metrics.csv").read_text().splitlines() for name in ("hf", "vllm")]
+    columns = curve[0][0].split(",")
+    kept = [i for i, c in enumerate(columns) if "second" not in c and "time" not in c]
+    assert [[row.split(",")[i] for i in kept] for row in curve[0]] == [[row.split(",")[i] for i in kept]
+                                                                        for row in curve[1]]
+
+
+def test_a_run_vllm_cannot_serve_is_one_line(model_dir, tmp_path):
+    done = nesgpu_train("--model", f"hf:{model_dir}", "--engine", "vllm", "--evolve", "all", "--steps", "1",
+                        "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "module 'model.embed_tokens' (PerturbedEmbedding) is perturbed" in done.stderr.splitlines()[-1]
+    done = nesgpu_train("--model", f"hf:{model_dir}", "--engine", "vllm", "--fitness", "likelihood", "--generations", "2",
+                        "--temperature", "1", "--steps", "1",
+                        "--out", str(tmp_path / "run2"), cwd=tmp_path)
+    assert done.returncode != 0 and "--fitness likelihood generates none" in done.stderr.splitlines()[-1]
