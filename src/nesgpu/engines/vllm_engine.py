@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -82,7 +83,8 @@ class VLLMEngine:
         vllm = import_vllm()
         threads = torch.get_num_threads()  # vLLM makes set_num_threads a no-op: it keeps what it finds
         on_cpu = not torch.cuda.is_available()
-        with _weights_kept() if on_cpu else contextlib.nullcontext():
+        with _weights_kept() if on_cpu else contextlib.nullcontext(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # vLLM's own use of torch's deprecated names
             self.llm = vllm.LLM(model=model_dir, dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
                                 enable_lora=True, max_lora_rank=next(r for r in LORA_RANKS if r >= rank),
                                 max_loras=min(members + 1, 32), max_cpu_loras=members + 1, max_model_len=max_model_len,
