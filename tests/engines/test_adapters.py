@@ -1,13 +1,15 @@
 """A low-rank member as a LoRA adapter, without an engine: lora_B @ lora_A of every member is its noise at its sign
 and sigma (float64, to rounding), in the population's row order; a member's forward through the adapter is the
-population's row; what an adapter cannot carry is refused by name."""
+population's row; what an adapter cannot carry is named, with what would make it one."""
+
+import re
 
 import pytest
 import torch
 from torch import nn
 
 import nesgpu
-from nesgpu.engines import adapter_config, check_members, member_adapters
+from nesgpu.engines import adapter_config, check_members, lora_refusal, member_adapters
 
 tf = pytest.importorskip("transformers")
 
@@ -57,14 +59,16 @@ def test_a_member_through_its_adapter_is_the_populations_row():
             torch.testing.assert_close(plain(ids).logits[0], rows[i], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("convert, message", [
+@pytest.mark.parametrize("convert, message", [  # each with the advice that fits it
     (dict(kind="lowrank"), r"module 'model.embed_tokens' \(PerturbedEmbedding\) is perturbed and is not one of the "
-                           r"projections"),
-    (dict(kind="gaussian", evolve="matrices"), r"module '.*' \(.*\) takes 'gaussian' noise, not low-rank"),
+                           r"projections .*: evolve only the projections \(--evolve matrices"),
+    (dict(kind="gaussian", evolve="matrices"), r"module '.*' \(.*\) takes 'gaussian' noise, not low-rank "
+                                               r"\(--layer lowrank\): a LoRA adapter cannot carry it"),
 ])
 def test_what_an_adapter_cannot_carry_is_refused_by_name(convert, message):
     pm = nesgpu.PerturbedModel(nesgpu.convert(tiny_llama(), **convert), 2, sigma=0.1, antithetic=True)
-    with pytest.raises(ValueError, match=message + r".*--evolve matrices"):
+    assert re.search(message, lora_refusal(pm))
+    with pytest.raises(ValueError, match=message):
         check_members(pm)
     with pytest.raises(TypeError, match="expected a PerturbedModel; got Linear"):
         check_members(nn.Linear(2, 2))

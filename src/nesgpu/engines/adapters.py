@@ -23,35 +23,40 @@ PREFIX = "base_model.model."  # PEFT's key prefix of an adapter's tensors
 
 def check_members(pm: PerturbedModel) -> list[str]:
     """The names of the modules whose noise the members carry, each a LoRA target with low-rank noise on its
-    weight alone. Anything else perturbed is a ValueError naming the module."""
+    weight alone. Anything else perturbed is a ValueError naming the module (:func:`lora_refusal`)."""
+    why = lora_refusal(pm)
+    if why:
+        raise ValueError(why)
+    return [name for name, layer in pm.layers.items() if layer.perturbs]
+
+
+def lora_refusal(pm: PerturbedModel) -> str | None:
+    """Why the members of ``pm`` are no LoRA adapters (the first module an adapter cannot carry), or None."""
     if not isinstance(pm, PerturbedModel):
         raise TypeError(f"expected a PerturbedModel; got {type(pm).__name__}")
-    names = []
-    for name, layer in pm.layers.items():
-        if not layer.perturbs:
-            continue
+    perturbed = [(name, layer) for name, layer in pm.layers.items() if layer.perturbs]
+    if not perturbed:
+        return "the model perturbs no module: there is no member to generate"
+    for name, layer in perturbed:
         why = _unsupported(name, layer)
         if why:
-            raise ValueError(f"module {name!r} ({type(layer).__name__}) {why}: an engine's LoRA adapter cannot carry "
-                             f"it, and its members would differ from the trainer's; evolve only the projections "
-                             f"(--evolve matrices, or convert(..., evolve='matrices')), or generate with --engine hf")
-        names.append(name)
-    if not names:
-        raise ValueError("the model perturbs no module: there is no member to generate")
-    return names
+            return f"module {name!r} ({type(layer).__name__}) {why}: a LoRA adapter cannot carry it"
+    return None
 
 
 def _unsupported(name: str, layer: nn.Module) -> str | None:
-    """Why ``layer``'s noise is no LoRA adapter (None: it is one)."""
+    """Why ``layer``'s noise is no LoRA adapter, and what would make it one (None: it is one)."""
     state = layer.perturbation
     if name.rpartition(".")[2] not in TARGETS:
-        return f"is perturbed and is not one of the projections {list(TARGETS)}"
+        return (f"is perturbed and is not one of the projections {list(TARGETS)}: evolve only the projections "
+                f"(--evolve matrices, or convert(..., evolve='matrices'))")
     if layer.kind.name != "lowrank":
-        return f"takes {layer.kind.name!r} noise, not low-rank"
+        return f"takes {layer.kind.name!r} noise, not low-rank (--layer lowrank)"
     if sorted(slot.name for slot in state.slots) != ["weight"] or state.transposed or state.banks or state.borrowed:
-        return f"perturbs {sorted(slot.name for slot in state.slots)}, not its (out, in) weight alone"
+        return (f"perturbs {sorted(slot.name for slot in state.slots)}, not its (out, in) weight alone (--evolve "
+                f"matrices)")
     if state.scales:
-        return "has a sigma per parameter"
+        return "has a sigma per parameter (a strategy that adapts one, as SNES does)"
     return None
 
 
@@ -86,4 +91,4 @@ def zero_adapter(member: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key: torch.zeros_like(value) for key, value in member.items()}
 
 
-__all__ = ["PREFIX", "TARGETS", "adapter_config", "check_members", "member_adapters", "zero_adapter"]
+__all__ = ["PREFIX", "TARGETS", "adapter_config", "check_members", "lora_refusal", "member_adapters", "zero_adapter"]

@@ -62,11 +62,11 @@ def _weights_kept():
 
 class VLLMEngine:
     """One vLLM engine over the model directory ``model_dir`` that generates for ``members`` LoRA adapters of
-    rank ``rank`` at a time.
+    rank ``rank`` at a time (``members=0``: no adapters; the members' weights are written in place).
 
     Args:
         model_dir: a local Hugging Face model directory.
-        members: how many adapters one step registers (the population's members).
+        members: how many adapters one step registers (the population's members), or 0.
         rank: their rank.
         dtype: the weights' dtype in the engine ("float32" to compare with a float32 model).
         max_model_len: the longest prompt plus completion (default: the model's).
@@ -76,8 +76,8 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str, members: int, rank: int, dtype: str = "float32",
                  max_model_len: int | None = None, seed: int = 0, kv_cache_gib: float = 1.0):
-        if not isinstance(members, int) or isinstance(members, bool) or members < 1:
-            raise ValueError(f"members must be an int >= 1; got {members!r}")
+        if not isinstance(members, int) or isinstance(members, bool) or members < 0:
+            raise ValueError(f"members must be an int >= 0; got {members!r}")
         if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= LORA_RANKS[-1]:
             raise ValueError(f"rank must be an int in [1, {LORA_RANKS[-1]}]; got {rank!r}")
         vllm = import_vllm()
@@ -85,14 +85,17 @@ class VLLMEngine:
         on_cpu = not torch.cuda.is_available()
         with _weights_kept() if on_cpu else contextlib.nullcontext(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # vLLM's own use of torch's deprecated names
+            lora = dict(enable_lora=True, max_lora_rank=next(r for r in LORA_RANKS if r >= rank),
+                        max_loras=min(members + 1, 32), max_cpu_loras=members + 1) if members else {}
             self.llm = vllm.LLM(model=model_dir, dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
-                                enable_lora=True, max_lora_rank=next(r for r in LORA_RANKS if r >= rank),
-                                max_loras=min(members + 1, 32), max_cpu_loras=members + 1, max_model_len=max_model_len,
-                                seed=seed, kv_cache_memory_bytes=int(kv_cache_gib * 2**30), max_num_seqs=256)
+                                max_model_len=max_model_len, seed=seed, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+                                max_num_seqs=256, **lora)
         torch.set_num_threads(threads)
         self.model = self.llm.apply_model(lambda model: model)[0]
-        worker = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.lora_manager
-        self._manager, self._vocab = worker._adapter_manager, worker.vocab_size
+        self._manager = self._vocab = None
+        if members:
+            worker = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.lora_manager
+            self._manager, self._vocab = worker._adapter_manager, worker.vocab_size
         self._ids: list[int] = []
         self._next_id = 1
 
@@ -102,6 +105,8 @@ class VLLMEngine:
         from vllm.lora.lora_model import LoRAModel
         from vllm.lora.peft_helper import PEFTHelper
 
+        if self._manager is None:
+            raise ValueError("this engine was made without adapters (members=0)")
         if len(adapters) > self._manager.capacity:
             raise ValueError(f"{len(adapters)} members; this engine was made for at most {self._manager.capacity}")
         for old in self._ids:
@@ -122,18 +127,19 @@ class VLLMEngine:
     def model_dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def generate(self, rows: Sequence[Sequence[int]], members: Sequence[int], max_tokens: int,
+    def generate(self, rows: Sequence[Sequence[int]], members: Sequence[int] | None, max_tokens: int,
                  temperature: float = 0.0, seeds: Sequence[int] | None = None,
                  logprobs: bool = False) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
         """The new tokens of each row of prompt ids, row i by member ``members[i]`` (an index of
-        :meth:`set_members`' adapters), greedy or sampled at ``temperature`` under ``seeds[i]``; with ``logprobs``,
-        each token's log-probability too."""
+        :meth:`set_members`' adapters; None: the engine's weights as they are), greedy or sampled at ``temperature``
+        under ``seeds[i]``; with ``logprobs``, each token's log-probability too."""
         from vllm import SamplingParams
         from vllm.lora.request import LoRARequest
 
-        if len(members) != len(rows):
+        if members is not None and len(members) != len(rows):
             raise ValueError(f"one member per row: {len(rows)} rows, {len(members)} members")
-        requests = [LoRARequest(f"member-{self._ids[m]}", self._ids[m], "in-memory") for m in members]
+        requests = None if members is None else [LoRARequest(f"member-{self._ids[m]}", self._ids[m], "in-memory")
+                                                 for m in members]
         params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=0 if temperature else -1,
                                  seed=None if seeds is None else int(seeds[i]), logprobs=0 if logprobs else None)
                   for i in range(len(rows))]

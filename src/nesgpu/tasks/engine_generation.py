@@ -5,9 +5,12 @@ a row's end with the pad token, so that the task scores them alike."""
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch
 
-from ..engines.adapters import adapter_config, check_members, member_adapters
+from ..engines.adapters import adapter_config, lora_refusal, member_adapters
 from ..model import PerturbedModel
 from ..noise import derive_seed
 
@@ -23,13 +26,19 @@ def check_engine(engine: str, fitness: str, compile: object) -> str:
                          f"the members: drop one")
     if engine == "vllm" and compile:
         raise ValueError("--engine vllm generates through vLLM; --compile on compiles transformers' decode: drop one")
+    world = os.environ.get("WORLD_SIZE", "1")
+    if engine == "vllm" and world != "1":  # vLLM's in-process engine takes over torch.distributed's default group
+        raise ValueError(f"--engine vllm runs one vLLM engine in one process; under torchrun (WORLD_SIZE={world}) "
+                         f"it is not supported yet: run one process, or use --engine hf")
     return engine
 
 
 class EngineGenerating:
     """A generation task's population generate, through its ``engine`` ("hf" or "vllm"; ``engine_model``: the
-    model directory vLLM loads). The vLLM engine is made at the first call, for that call's members, and its
-    weights are written from the trainer's model once per step."""
+    model directory vLLM loads). The vLLM engine is made at the first call. Where every member is a LoRA
+    adapter (low-rank noise on the projections alone), one call generates them all; else each member's weights
+    are written into the engine in turn (slow), and the model's restored after. The engine's weights are
+    written from the trainer's model once per step."""
 
     engine: str = "hf"
     engine_model: str | None = None
@@ -41,38 +50,81 @@ class EngineGenerating:
             with pm.perturbing():
                 return self.generate_tokens(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed, self.compile)
         engine, names = self._vllm_engine(pm)
+        weights = _perturbed(pm)
         if getattr(self, "_synced_step", None) != step:  # the weights an update changed, before the step's members
-            engine.load_weights((f"{name}.weight", pm.model.get_submodule(name).weight) for name in names)
+            engine.load_weights(weights.items())
             self._synced_step = step
-        engine.set_members(member_adapters(pm, names), adapter_config(names, pm.layers[names[0]].kind.rank))
         prompts = [row[keep.bool()].tolist() for row, keep in zip(ids.cpu(), mask.cpu())]
         signs, d = (2 if pm.antithetic else 1), pm.local_directions
-        rows = [prompts[n // d % len(prompts)] for n in range(signs * len(prompts) * d)]
-        members = [n // (len(prompts) * d) * d + n % d for n in range(len(rows))]
-        seeds = [derive_seed(seed, n) for n in range(len(rows))] if self.temperature > 0 else None
-        new = engine.generate(rows, members, self.max_new_tokens, self.temperature, seeds)
+        seeds = [derive_seed(seed, n) for n in range(signs * len(prompts) * d)] if self.temperature > 0 else None
+        if names is not None:
+            engine.set_members(member_adapters(pm, names), adapter_config(names, pm.layers[names[0]].kind.rank))
+            rows = [prompts[n // d % len(prompts)] for n in range(signs * len(prompts) * d)]
+            members = [n // (len(prompts) * d) * d + n % d for n in range(len(rows))]
+            new = engine.generate(rows, members, self.max_new_tokens, self.temperature, seeds)
+        else:
+            new = self._one_member_at_a_time(engine, pm, weights, prompts, seeds)
         out = torch.full((len(new), max(map(len, new))), self.tokenizer.pad_token_id, dtype=ids.dtype)
         for n, tokens in enumerate(new):
             out[n, :len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
         return out.to(ids.device)
 
+    def _one_member_at_a_time(self, engine, pm: PerturbedModel, weights: dict, prompts: list, seeds) -> list:
+        """Each member's tokens, its weights (theta + s sigma z_d) written into the engine in turn; the rows laid
+        out (sign, prompt, direction). The engine holds the model's weights again after."""
+        noise = {name: layer.dense_noise() for name, layer in pm.layers.items() if layer.perturbs}
+        signs, d, p = ((1.0, -1.0) if pm.antithetic else (1.0,)), pm.local_directions, len(prompts)
+        new: list = [None] * (len(signs) * p * d)
+        try:
+            for i, sign in enumerate(signs):
+                for k in range(d):
+                    engine.load_weights((full, theta + (sign * pm.sigma) * noise[module][slot][k].to(theta))
+                                        for full, (module, slot, theta) in _slots(pm, weights))
+                    rows = [i * p * d + j * d + k for j in range(p)]
+                    out = engine.generate(prompts, None, self.max_new_tokens, self.temperature,
+                                          None if seeds is None else [seeds[n] for n in rows])
+                    for n, tokens in zip(rows, out):
+                        new[n] = tokens
+        finally:
+            engine.load_weights(weights.items())
+        return new
+
     def _vllm_engine(self, pm: PerturbedModel):
-        """The vLLM engine (made at the first call, for the longest training prompt) and the modules whose noise
-        the members carry."""
-        names = check_members(pm)
+        """The vLLM engine (made at the first call, for the longest training prompt), and the modules whose noise
+        the members carry as LoRA adapters (None: the members are written in place, one at a time)."""
+        why = lora_refusal(pm)
+        names = None if why else [name for name, layer in pm.layers.items() if layer.perturbs]
         engine = getattr(self, "_engine", None)
         if engine is None:
             from ..engines.vllm_engine import VLLMEngine
 
             if self.engine_model is None:
                 raise ValueError("--engine vllm loads the model from its directory: give the task engine_model")
+            if why:
+                warnings.warn(f"--engine vllm: {why}; the members generate one at a time instead, each written into "
+                              f"the engine's weights (slow)", stacklevel=3)
             dtype = str(next(iter(pm.parameters())).dtype).removeprefix("torch.")
             longest = max(len(row) for row in self.tokenizer(list(self.prompts)).input_ids)
-            engine = VLLMEngine(str(self.engine_model), members=(2 if pm.antithetic else 1) * pm.local_directions,
-                                rank=pm.layers[names[0]].kind.rank, dtype=dtype, seed=self.seed,
+            members = 0 if why else (2 if pm.antithetic else 1) * pm.local_directions
+            rank = 1 if why else pm.layers[names[0]].kind.rank
+            engine = VLLMEngine(str(self.engine_model), members=members, rank=rank, dtype=dtype, seed=self.seed,
                                 max_model_len=longest + self.max_new_tokens)
             self._engine = engine
         return engine, names
+
+
+def _perturbed(pm: PerturbedModel) -> dict[str, torch.Tensor]:
+    """The model's perturbed parameters by their full names (what an update changes)."""
+    return {full: pm.model.get_parameter(full) for full, _ in _slots(pm, None)}
+
+
+def _slots(pm: PerturbedModel, weights: dict | None):
+    """(full name, (module, slot name, weight)) of every perturbed parameter."""
+    for name, layer in pm.layers.items():
+        if layer.perturbs:
+            for slot in layer.perturbation.slots:
+                full = f"{name}.{slot.name}" if name else slot.name
+                yield full, (name, slot.name, None if weights is None else weights[full])
 
 
 __all__ = ["ENGINES", "EngineGenerating", "check_engine"]

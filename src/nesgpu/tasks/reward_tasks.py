@@ -298,8 +298,8 @@ class PromptOptions:
                                              defines=True)
     lora_dropout: float = option(0.0, "must be 0: ES scores in eval mode (default: 0.0)", at_least=0)
     engine: str = option("hf", "where the population generates: hf (transformers' generate) or vllm (one vLLM "
-                               "engine, each member a LoRA adapter; --layer lowrank --evolve matrices)",
-                         choices=ENGINES)
+                               "engine; with --layer lowrank --evolve matrices every member a LoRA adapter, else "
+                               "one member at a time)", choices=ENGINES)
 
     def __post_init__(self):
         check_options(self, "reward task")
