@@ -5,6 +5,7 @@ the vLLM environment (``make test`` builds it: vLLM pins its own torch and trans
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -161,6 +162,17 @@ def test_members_no_adapter_carries_are_written_into_the_engine_one_at_a_time(mo
         weights.append(load_file(tmp_path / engine / "model.safetensors"))
     assert "the members generate one at a time instead" in done.stderr
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # embeddings and norms evolve too
+
+
+def test_a_repetition_penalty_vllm_would_apply_otherwise_is_refused_in_one_line(model_dir, tmp_path):
+    penalised = tmp_path / "penalised"
+    shutil.copytree(model_dir, penalised)
+    config = json.loads((penalised / "generation_config.json").read_text())
+    (penalised / "generation_config.json").write_text(json.dumps({**config, "repetition_penalty": 1.5}))
+    done = nesgpu_train("--model", f"hf:{penalised}", "--engine", "vllm", "--steps", "1", "--out",
+                        str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "generation_config sets repetition_penalty=1.5" in done.stderr.splitlines()[-1]
 
 
 def test_a_run_vllm_cannot_serve_is_one_line(model_dir, tmp_path):

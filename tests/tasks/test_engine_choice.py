@@ -22,3 +22,20 @@ def test_what_the_vllm_engine_cannot_serve_is_refused(fitness, compile, world, m
     with pytest.raises(ValueError, match=message):
         check_engine("vllm", fitness, compile)
     assert check_engine("hf", fitness, compile) == "hf"
+
+
+def test_the_models_generation_config_reaches_vllm_or_is_refused_by_name():
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    from nesgpu.tasks.engine_generation import vllm_sampling
+
+    model = SimpleNamespace(generation_config=GenerationConfig(top_p=0.9))
+    assert vllm_sampling(model, 0.0) == {}  # greedy: transformers' generate() drops top_p too
+    assert vllm_sampling(model, 0.7) == {"top_p": 0.9}
+    assert vllm_sampling(SimpleNamespace(generation_config=GenerationConfig()), 0.7) == {}
+    for setting in (dict(no_repeat_ngram_size=3), dict(repetition_penalty=1.1)):
+        name, value = next(iter(setting.items()))
+        with pytest.raises(ValueError, match=f"generation_config sets {name}={value}, which --engine vllm does not"):
+            vllm_sampling(SimpleNamespace(generation_config=GenerationConfig(**setting)), 0.0)

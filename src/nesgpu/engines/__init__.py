@@ -2,6 +2,6 @@
 LoRA adapter (:mod:`nesgpu.engines.adapters`), which vLLM batches (:mod:`nesgpu.engines.vllm_engine`, the
 ``vllm`` extra)."""
 
-from .adapters import TARGETS, adapter_config, check_members, lora_refusal, member_adapters, zero_adapter
+from .adapters import TARGETS, adapter_config, check_members, lora_refusal, member_adapters
 
-__all__ = ["TARGETS", "adapter_config", "check_members", "lora_refusal", "member_adapters", "zero_adapter"]
+__all__ = ["TARGETS", "adapter_config", "check_members", "lora_refusal", "member_adapters"]

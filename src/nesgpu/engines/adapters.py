@@ -86,9 +86,4 @@ def adapter_config(names: list[str], rank: int) -> dict:
             "bias": "none", "peft_type": "LORA", "task_type": "CAUSAL_LM"}
 
 
-def zero_adapter(member: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """An adapter of ``member``'s shapes that changes nothing (the unperturbed model as an engine's member)."""
-    return {key: torch.zeros_like(value) for key, value in member.items()}
-
-
-__all__ = ["PREFIX", "TARGETS", "adapter_config", "check_members", "lora_refusal", "member_adapters", "zero_adapter"]
+__all__ = ["PREFIX", "TARGETS", "adapter_config", "check_members", "lora_refusal", "member_adapters"]

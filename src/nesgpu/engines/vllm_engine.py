@@ -80,16 +80,21 @@ class VLLMEngine:
             raise ValueError(f"members must be an int >= 0; got {members!r}")
         if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= LORA_RANKS[-1]:
             raise ValueError(f"rank must be an int in [1, {LORA_RANKS[-1]}]; got {rank!r}")
+        on_cpu = not torch.cuda.is_available()
+        if members and not on_cpu and dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"vLLM's GPU LoRA kernels take bfloat16 or float16 weights; the model's are {dtype}: load "
+                             f"it with --dtype bfloat16, or use --engine hf")
         vllm = import_vllm()
         threads = torch.get_num_threads()  # vLLM makes set_num_threads a no-op: it keeps what it finds
-        on_cpu = not torch.cuda.is_available()
+        # on a GPU the trainer's model is there already: vLLM's start checks that the share it may use is free
+        share = {} if on_cpu else {"gpu_memory_utilization": max(0.05, _free_share() - 0.02)}
         with _weights_kept() if on_cpu else contextlib.nullcontext(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # vLLM's own use of torch's deprecated names
             lora = dict(enable_lora=True, max_lora_rank=next(r for r in LORA_RANKS if r >= rank),
-                        max_loras=min(members + 1, 32), max_cpu_loras=members + 1) if members else {}
+                        max_loras=min(members, 32), max_cpu_loras=members) if members else {}
             self.llm = vllm.LLM(model=model_dir, dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
                                 max_model_len=max_model_len, seed=seed, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
-                                max_num_seqs=256, **lora)
+                                max_num_seqs=256, **lora, **share)
         torch.set_num_threads(threads)
         self.model = self.llm.apply_model(lambda model: model)[0]
         self._manager = self._vocab = None
@@ -128,11 +133,12 @@ class VLLMEngine:
         return next(self.model.parameters()).dtype
 
     def generate(self, rows: Sequence[Sequence[int]], members: Sequence[int] | None, max_tokens: int,
-                 temperature: float = 0.0, seeds: Sequence[int] | None = None,
-                 logprobs: bool = False) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
+                 temperature: float = 0.0, seeds: Sequence[int] | None = None, logprobs: bool = False,
+                 sampling: dict | None = None) -> list[list[int]] | tuple[list[list[int]], list[list[float]]]:
         """The new tokens of each row of prompt ids, row i by member ``members[i]`` (an index of
         :meth:`set_members`' adapters; None: the engine's weights as they are), greedy or sampled at ``temperature``
-        under ``seeds[i]``; with ``logprobs``, each token's log-probability too."""
+        under ``seeds[i]``; with ``logprobs``, each token's log-probability too. ``sampling``: more of vLLM's
+        ``SamplingParams`` (``repetition_penalty``, ``top_p``)."""
         from vllm import SamplingParams
         from vllm.lora.request import LoRARequest
 
@@ -141,8 +147,8 @@ class VLLMEngine:
         requests = None if members is None else [LoRARequest(f"member-{self._ids[m]}", self._ids[m], "in-memory")
                                                  for m in members]
         params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=0 if temperature else -1,
-                                 seed=None if seeds is None else int(seeds[i]), logprobs=0 if logprobs else None)
-                  for i in range(len(rows))]
+                                 seed=None if seeds is None else int(seeds[i]), logprobs=0 if logprobs else None,
+                                 **(sampling or {})) for i in range(len(rows))]
         out = self.llm.generate([{"prompt_token_ids": list(map(int, r))} for r in rows], params,
                                 lora_request=requests, use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in out]
@@ -151,17 +157,28 @@ class VLLMEngine:
         chosen = [[step[t].logprob for step, t in zip(o.outputs[0].logprobs, ids)] for o, ids in zip(out, tokens)]
         return tokens, chosen
 
+    def parameter(self, name: str) -> tuple[torch.nn.Parameter, str | int | None]:
+        """The engine's parameter that holds the Hugging Face weight ``name``, and the shard of it the weight fills
+        (None: all of it). One the engine does not have is a ValueError."""
+        module_name, _, attr = name.rpartition(".")
+        parent, _, leaf = module_name.rpartition(".")
+        target, shard = PACKED.get(leaf, (leaf, None))
+        try:
+            module = self.model.get_submodule(f"{parent}.{target}" if parent else target)
+            module = getattr(module, "base_layer", module)  # a LoRA wrapper's
+            param = getattr(module, attr)
+        except AttributeError:
+            param = None
+        if not isinstance(param, torch.nn.Parameter) or param.numel() == 0:
+            raise ValueError(f"vLLM's model has no weight for {name!r} to write the members into: use --engine hf")
+        return param, shard
+
     @torch.no_grad()
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write weights (by their Hugging Face names) into the engine's, in place: q/k/v and gate/up into the
         packed parameters' slices, an embedding into its padded table."""
         for name, tensor in named:
-            module_name, _, attr = name.rpartition(".")
-            parent, _, leaf = module_name.rpartition(".")
-            target, shard = PACKED.get(leaf, (leaf, None))
-            module = self.model.get_submodule(f"{parent}.{target}" if parent else target)
-            module = getattr(module, "base_layer", module)  # a LoRA wrapper's
-            param = getattr(module, attr)
+            param, shard = self.parameter(name)
             loader = getattr(param, "weight_loader", None)
             value = tensor.detach().to(param.device, param.dtype)
             if loader is None:
@@ -170,6 +187,14 @@ class VLLMEngine:
                 loader(param, value)
             else:
                 loader(param, value, shard)
+
+
+
+
+def _free_share() -> float:
+    """The share of the current GPU's memory that is free."""
+    free, total = torch.cuda.mem_get_info()
+    return free / total
 
 
 __all__ = ["VLLMEngine", "import_vllm"]

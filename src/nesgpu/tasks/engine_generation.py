@@ -51,9 +51,10 @@ class EngineGenerating:
                 return self.generate_tokens(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed, self.compile)
         engine, names = self._vllm_engine(pm)
         weights = _perturbed(pm)
-        if getattr(self, "_synced_step", None) != step:  # the weights an update changed, before the step's members
+        if getattr(self, "_synced", None) != (id(pm), step):  # the weights an update changed, before its members
             engine.load_weights(weights.items())
-            self._synced_step = step
+            self._synced = (id(pm), step)
+        sampling = vllm_sampling(pm.model, self.temperature)
         prompts = [row[keep.bool()].tolist() for row, keep in zip(ids.cpu(), mask.cpu())]
         signs, d = (2 if pm.antithetic else 1), pm.local_directions
         seeds = [derive_seed(seed, n) for n in range(signs * len(prompts) * d)] if self.temperature > 0 else None
@@ -61,28 +62,32 @@ class EngineGenerating:
             engine.set_members(member_adapters(pm, names), adapter_config(names, pm.layers[names[0]].kind.rank))
             rows = [prompts[n // d % len(prompts)] for n in range(signs * len(prompts) * d)]
             members = [n // (len(prompts) * d) * d + n % d for n in range(len(rows))]
-            new = engine.generate(rows, members, self.max_new_tokens, self.temperature, seeds)
+            new = engine.generate(rows, members, self.max_new_tokens, self.temperature, seeds, sampling=sampling)
         else:
-            new = self._one_member_at_a_time(engine, pm, weights, prompts, seeds)
+            new = self._one_member_at_a_time(engine, pm, weights, prompts, seeds, sampling)
         out = torch.full((len(new), max(map(len, new))), self.tokenizer.pad_token_id, dtype=ids.dtype)
         for n, tokens in enumerate(new):
             out[n, :len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
         return out.to(ids.device)
 
-    def _one_member_at_a_time(self, engine, pm: PerturbedModel, weights: dict, prompts: list, seeds) -> list:
-        """Each member's tokens, its weights (theta + s sigma z_d) written into the engine in turn; the rows laid
-        out (sign, prompt, direction). The engine holds the model's weights again after."""
-        noise = {name: layer.dense_noise() for name, layer in pm.layers.items() if layer.perturbs}
+    def _one_member_at_a_time(self, engine, pm: PerturbedModel, weights: dict, prompts: list, seeds,
+                              sampling: dict) -> list:
+        """Each member's tokens, its weights (theta + s sigma z_d) written into the engine in turn, a module at a
+        time (its dense noise of every direction: the memory of D copies of the largest module); the rows laid out
+        (sign, prompt, direction). The engine holds the model's weights again after."""
         signs, d, p = ((1.0, -1.0) if pm.antithetic else (1.0,)), pm.local_directions, len(prompts)
         new: list = [None] * (len(signs) * p * d)
         try:
             for i, sign in enumerate(signs):
                 for k in range(d):
-                    engine.load_weights((full, theta + (sign * pm.sigma) * noise[module][slot][k].to(theta))
-                                        for full, (module, slot, theta) in _slots(pm, weights))
+                    for name, layer in pm.layers.items():
+                        if layer.perturbs:
+                            member = {_full(name, slot): z[k] for slot, z in layer.dense_noise().items()}
+                            engine.load_weights((full, weights[full] + (sign * pm.sigma) * z.to(weights[full]))
+                                                for full, z in member.items())
                     rows = [i * p * d + j * d + k for j in range(p)]
                     out = engine.generate(prompts, None, self.max_new_tokens, self.temperature,
-                                          None if seeds is None else [seeds[n] for n in rows])
+                                          None if seeds is None else [seeds[n] for n in rows], sampling=sampling)
                     for n, tokens in zip(rows, out):
                         new[n] = tokens
         finally:
@@ -95,6 +100,9 @@ class EngineGenerating:
         why = lora_refusal(pm)
         names = None if why else [name for name, layer in pm.layers.items() if layer.perturbs]
         engine = getattr(self, "_engine", None)
+        if engine is not None and self._engine_lora != (names is not None):
+            raise ValueError("--engine vllm: this task's engine was made for members as LoRA adapters or written in "
+                             "place, and this model's members are the other kind: one engine serves one run")
         if engine is None:
             from ..engines.vllm_engine import VLLMEngine
 
@@ -103,28 +111,63 @@ class EngineGenerating:
             if why:
                 warnings.warn(f"--engine vllm: {why}; the members generate one at a time instead, each written into "
                               f"the engine's weights (slow)", stacklevel=3)
-            dtype = str(next(iter(pm.parameters())).dtype).removeprefix("torch.")
+            _check_writable(pm)
+            dtype = str(next(pm.model.parameters()).dtype).removeprefix("torch.")
             longest = max(len(row) for row in self.tokenizer(list(self.prompts)).input_ids)
             members = 0 if why else (2 if pm.antithetic else 1) * pm.local_directions
             rank = 1 if why else pm.layers[names[0]].kind.rank
             engine = VLLMEngine(str(self.engine_model), members=members, rank=rank, dtype=dtype, seed=self.seed,
                                 max_model_len=longest + self.max_new_tokens)
-            self._engine = engine
+            for full in _perturbed(pm):
+                engine.parameter(full)  # every weight the members change has its place in the engine
+            self._engine, self._engine_lora = engine, names is not None
         return engine, names
 
 
 def _perturbed(pm: PerturbedModel) -> dict[str, torch.Tensor]:
     """The model's perturbed parameters by their full names (what an update changes)."""
-    return {full: pm.model.get_parameter(full) for full, _ in _slots(pm, None)}
+    return {_full(name, slot.name): layer.get_parameter(slot.name)
+            for name, layer in pm.layers.items() if layer.perturbs for slot in layer.perturbation.slots}
 
 
-def _slots(pm: PerturbedModel, weights: dict | None):
-    """(full name, (module, slot name, weight)) of every perturbed parameter."""
+def _full(module: str, parameter: str) -> str:
+    return f"{module}.{parameter}" if module else parameter
+
+
+def _check_writable(pm: PerturbedModel) -> None:
+    """Every perturbed parameter is stored as vLLM loads it: not transposed (GPT-2's Conv1D), not a bank of
+    experts."""
     for name, layer in pm.layers.items():
-        if layer.perturbs:
-            for slot in layer.perturbation.slots:
-                full = f"{name}.{slot.name}" if name else slot.name
-                yield full, (name, slot.name, None if weights is None else weights[full])
+        state = layer.perturbation
+        if layer.perturbs and (state.transposed or state.banks):
+            raise ValueError(f"module {name!r} ({type(layer).__name__}) stores its weights transposed or as a bank of "
+                             f"experts, which --engine vllm cannot write into vLLM's model: use --engine hf")
+
+
+# generation_config settings transformers' generate() applies that vLLM's SamplingParams would not apply alike (the
+# repetition penalty: transformers' counts the left padding of a batch's prompts too; a member's greedy tokens
+# differed between the two engines under 1.5)
+UNSERVED = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias",
+            "forced_bos_token_id", "forced_eos_token_id", "min_new_tokens", "typical_p", "epsilon_cutoff",
+            "eta_cutoff", "min_p")
+
+
+def vllm_sampling(model, temperature: float) -> dict:
+    """What the model's generation_config adds to transformers' decoding, as vLLM's SamplingParams: top_p when
+    sampling. A setting vLLM would not apply alike is a ValueError naming it."""
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        return {}
+    for name in UNSERVED:
+        value = getattr(config, name, None)
+        if value not in (None, 0, 0.0, 1.0, [], ()):
+            raise ValueError(f"the model's generation_config sets {name}={value!r}, which --engine vllm does not "
+                             f"apply as transformers' generate() does: use --engine hf, or drop it from "
+                             f"generation_config.json")
+    sampling = {}
+    if temperature > 0 and getattr(config, "top_p", None) not in (None, 1.0):
+        sampling["top_p"] = float(config.top_p)
+    return sampling
 
 
 __all__ = ["ENGINES", "EngineGenerating", "check_engine"]

@@ -13,7 +13,7 @@ from nesgpu.options import check_options, option
 from nesgpu.strategies import ARS, OpenAIES
 from nesgpu.tasks import TASKS, TaskSpec, digits
 from nesgpu.train import TrainConfig
-from nesgpu.train.setup.component_options import STRATEGY, TASK, route, sides
+from nesgpu.train.setup.component_options import STRATEGY, TASK, own_only, route, sides
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,11 @@ def test_a_flat_name_goes_to_the_chosen_component_that_takes_it(shared):
     digits_run = TrainConfig.flat(task="digits", weight_decay=0.125).resolved()
     assert digits_run.strategy_options.weight_decay == 0.125
     with pytest.raises(ValueError, match=r"option 'weight_decay' is an option of strategy 'openai_es' and of task "
-                                         r"'shared': give it as strategy_options: \{weight_decay: \.\.\.\} or "
-                                         r"task_options"):
+                                         r"'shared': give it under its side, in strategy_options or task_options"):
         TrainConfig.flat(task="shared", weight_decay=0.1)
+    # an older run recorded every strategy's and task's option: the ones its own do not take are dropped
+    assert own_only({"task": "digits", "strategy": "ars", "weight_decay": 0.0, "top_b": 2}, "ars", "digits") == {
+        "task": "digits", "strategy": "ars", "top_b": 2}
     with pytest.raises(ValueError, match="applies to strategy openai_es or backprop or task shared, not to strategy "
                                          "'ars' nor task 'cartpole'"):
         TrainConfig.flat(task="cartpole", strategy="ars", weight_decay=0.1)

@@ -36,10 +36,12 @@ def sides(name: str) -> list[Owners]:
     return [owners for owners in (STRATEGY, TASK) if owners.owners(name)]
 
 
-def route(name: str, strategy: str | None, task: str | None, source: str = "config") -> Owners | None:
+def route(name: str, strategy: str | None, task: str | None, source: str = "config",
+          unclaimed: str = "error") -> Owners | None:
     """The side of option ``name`` given flat in a run of ``strategy`` and ``task`` (their names; None: no
     such component): the one side that declares it, else the side of the chosen component that takes it (None:
-    a run option, or no option). A name both chosen components take, or that neither takes, is a ValueError."""
+    a run option, or no option). A name both chosen components take is a ValueError; one that neither takes is
+    a ValueError too, or, with ``unclaimed="drop"``, routed nowhere (None; an older run recorded every option)."""
     declared = sides(name)
     if len(declared) < 2:
         return declared[0] if declared else None
@@ -50,17 +52,20 @@ def route(name: str, strategy: str | None, task: str | None, source: str = "conf
     flag = name.replace("_", "-")
     if takes:
         raise ValueError(f"{source}: option {name!r} is an option of strategy {strategy!r} and of task {task!r}: give "
-                         f"it as strategy_options: {{{name}: ...}} or task_options: {{{name}: ...}} (flags "
-                         f"--strategy-{flag} / --task-{flag})")
+                         f"it under its side, in strategy_options or task_options (flags --strategy-{flag} / "
+                         f"--task-{flag})")
+    if unclaimed == "drop":
+        return None
     raise ValueError(f"{source}: option {name!r} applies to strategy {' or '.join(STRATEGY.owners(name))} or task "
                      f"{' or '.join(TASK.owners(name))}, not to strategy {strategy!r} nor task {task!r}; drop it")
 
 
-def split(given: dict, strategy: str | None, task: str | None, source: str = "config") -> tuple[dict, dict, dict]:
+def split(given: dict, strategy: str | None, task: str | None, source: str = "config",
+          unclaimed: str = "error") -> tuple[dict, dict, dict]:
     """A config mapping (options by name, and ``strategy_options`` / ``task_options`` mappings) as three: the
     run's options (and names that are no option), the strategy's and the task's. Flat names go by :func:`route`.
     A mapping entry of the wrong side, or a name given flat and in its side's mapping with another value, is a
-    ValueError."""
+    ValueError. ``unclaimed``: as :func:`route` takes it (``"drop"``: such a name is left out)."""
     parts: tuple[dict, dict] = ({}, {})
     for owners, part in zip((STRATEGY, TASK), parts):
         key, nested = KEYS[owners.kind], given.get(KEYS[owners.kind])
@@ -77,9 +82,9 @@ def split(given: dict, strategy: str | None, task: str | None, source: str = "co
         part.update(nested)
     run = {}
     for name, value in given.items():
-        owners = None if name in KEYS.values() else route(name, strategy, task, source)
+        owners = None if name in KEYS.values() else route(name, strategy, task, source, unclaimed)
         if owners is None:
-            if name not in KEYS.values():
+            if name not in KEYS.values() and not sides(name):
                 run[name] = value
             continue
         part = parts[owners is TASK]
@@ -172,7 +177,7 @@ def defining_options() -> list[str]:
 
 def own_only(given: dict, strategy: str, task: str) -> dict:
     """A config mapping without the options neither ``strategy`` nor ``task`` takes."""
-    run, mine, theirs = split(given, strategy, task)
+    run, mine, theirs = split(given, strategy, task, unclaimed="drop")
     return joined(run, STRATEGY.own_only(mine, strategy), TASK.own_only(theirs, task_key(task)))
 
 

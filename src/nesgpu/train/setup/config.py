@@ -186,9 +186,8 @@ class TrainConfig:
         ``task_options`` mappings, whose entries are set on that side."""
         run = {k: named.pop(k) for k in list(named) if k in self.__dataclass_fields__ and k not in KEYS.values()}
         explicit = {key: as_values(named.pop(key)) for key in KEYS.values() if key in named}
-        task = run.get("task", self.task)
-        unknown, strategy, options = split(named, chosen_strategy(task, run.get("strategy", self.strategy)), task,
-                                           "TrainConfig")
+        unknown, strategy, options = split(named, *_routing({"task": self.task, "strategy": self.strategy,
+                                                             "preset": self.preset, **run}), "TrainConfig")
         if unknown:
             raise TypeError(f"TrainConfig got an unknown option {next(iter(unknown))!r}; expected a run option or an "
                             f"option of a strategy ({', '.join(STRATEGY.names())}) or a task ({', '.join(TASK.names())})")
