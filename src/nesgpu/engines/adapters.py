@@ -75,8 +75,8 @@ def member_adapters(pm: PerturbedModel, names: list[str] | None = None) -> list[
             scaled = a.transpose(1, 2) * (sign * pm.sigma)  # (D, out, r)
             for d in range(pm.local_directions):
                 member = members[i * pm.local_directions + d]
-                member[f"{key}.lora_A.weight"] = b[d].contiguous()
-                member[f"{key}.lora_B.weight"] = scaled[d].contiguous()
+                member[f"{key}.lora_A.weight"] = b[d]  # views: an engine copies what it keeps
+                member[f"{key}.lora_B.weight"] = scaled[d]
     return members
 
 

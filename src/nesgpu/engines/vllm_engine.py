@@ -122,7 +122,8 @@ class VLLMEngine:
         self._ids = []
         for tensors in adapters:
             lid, self._next_id = self._next_id, self._next_id + 1
-            copied = {key: value.detach().to("cpu", torch.float32).clone() for key, value in tensors.items()}
+            copied = {key: torch.empty(value.shape, dtype=torch.float32).copy_(value.detach())  # one contiguous copy
+                      for key, value in tensors.items()}
             self._manager.add_adapter(LoRAModel.from_lora_tensors(lid, copied, helper, device="cpu",
                                                                   dtype=self.model_dtype,
                                                                   model_vocab_size=self._vocab))
@@ -146,9 +147,10 @@ class VLLMEngine:
             raise ValueError(f"one member per row: {len(rows)} rows, {len(members)} members")
         requests = None if members is None else [LoRARequest(f"member-{self._ids[m]}", self._ids[m], "in-memory")
                                                  for m in members]
-        params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=0 if temperature else -1,
-                                 seed=None if seeds is None else int(seeds[i]), logprobs=0 if logprobs else None,
-                                 **(sampling or {})) for i in range(len(rows))]
+        shared = dict(max_tokens=max_tokens, temperature=temperature, top_k=0 if temperature else -1,
+                      logprobs=0 if logprobs else None, **(sampling or {}))
+        params = SamplingParams(**shared) if seeds is None else [SamplingParams(**shared, seed=int(seed))
+                                                                 for seed in seeds]
         out = self.llm.generate([{"prompt_token_ids": list(map(int, r))} for r in rows], params,
                                 lora_request=requests, use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in out]

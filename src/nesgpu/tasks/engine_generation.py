@@ -9,6 +9,7 @@ import os
 import warnings
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..engines.adapters import adapter_config, lora_refusal, member_adapters
 from ..model import PerturbedModel
@@ -65,10 +66,8 @@ class EngineGenerating:
             new = engine.generate(rows, members, self.max_new_tokens, self.temperature, seeds, sampling=sampling)
         else:
             new = self._one_member_at_a_time(engine, pm, weights, prompts, seeds, sampling)
-        out = torch.full((len(new), max(map(len, new))), self.tokenizer.pad_token_id, dtype=ids.dtype)
-        for n, tokens in enumerate(new):
-            out[n, :len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
-        return out.to(ids.device)
+        return pad_sequence([torch.tensor(tokens, dtype=ids.dtype) for tokens in new], batch_first=True,
+                            padding_value=self.tokenizer.pad_token_id).to(ids.device)
 
     def _one_member_at_a_time(self, engine, pm: PerturbedModel, weights: dict, prompts: list, seeds,
                               sampling: dict) -> list:
