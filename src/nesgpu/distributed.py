@@ -24,6 +24,7 @@ class Ranks:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    group: object = None  # the ranks' own process group (None: torch.distributed's default group)
 
     @property
     def is_main(self) -> bool:
@@ -53,8 +54,11 @@ class Ranks:
             return fitness, totals
         values = {k: _as_tensor(v, fitness.device) for k, v in totals.items()}
         flat = torch.cat([fitness.reshape(-1).double(), *(v.reshape(-1).double() for v in values.values())])
+        if self.group is not None:  # a gloo group of our own: the values travel on the host
+            flat = flat.cpu()
         parts = [torch.empty_like(flat) for _ in range(self.world)]
-        dist.all_gather(parts, flat)
+        dist.all_gather(parts, flat, group=self.group)
+        parts = [part.to(fitness.device) for part in parts]
         n = fitness.numel()
         gathered = torch.cat([part[:n].view(fitness.shape) for part in parts], dim=-1).to(fitness.dtype)
         out, offset = {}, n
@@ -70,14 +74,21 @@ class Ranks:
         """The mean of a tensor over the ranks (alone: the tensor)."""
         if not self.distributed:
             return value
-        value = value.clone()
-        dist.all_reduce(value)
-        return value / self.world
+        held = value.cpu() if self.group is not None else value.clone()
+        dist.all_reduce(held, group=self.group)
+        return held.to(value.device) / self.world
 
     def barrier(self) -> None:
         """Wait for every rank (alone: return)."""
         if self.distributed:
-            dist.barrier()
+            dist.barrier(group=self.group)
+
+    def close(self) -> None:
+        """Leave the ranks' process group (the default group, unless the ranks have one of their own, which is
+        dropped: the default one is then an in-process engine's)."""
+        if self.group is None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        self.group = None
 
 
 def _as_tensor(value, device: torch.device) -> torch.Tensor:
@@ -87,17 +98,26 @@ def _as_tensor(value, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.float64 if isinstance(value, float) else None, device=device)
 
 
-def init_from_environment(device: torch.device, timeout_s: float = 300.0) -> Ranks:
-    """Join the process group torchrun describes in the environment (WORLD_SIZE > 1), else run alone."""
+def init_from_environment(device: torch.device, timeout_s: float = 300.0, own_group: bool = False) -> Ranks:
+    """Join the process group torchrun describes in the environment (WORLD_SIZE > 1), else run alone. With
+    ``own_group``, the ranks make a gloo group of their own from torchrun's store and leave torch.distributed's
+    default group alone: an engine in the process (vLLM's, world size 1) makes that one its own."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Ranks()
+    if own_group:
+        return _own_group(world, timedelta(seconds=timeout_s))
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def shutdown() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def _own_group(world: int, timeout: timedelta) -> Ranks:
+    """The ranks' gloo group, from the store torchrun's agent hosts (else rank 0's) under a prefix of ours."""
+    rank = int(os.environ["RANK"])
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent and rank == 0, timeout=timeout)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("nesgpu_ranks", store), rank, world, timeout)
+    return Ranks(rank, world, int(os.environ.get("LOCAL_RANK", "0")), group)

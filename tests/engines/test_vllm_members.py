@@ -6,6 +6,7 @@ the vLLM environment (``make test`` builds it: vLLM pins its own torch and trans
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -125,6 +126,54 @@ def test_the_engines_weights_follow_the_trainers_in_place(model_dir, engine):
     assert all(same_tokens(expected[n], got[n]) for n in range(len(rows)))
 
 
+def test_the_model_shares_the_engines_weights_one_copy_in_the_process(model_dir, engine):
+    pm = population(model_dir, step=3)
+    before = {name: param.clone() for name, param in pm.model.named_parameters()}
+    assert engine.share(pm.model) == []  # every weight: the process holds each once
+    for name, param in pm.model.named_parameters():
+        assert torch.equal(param, before[name]), name  # the model's values, now in the engine
+        assert engine.region(name, param).data_ptr() == param.data_ptr(), name
+    names = check_members(pm)
+    with torch.no_grad():  # an update to the model is the engine's, no weights written
+        for name in names:
+            pm.model.get_submodule(name).weight.mul_(1.1)
+    engine.set_members(member_adapters(pm, names), adapter_config(names, RANK))
+    expected, rows, members = hf_rows(pm, char_tokenizer())
+    got = engine.generate(rows, members, NEW)
+    assert all(same_tokens(expected[n], got[n]) for n in range(len(rows)))
+
+
+def test_a_tied_model_with_biases_shares_its_weights_and_generates_as_transformers(tmp_path):
+    torch.manual_seed(1)
+    config = tf.Qwen2Config(**{**CONFIG, "tie_word_embeddings": True}, initializer_range=0.2)
+    tf.Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    model = tf.Qwen2ForCausalLM.from_pretrained(tmp_path, torch_dtype=torch.float32).eval()
+    with torch.no_grad():  # weights other than the directory's (a resumed run's): the engine takes the model's
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    one = VLLMEngine(str(tmp_path), members=0, rank=1, max_model_len=64, weights=model)  # loaded from the model
+    assert one.apart == []
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert one.region("model.layers.0.self_attn.v_proj.bias", model.model.layers[0].self_attn.v_proj.bias) is not None
+    tokenizer = char_tokenizer()
+    for _ in range(2):
+        enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+        out = model.generate(**enc, do_sample=False, max_new_tokens=NEW, pad_token_id=0)[:, enc.input_ids.shape[1]:]
+        got = one.generate([tokenizer(p).input_ids for p in PROMPTS], None, NEW)
+        assert all(same_tokens(out[n], got[n]) for n in range(len(PROMPTS)))
+        with torch.no_grad():  # a change of the biases and the tied embedding, in the model
+            model.model.layers[1].self_attn.q_proj.bias.add_(0.5)
+            model.model.embed_tokens.weight.mul_(1.5)
+
+
+def test_an_engine_weight_the_model_has_no_value_for_is_refused_by_name(model_dir):
+    model = tf.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model.model.norm = torch.nn.Identity()  # vLLM's model.norm.weight would stay as allocated
+    with pytest.raises(ValueError, match=r"no value for \(1: model.norm.weight\)"):
+        VLLMEngine(str(model_dir), members=0, rank=1, max_model_len=64, weights=model)
+
+
 def nesgpu_train(*args, cwd):
     return subprocess.run([sys.executable, "-m", "nesgpu", "train", "--task", "arithmetic", "--evolve", "matrices",
                            "--population", "16", "--sigma", "0.3", "--lr", "0.05", "--log", "none", *args],
@@ -162,6 +211,65 @@ def test_members_no_adapter_carries_are_written_into_the_engine_one_at_a_time(mo
         weights.append(load_file(tmp_path / engine / "model.safetensors"))
     assert "the members generate one at a time instead" in done.stderr
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # embeddings and norms evolve too
+
+
+def test_the_evaluations_generate_on_the_engine_as_transformers_would(model_dir, tmp_path, monkeypatch):
+    from nesgpu.tasks.generation import GenerationTask
+    from nesgpu.train import TrainConfig, train
+
+    through_transformers = []
+    original = GenerationTask.generate_tokens
+
+    def counted(self, model, ids, *args, **kwargs):
+        through_transformers.append(ids.shape[0])
+        return original(self, model, ids, *args, **kwargs)
+    monkeypatch.setattr(GenerationTask, "generate_tokens", counted)
+    runs, rows = {}, {}
+    for engine in ("hf", "vllm"):
+        through_transformers.clear()
+        cfg = TrainConfig.from_dict(dict(task="arithmetic", model=f"hf:{model_dir}", engine=engine, evolve="matrices",
+                                         population=8, sigma=0.3, lr=0.05, steps=2, eval_every=1, eval_generations=2,
+                                         log=None, out=str(tmp_path / engine)))
+        train(cfg)
+        runs[engine] = (tmp_path / engine / "metrics.csv").read_text().splitlines()
+        rows[engine] = list(through_transformers)
+    # on vLLM the first of three evaluations only (before the first step no engine is made), greedy and sampled
+    assert rows["vllm"] and rows["vllm"] == rows["hf"][:len(rows["vllm"])]
+    assert sum(rows["hf"]) > 3 * sum(rows["vllm"])  # on hf: three evaluations, and the population
+    columns = runs["hf"][0].split(",")
+    greedy = [i for i, c in enumerate(columns) if c in ("accuracy", "eval_reward", "eval_completions/mean_length")]
+    assert greedy and [[r.split(",")[i] for i in greedy] for r in runs["hf"]] == [
+        [r.split(",")[i] for i in greedy] for r in runs["vllm"]]
+
+
+def test_held_out_prompts_longer_than_the_training_prompts_generate_on_the_engine(model_dir, tmp_path):
+    (tmp_path / "rw.py").write_text("def ones(completions, **kw):\n    return [float(c.count('1')) for c in completions]\n")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"prompt": "12+7=19, 3*4=12, 99-1=98, 5+5="}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "nesgpu", "train", "--task", "generation", "--model", f"hf:{model_dir}",
+                           "--prompts", "train.jsonl", "--eval-prompts", "eval.jsonl", "--reward", "rw:ones",
+                           "--max-new-tokens", "8", "--engine", "vllm", "--evolve", "matrices", "--population", "8",
+                           "--batch-size", "4", "--sigma", "0.3", "--lr", "0.05", "--steps", "2", "--eval-every", "1",
+                           "--log", "none", "--out", "run"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len((tmp_path / "run" / "metrics.csv").read_text().splitlines()) == 4  # the header, steps 0-2
+
+
+def test_torchrun_ranks_each_with_an_engine_end_as_one_process(model_dir, tmp_path):
+    args = ["--model", f"hf:{model_dir}", "--engine", "vllm", "--steps", "3", "--device", "cpu"]
+    one = nesgpu_train(*args, "--out", str(tmp_path / "one"), cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+                          "-m", "nesgpu", "train", "--task", "arithmetic", "--evolve", "matrices", "--population", "16",
+                          "--sigma", "0.3", "--lr", "0.05", *args, "--out", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert two.returncode == 0 and "Traceback" not in two.stderr, two.stderr[-3000:]
+    assert '"processes": 2' in two.stdout
+    a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("one", "two"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # each rank's members generated on its own engine
 
 
 def test_a_repetition_penalty_vllm_would_apply_otherwise_is_refused_in_one_line(model_dir, tmp_path):

@@ -15,13 +15,20 @@ def test_the_engine_is_one_of_hf_and_vllm():
 @pytest.mark.parametrize("fitness, compile, world, message", [
     ("likelihood", False, "1", "--fitness likelihood generates none from the members"),
     ("reward", True, "1", "--compile on compiles transformers' decode"),
-    ("reward", False, "2", r"under torchrun \(WORLD_SIZE=2\) it is not supported yet"),
+    ("reward", False, "2", r"under torchrun \(WORLD_SIZE=2\) runs on CPUs only for now"),
 ])
 def test_what_the_vllm_engine_cannot_serve_is_refused(fitness, compile, world, message, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # torchrun's ranks on GPUs
     with pytest.raises(ValueError, match=message):
         check_engine("vllm", fitness, compile)
     assert check_engine("hf", fitness, compile) == "hf"
+
+
+def test_torchrun_on_cpus_may_generate_on_vllm(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert check_engine("vllm", "reward", False) == "vllm"
 
 
 def test_the_models_generation_config_reaches_vllm_or_is_refused_by_name():

@@ -171,6 +171,34 @@ def test_exchange_equals_one_process_adding_its_blocks_in_order(tmp_path):
             assert got[key].dtype == value.dtype and torch.equal(got[key], value), (rank, key)
 
 
+def _own_group_worker(rank, world, port, out_dir):
+    import torch.distributed as dist
+
+    from nesgpu.distributed import init_from_environment
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    ranks = init_from_environment(torch.device("cpu"), timeout_s=60, own_group=True)
+    fitness, totals = ranks.exchange(*_rank_data(rank))
+    mean = ranks.mean(torch.tensor([float(rank)]))
+    ranks.barrier()
+    untouched = not dist.is_initialized()  # the default group stays free for an engine of the process (vLLM's)
+    ranks.close()
+    torch.save({"fitness": fitness, "mean": mean, "untouched": torch.tensor(untouched), **totals},
+               f"{out_dir}/{rank}.pt")
+
+
+def test_ranks_with_a_group_of_their_own_exchange_as_through_the_default_group(tmp_path):
+    world = 2
+    torch.multiprocessing.spawn(_own_group_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    data = [_rank_data(r) for r in range(world)]
+    for rank in range(world):
+        got = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        assert bool(got["untouched"]) and float(got["mean"]) == 0.5
+        assert torch.equal(got["fitness"], torch.cat([f for f, _ in data], dim=-1))
+        assert float(got["python_int"]) == sum(t["python_int"] for _, t in data)
+
+
 def test_two_processes_whose_members_all_tie_leave_the_weights_as_they_were(tmp_path):
     from nesgpu.train import TrainConfig
     from nesgpu.train.setup.build import build

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 # HF projections that vLLM packs into one parameter: (its module, the shard the HF weight fills)
 PACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+SHARD_INDEX = {"q": 0, "k": 1, "v": 2}  # a q/k/v shard's place among its packed parameter's output_sizes
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
 
 
@@ -60,6 +61,45 @@ def _weights_kept():
         utils.dispatch_cpu_unquantized_gemm = original
 
 
+def _load_format(fill) -> str:
+    """A vLLM load format of its own whose loader fills vLLM's model by ``fill(model)`` (an engine's weights from
+    the trainer's model), registered with vLLM under a name of this call's."""
+    from vllm.model_executor.model_loader import register_model_loader
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    class FromModel(BaseModelLoader):
+        def download_model(self, model_config) -> None:
+            pass
+
+        def load_weights(self, model, model_config) -> None:
+            fill(model)
+    name = f"nesgpu-{id(FromModel):x}"
+    register_model_loader(name)(FromModel)
+    return name
+
+
+@contextlib.contextmanager
+def _on_host(model: torch.nn.Module | None):
+    """A GPU model's weights on the host while vLLM allocates its own (one copy on the GPU); after, each that did
+    not become the engine's goes back."""
+    if model is None:
+        yield
+        return
+    devices = {}
+    for name, param in model.named_parameters():
+        if param.device.type != "cpu":
+            devices[name] = param.device
+            param.data = param.data.cpu()
+    if devices:
+        torch.cuda.empty_cache()  # the memory back to the driver, where vLLM's start measures what is free
+    try:
+        yield
+    finally:
+        for name, param in model.named_parameters():
+            if name in devices and param.device.type == "cpu":
+                param.data = param.data.to(devices[name])
+
+
 class VLLMEngine:
     """One vLLM engine over the model directory ``model_dir`` that generates for ``members`` LoRA adapters of
     rank ``rank`` at a time (``members=0``: no adapters; the members' weights are written in place).
@@ -72,10 +112,14 @@ class VLLMEngine:
         max_model_len: the longest prompt plus completion (default: the model's).
         seed: the engine's seed.
         kv_cache_gib: memory for the KV cache.
+        weights: a model (Hugging Face, converted or not) whose weights the engine starts from instead of the
+            directory's: each of its parameters becomes a view of the engine's as it is loaded, so that the process
+            holds the weights once (:meth:`share`); :attr:`apart` names those the engine holds otherwise.
     """
 
     def __init__(self, model_dir: str, members: int, rank: int, dtype: str = "float32",
-                 max_model_len: int | None = None, seed: int = 0, kv_cache_gib: float = 1.0):
+                 max_model_len: int | None = None, seed: int = 0, kv_cache_gib: float = 1.0,
+                 weights: torch.nn.Module | None = None):
         if not isinstance(members, int) or isinstance(members, bool) or members < 0:
             raise ValueError(f"members must be an int >= 0; got {members!r}")
         if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= LORA_RANKS[-1]:
@@ -86,23 +130,49 @@ class VLLMEngine:
                              f"it with --dtype bfloat16, or use --engine hf")
         vllm = import_vllm()
         threads = torch.get_num_threads()  # vLLM makes set_num_threads a no-op: it keeps what it finds
-        # on a GPU the trainer's model is there already: vLLM's start checks that the share it may use is free
-        share = {} if on_cpu else {"gpu_memory_utilization": max(0.05, _free_share() - 0.02)}
-        with _weights_kept() if on_cpu else contextlib.nullcontext(), warnings.catch_warnings():
+        options = dict(model=model_dir, dtype=dtype, enforce_eager=True, enable_prefix_caching=False, seed=seed,
+                       max_model_len=max_model_len, kv_cache_memory_bytes=int(kv_cache_gib * 2**30), max_num_seqs=256)
+        if members:
+            options.update(enable_lora=True, max_lora_rank=next(r for r in LORA_RANKS if r >= rank),
+                           max_loras=min(members, 32), max_cpu_loras=members)
+        if weights is not None:
+            options["load_format"] = _load_format(lambda model: self._fill(weights, model))
+        with _weights_kept() if on_cpu else _on_host(weights), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # vLLM's own use of torch's deprecated names
-            lora = dict(enable_lora=True, max_lora_rank=next(r for r in LORA_RANKS if r >= rank),
-                        max_loras=min(members, 32), max_cpu_loras=members) if members else {}
-            self.llm = vllm.LLM(model=model_dir, dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
-                                max_model_len=max_model_len, seed=seed, kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
-                                max_num_seqs=256, **lora, **share)
+            if not on_cpu:  # the trainer's model is there already: vLLM's start checks that its share is free
+                options["gpu_memory_utilization"] = max(0.05, _free_share() - 0.02)
+            self.llm = vllm.LLM(**options)
         torch.set_num_threads(threads)
         self.model = self.llm.apply_model(lambda model: model)[0]
+        self.apart = [] if weights is None else self.share(weights)
         self._manager = self._vocab = None
         if members:
             worker = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.lora_manager
             self._manager, self._vocab = worker._adapter_manager, worker.vocab_size
         self._ids: list[int] = []
         self._next_id = 1
+
+    def _fill(self, source: torch.nn.Module, model: torch.nn.Module) -> None:
+        """vLLM's load (format "nesgpu"): ``model``'s weights from ``source``'s, each of ``source``'s parameters
+        a view of the engine's as soon as it is written there (its own memory free to go)."""
+        self.model = model
+
+        def named():
+            for name, param in source.named_parameters():
+                try:
+                    self.parameter(name)
+                except ValueError:
+                    continue  # not the engine's: share() names it
+                yield name, param.detach()
+                region = self.region(name, param, any_device=True)  # a GPU model's weights wait on the host
+                if region is not None:
+                    param.data = region
+        with torch.no_grad():
+            loaded = model.load_weights(named())
+        missing = sorted({name for name, _ in model.named_parameters()} - set(loaded or ()))
+        if loaded is not None and missing:  # vLLM's own loader refuses a checkpoint alike
+            raise ValueError(f"vLLM's model has weights the model given has no value for ({len(missing)}: "
+                             f"{', '.join(missing[:3])}): use --engine hf")
 
     def set_members(self, adapters: Sequence[dict[str, torch.Tensor]], config: dict) -> None:
         """Register ``adapters`` (PEFT-named tensors and their PEFT ``config``) as this step's members, in
@@ -162,6 +232,9 @@ class VLLMEngine:
     def parameter(self, name: str) -> tuple[torch.nn.Parameter, str | int | None]:
         """The engine's parameter that holds the Hugging Face weight ``name``, and the shard of it the weight fills
         (None: all of it). One the engine does not have is a ValueError."""
+        return self._place(name)[1:]
+
+    def _place(self, name: str) -> tuple[torch.nn.Module, torch.nn.Parameter, str | int | None]:
         module_name, _, attr = name.rpartition(".")
         parent, _, leaf = module_name.rpartition(".")
         target, shard = PACKED.get(leaf, (leaf, None))
@@ -173,13 +246,57 @@ class VLLMEngine:
             param = None
         if not isinstance(param, torch.nn.Parameter) or param.numel() == 0:
             raise ValueError(f"vLLM's model has no weight for {name!r} to write the members into: use --engine hf")
-        return param, shard
+        return module, param, shard
+
+    def region(self, name: str, like: torch.Tensor, any_device: bool = False) -> torch.Tensor | None:
+        """The part of the engine's parameter that holds the Hugging Face weight ``name``, a view of ``like``'s
+        shape, dtype and device (``any_device``: on the engine's device) (q/k/v and gate/up: their rows of the
+        packed weight; an embedding: the first rows of its padded table), or None where the engine holds it
+        otherwise."""
+        try:
+            module, param, shard = self._place(name)
+        except ValueError:
+            return None
+        if shard is not None:
+            sizes = getattr(module, "output_sizes", None)
+            index = SHARD_INDEX.get(shard, shard)
+            if not sizes or len(sizes) <= index:
+                return None
+            param = param.narrow(0, sum(sizes[:index]), sizes[index])
+        padded = param.dim() == like.dim() == 2 and hasattr(module, "num_embeddings_padded")
+        if padded and param.shape[0] >= like.shape[0]:
+            param = param[:like.shape[0]]
+        if param.shape != like.shape or param.dtype != like.dtype or not (any_device or param.device == like.device):
+            return None
+        return param
+
+    @torch.no_grad()
+    def share(self, model: torch.nn.Module) -> list[str]:
+        """Make each parameter of ``model`` (a Hugging Face model, converted or not) a view of the engine's weight
+        that holds it, its value written there first: the process holds the weights once, and a change to either
+        model (an update, a swap of the starting weights) is the other's too. Returns the names of those the
+        engine holds otherwise (another dtype or layout), which stay the model's own."""
+        apart = []
+        for name, param in model.named_parameters():
+            region = self.region(name, param)
+            if region is None:
+                apart.append(name)
+            elif region.data_ptr() != param.data_ptr():
+                region.copy_(param)
+                param.data = region
+        return apart
 
     @torch.no_grad()
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write weights (by their Hugging Face names) into the engine's, in place: q/k/v and gate/up into the
-        packed parameters' slices, an embedding into its padded table."""
+        packed parameters' slices, an embedding into its padded table; a weight :meth:`share` made a view of the
+        engine's is there already."""
         for name, tensor in named:
+            region = self.region(name, tensor)
+            if region is not None:
+                if region.data_ptr() != tensor.data_ptr():
+                    region.copy_(tensor)
+                continue
             param, shard = self.parameter(name)
             loader = getattr(param, "weight_loader", None)
             value = tensor.detach().to(param.device, param.dtype)
@@ -189,8 +306,6 @@ class VLLMEngine:
                 loader(param, value)
             else:
                 loader(param, value, shard)
-
-
 
 
 def _free_share() -> float:

@@ -28,9 +28,9 @@ def check_engine(engine: str, fitness: str, compile: object) -> str:
     if engine == "vllm" and compile:
         raise ValueError("--engine vllm generates through vLLM; --compile on compiles transformers' decode: drop one")
     world = os.environ.get("WORLD_SIZE", "1")
-    if engine == "vllm" and world != "1":  # vLLM's in-process engine takes over torch.distributed's default group
-        raise ValueError(f"--engine vllm runs one vLLM engine in one process; under torchrun (WORLD_SIZE={world}) "
-                         f"it is not supported yet: run one process, or use --engine hf")
+    if engine == "vllm" and world != "1" and torch.cuda.is_available():  # vLLM's engine takes the rank's first GPU
+        raise ValueError(f"--engine vllm under torchrun (WORLD_SIZE={world}) runs on CPUs only for now: every "
+                         f"rank's engine would start on the first GPU; run one process, or use --engine hf")
     return engine
 
 
@@ -50,22 +50,46 @@ class EngineGenerating:
         if self.engine == "hf":
             with pm.perturbing():
                 return self.generate_tokens(pm.model, pm.member_rows(ids), pm.member_rows(mask), seed, self.compile)
+        sampling = vllm_sampling(pm.model, self.temperature)
         engine, names = self._vllm_engine(pm)
         weights = _perturbed(pm)
         if getattr(self, "_synced", None) != (id(pm), step):  # the weights an update changed, before its members
             engine.load_weights(weights.items())
             self._synced = (id(pm), step)
-        sampling = vllm_sampling(pm.model, self.temperature)
         prompts = [row[keep.bool()].tolist() for row, keep in zip(ids.cpu(), mask.cpu())]
         signs, d = (2 if pm.antithetic else 1), pm.local_directions
         seeds = [derive_seed(seed, n) for n in range(signs * len(prompts) * d)] if self.temperature > 0 else None
         if names is not None:
-            engine.set_members(member_adapters(pm, names), adapter_config(names, pm.layers[names[0]].kind.rank))
+            adapters = member_adapters(pm, names)
+            self._plain = [{key: torch.zeros_like(value) for key, value in adapters[0].items()}]  # a zero adapter
+            engine.set_members(adapters, adapter_config(names, pm.layers[names[0]].kind.rank))
             rows = [prompts[n // d % len(prompts)] for n in range(signs * len(prompts) * d)]
             members = [n // (len(prompts) * d) * d + n % d for n in range(len(rows))]
             new = engine.generate(rows, members, self.max_new_tokens, self.temperature, seeds, sampling=sampling)
         else:
             new = self._one_member_at_a_time(engine, pm, weights, prompts, seeds, sampling)
+        return self._padded(new, ids)
+
+    def plain_tokens(self, model, ids: torch.Tensor, mask: torch.Tensor, seed: int | None,
+                     temperature: float | None = None) -> torch.Tensor:
+        """The plain model's new tokens of the prompts ``ids`` (an evaluation's), greedy or sampled under ``seed``:
+        on the vLLM engine where ``model`` is the one it shares weights with (after the first population call),
+        else through transformers."""
+        engine = getattr(self, "_engine", None)
+        if engine is None or model is not getattr(self, "_shared", None):
+            return self.generate_tokens(model, ids, mask, seed, temperature=temperature)
+        temperature = self.temperature if temperature is None else temperature
+        prompts = [row[keep.bool()].tolist() for row, keep in zip(ids.cpu(), mask.cpu())]
+        seeds = [derive_seed(seed, n) for n in range(len(prompts))] if temperature > 0 and seed is not None else None
+        members = None
+        if self._engine_lora:  # every row names an adapter (vLLM's CPU LoRA): a zero one is the plain model, exactly
+            engine.set_members(self._plain, self._adapter_config)
+            members = [0] * len(prompts)
+        new = engine.generate(prompts, members, self.max_new_tokens, temperature if seeds else 0.0, seeds,
+                              sampling=vllm_sampling(model, temperature))
+        return self._padded(new, ids)
+
+    def _padded(self, new: list[list[int]], ids: torch.Tensor) -> torch.Tensor:
         return pad_sequence([torch.tensor(tokens, dtype=ids.dtype) for tokens in new], batch_first=True,
                             padding_value=self.tokenizer.pad_token_id).to(ids.device)
 
@@ -73,9 +97,11 @@ class EngineGenerating:
                               sampling: dict) -> list:
         """Each member's tokens, its weights (theta + s sigma z_d) written into the engine in turn, a module at a
         time (its dense noise of every direction: the memory of D copies of the largest module); the rows laid out
-        (sign, prompt, direction). The engine holds the model's weights again after."""
+        (sign, prompt, direction). The engine holds the model's weights again after; while the members generate,
+        the process holds a copy of the perturbed weights to write them back from."""
         signs, d, p = ((1.0, -1.0) if pm.antithetic else (1.0,)), pm.local_directions, len(prompts)
         new: list = [None] * (len(signs) * p * d)
+        weights = {name: value.clone() for name, value in weights.items()}  # the engine's are the model's (share)
         try:
             for i, sign in enumerate(signs):
                 for k in range(d):
@@ -94,7 +120,7 @@ class EngineGenerating:
         return new
 
     def _vllm_engine(self, pm: PerturbedModel):
-        """The vLLM engine (made at the first call, for the longest training prompt), and the modules whose noise
+        """The vLLM engine (made at the first call, for the longest prompt), and the modules whose noise
         the members carry as LoRA adapters (None: the members are written in place, one at a time)."""
         why = lora_refusal(pm)
         names = None if why else [name for name, layer in pm.layers.items() if layer.perturbs]
@@ -112,14 +138,20 @@ class EngineGenerating:
                               f"the engine's weights (slow)", stacklevel=3)
             _check_writable(pm)
             dtype = str(next(pm.model.parameters()).dtype).removeprefix("torch.")
-            longest = max(len(row) for row in self.tokenizer(list(self.prompts)).input_ids)
+            prompts = [*self.prompts, *(getattr(self, "eval_prompts", None) or ())]  # the evaluations' too
+            longest = max(len(row) for row in self.tokenizer(prompts).input_ids)
             members = 0 if why else (2 if pm.antithetic else 1) * pm.local_directions
             rank = 1 if why else pm.layers[names[0]].kind.rank
             engine = VLLMEngine(str(self.engine_model), members=members, rank=rank, dtype=dtype, seed=self.seed,
-                                max_model_len=longest + self.max_new_tokens)
+                                max_model_len=longest + self.max_new_tokens, weights=pm.model)
             for full in _perturbed(pm):
                 engine.parameter(full)  # every weight the members change has its place in the engine
-            self._engine, self._engine_lora = engine, names is not None
+            if engine.apart:
+                warnings.warn(f"--engine vllm holds {len(engine.apart)} of the model's weights in another dtype or "
+                              f"layout ({engine.apart[0]!r} first): the process holds those twice, the engine's "
+                              f"written from the model's at each step", stacklevel=3)
+            self._engine, self._engine_lora, self._shared = engine, names is not None, pm.model
+            self._adapter_config = adapter_config(names, rank) if names else None
         return engine, names
 
 

@@ -97,7 +97,7 @@ class Evaluating:
         for start in range(0, len(self.eval_prompts), self.eval_batch):
             prompts = self.eval_prompts[start:start + self.eval_batch]
             ids, mask = self.encode_prompts(prompts, model)
-            new = self.generate_tokens(model, ids, mask, seed=None)
+            new = self.plain_tokens(model, ids, mask, seed=None)
             completions = self.decode_tokens(new)
             scores = self.score_completions(prompts, completions, new, evaluating=True)
             rewards.append(scores)
@@ -141,7 +141,7 @@ class Evaluating:
             prompts = rows[start:start + self.eval_batch]
             ids, mask = self.encode_prompts(prompts, model)
             seed = derive_seed(self.seed, self.latest_step, SAMPLED, start)
-            new = self.generate_tokens(model, ids, mask, seed=seed, temperature=self.temperature_or_one())
+            new = self.plain_tokens(model, ids, mask, seed=seed, temperature=self.temperature_or_one())
             scores.append(self.score_completions(prompts, self.decode_tokens(new), new, evaluating=True))
         by_prompt = torch.cat(scores).view(len(self.eval_prompts), k)
         correct = (by_prompt >= self.correct_at).tolist()

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..distributed import Ranks, init_from_environment, shutdown
+from ..distributed import Ranks, init_from_environment
 from ..tasks.protocol import SavesModel
 from ..version import __version__
 from .loop import Interrupted, Loop, Progress, check_finite, evaluated, shown_statistics
@@ -138,7 +138,8 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    ranks = init_from_environment(device, cfg.dist_timeout)
+    # vLLM's in-process engine (--engine vllm) makes torch.distributed's default group its own: the ranks keep theirs
+    ranks = init_from_environment(device, cfg.dist_timeout, own_group=_engine(cfg, task) == "vllm")
     try:
         lock = rundir.RunLock(out) if ranks.is_main else contextlib.nullcontext()
         # distributed ranks stop together through the collective timeout, not at a signal of their own
@@ -153,7 +154,12 @@ def train(cfg: TrainConfig, resume: bool = False, log=_log_to_stderr, overwrite:
     finally:  # after an error, without the barrier: a dead peer would make it wait for the timeout
         if ranks.distributed:  # free the run's modules (FSDP's hold the process group in reference cycles)
             gc.collect()  # before the group goes: freed after it, gloo could abort the process at exit
-            shutdown()  # the group torchrun's ranks joined; one of a single process is vLLM's (--engine vllm)
+            ranks.close()
+
+
+def _engine(cfg: TrainConfig, task) -> str | None:
+    """The engine a generation task generates on (its ``engine``: "hf" or "vllm"), or None."""
+    return getattr(task, "engine", None) if task is not None else cfg.option("engine")
 
 
 def _train(job: _Job) -> dict:

@@ -78,18 +78,15 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
     (a run's weights carry its configuration as JSON under "nesgpu_config"). A tensor shared by several names
     (tied embeddings: GPT-2's, Qwen2's, Gemma's) is stored once, under its first name; the metadata names the
     others, and :func:`load_weights` ties them again. Written tensor by tensor: no copy of the model in memory."""
-    tensors, tied, seen, storages = {}, {}, {}, set()
+    tensors, tied, seen = {}, {}, {}
     for name, value in model.state_dict().items():
         value = value.detach()
-        storage = value.untyped_storage().data_ptr()
-        key = (storage, value.storage_offset(), value.shape, value.stride(), value.dtype)
+        key = (value.untyped_storage().data_ptr(), value.storage_offset(), value.shape, value.stride(), value.dtype)
         if value.numel() and key in seen:
             tied[name] = seen[key]
             continue
         seen[key] = name
-        overlaps = value.numel() and storage in storages  # another view of a stored tensor: a copy of its own
-        storages.add(storage)
-        tensors[name] = value.contiguous().clone() if overlaps else value.contiguous()
+        tensors[name] = value.contiguous()  # another view of a stored tensor (q/k/v of one engine weight) too
     meta = {**(metadata or {}), MODEL_CLASS: class_name(model)}
     if tied:
         meta[TIED] = json.dumps(tied)
