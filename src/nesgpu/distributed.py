@@ -74,7 +74,7 @@ class Ranks:
         """The mean of a tensor over the ranks (alone: the tensor)."""
         if not self.distributed:
             return value
-        held = value.cpu() if self.group is not None else value.clone()
+        held = value.detach().to("cpu", copy=True) if self.group is not None else value.clone()
         dist.all_reduce(held, group=self.group)
         return held.to(value.device) / self.world
 

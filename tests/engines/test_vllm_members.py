@@ -167,6 +167,27 @@ def test_a_tied_model_with_biases_shares_its_weights_and_generates_as_transforme
             model.model.embed_tokens.weight.mul_(1.5)
 
 
+def test_weights_vllm_rearranges_stay_the_models_own_and_members_are_refused_there(tmp_path):
+    torch.manual_seed(2)
+    config = tf.GPT2Config(vocab_size=len(CHARS) + 3, n_embd=128, n_layer=2, n_head=2, n_positions=64,
+                           bos_token_id=1, eos_token_id=1, pad_token_id=0)
+    tf.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    model = tf.GPT2LMHeadModel.from_pretrained(tmp_path, torch_dtype=torch.float32).eval()
+    before = {name: param.clone() for name, param in model.named_parameters()}
+    one = VLLMEngine(str(tmp_path), members=0, rank=1, max_model_len=64, weights=model)
+    # GPT-2's Conv1D weights are (in, out): vLLM transposes them, the square c_proj keeping its shape
+    assert "transformer.h.0.attn.c_proj.weight" in one.apart and "transformer.wte.weight" not in one.apart
+    assert all(torch.equal(param, before[name]) for name, param in model.named_parameters())
+    with pytest.raises(ValueError, match="holds 'transformer.h.0.attn.c_proj.weight' rearranged"):
+        one.parameter("transformer.h.0.attn.c_proj.weight")
+    tokenizer = char_tokenizer()
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    out = model.generate(**enc, do_sample=False, max_new_tokens=NEW, pad_token_id=0)[:, enc.input_ids.shape[1]:]
+    got = one.generate([tokenizer(p).input_ids for p in PROMPTS], None, NEW)
+    assert all(same_tokens(out[n], got[n]) for n in range(len(PROMPTS)))
+
+
 def test_an_engine_weight_the_model_has_no_value_for_is_refused_by_name(model_dir):
     model = tf.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     model.model.norm = torch.nn.Identity()  # vLLM's model.norm.weight would stay as allocated

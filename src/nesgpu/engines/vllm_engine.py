@@ -135,8 +135,10 @@ class VLLMEngine:
         if members:
             options.update(enable_lora=True, max_lora_rank=next(r for r in LORA_RANKS if r >= rank),
                            max_loras=min(members, 32), max_cpu_loras=members)
+        self._rearranged: set[str] = set()  # weights vLLM's load stores otherwise (transposed, rows reordered)
         if weights is not None:
-            options["load_format"] = _load_format(lambda model: self._fill(weights, model))
+            devices = {name: param.device for name, param in weights.named_parameters()}  # before _on_host
+            options["load_format"] = _load_format(lambda model: self._fill(weights, model, devices))
         with _weights_kept() if on_cpu else _on_host(weights), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # vLLM's own use of torch's deprecated names
             if not on_cpu:  # the trainer's model is there already: vLLM's start checks that its share is free
@@ -152,9 +154,10 @@ class VLLMEngine:
         self._ids: list[int] = []
         self._next_id = 1
 
-    def _fill(self, source: torch.nn.Module, model: torch.nn.Module) -> None:
+    def _fill(self, source: torch.nn.Module, model: torch.nn.Module, devices: dict) -> None:
         """vLLM's load (format "nesgpu"): ``model``'s weights from ``source``'s, each of ``source``'s parameters
-        a view of the engine's as soon as it is written there (its own memory free to go)."""
+        a view of the engine's as soon as it is written there (its own memory free to go) where the engine holds
+        it as it is, on the device it was on (``devices``); one vLLM stores rearranged stays the model's own."""
         self.model = model
 
         def named():
@@ -163,10 +166,15 @@ class VLLMEngine:
                     self.parameter(name)
                 except ValueError:
                     continue  # not the engine's: share() names it
-                yield name, param.detach()
-                region = self.region(name, param, any_device=True)  # a GPU model's weights wait on the host
-                if region is not None:
+                value = param.detach()
+                yield name, value
+                region = self.region(name, param, device=devices[name])  # a GPU model's weights wait on the host
+                if region is None:
+                    continue
+                if torch.equal(region, value.to(region.device)):
                     param.data = region
+                else:  # vLLM's load wrote it otherwise (GPT-2's Conv1D transposed, Bloom's q/k/v rows interleaved)
+                    self._rearranged.add(name)
         with torch.no_grad():
             loaded = model.load_weights(named())
         missing = sorted({name for name, _ in model.named_parameters()} - set(loaded or ()))
@@ -232,6 +240,9 @@ class VLLMEngine:
     def parameter(self, name: str) -> tuple[torch.nn.Parameter, str | int | None]:
         """The engine's parameter that holds the Hugging Face weight ``name``, and the shard of it the weight fills
         (None: all of it). One the engine does not have is a ValueError."""
+        if name in self._rearranged:
+            raise ValueError(f"vLLM's model holds {name!r} rearranged (transposed, or its rows reordered), which the "
+                             f"members cannot be written into: use --engine hf")
         return self._place(name)[1:]
 
     def _place(self, name: str) -> tuple[torch.nn.Module, torch.nn.Parameter, str | int | None]:
@@ -248,11 +259,12 @@ class VLLMEngine:
             raise ValueError(f"vLLM's model has no weight for {name!r} to write the members into: use --engine hf")
         return module, param, shard
 
-    def region(self, name: str, like: torch.Tensor, any_device: bool = False) -> torch.Tensor | None:
+    def region(self, name: str, like: torch.Tensor, device: torch.device | None = None) -> torch.Tensor | None:
         """The part of the engine's parameter that holds the Hugging Face weight ``name``, a view of ``like``'s
-        shape, dtype and device (``any_device``: on the engine's device) (q/k/v and gate/up: their rows of the
-        packed weight; an embedding: the first rows of its padded table), or None where the engine holds it
-        otherwise."""
+        shape and dtype on ``device`` (default: ``like``'s) (q/k/v and gate/up: their rows of the packed weight;
+        an embedding: the first rows of its padded table), or None where the engine holds it otherwise."""
+        if name in self._rearranged:
+            return None
         try:
             module, param, shard = self._place(name)
         except ValueError:
@@ -266,7 +278,7 @@ class VLLMEngine:
         padded = param.dim() == like.dim() == 2 and hasattr(module, "num_embeddings_padded")
         if padded and param.shape[0] >= like.shape[0]:
             param = param[:like.shape[0]]
-        if param.shape != like.shape or param.dtype != like.dtype or not (any_device or param.device == like.device):
+        if param.shape != like.shape or param.dtype != like.dtype or param.device != (device or like.device):
             return None
         return param
 
@@ -275,7 +287,9 @@ class VLLMEngine:
         """Make each parameter of ``model`` (a Hugging Face model, converted or not) a view of the engine's weight
         that holds it, its value written there first: the process holds the weights once, and a change to either
         model (an update, a swap of the starting weights) is the other's too. Returns the names of those the
-        engine holds otherwise (another dtype or layout), which stay the model's own."""
+        engine holds otherwise (another dtype or layout), which stay the model's own. A weight vLLM's load
+        rearranges but keeps the shape of (GPT-2's square Conv1D, transposed) is known only to an engine made with
+        ``weights=`` (which shares as it loads); share no other model with such an engine."""
         apart = []
         for name, param in model.named_parameters():
             region = self.region(name, param)

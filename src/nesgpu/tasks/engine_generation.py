@@ -78,6 +78,7 @@ class EngineGenerating:
         engine = getattr(self, "_engine", None)
         if engine is None or model is not getattr(self, "_shared", None):
             return self.generate_tokens(model, ids, mask, seed, temperature=temperature)
+        engine.load_weights((name, model.get_parameter(name)) for name in self._written)  # as the update left them
         temperature = self.temperature if temperature is None else temperature
         prompts = [row[keep.bool()].tolist() for row, keep in zip(ids.cpu(), mask.cpu())]
         seeds = [derive_seed(seed, n) for n in range(len(prompts))] if temperature > 0 and seed is not None else None
@@ -147,10 +148,11 @@ class EngineGenerating:
             for full in _perturbed(pm):
                 engine.parameter(full)  # every weight the members change has its place in the engine
             if engine.apart:
-                warnings.warn(f"--engine vllm holds {len(engine.apart)} of the model's weights in another dtype or "
-                              f"layout ({engine.apart[0]!r} first): the process holds those twice, the engine's "
-                              f"written from the model's at each step", stacklevel=3)
+                warnings.warn(f"--engine vllm holds {len(engine.apart)} of the model's weights in another dtype, "
+                              f"layout or device ({engine.apart[0]!r} first): the process holds those twice, the "
+                              f"engine's written from the model's where the members change them", stacklevel=3)
             self._engine, self._engine_lora, self._shared = engine, names is not None, pm.model
+            self._written = [name for name in _perturbed(pm) if name in engine.apart]  # not shared: written in
             self._adapter_config = adapter_config(names, rank) if names else None
         return engine, names
 
