@@ -5,6 +5,7 @@ turns; the ratio is to plain inference.
 
     python benchmarks/vllm_memory.py --model DIR --steps 2 --repeats 3     # in the vLLM venv
     python benchmarks/vllm_memory.py --model DIR --src OLD/src             # another checkout's nesgpu, for the runs
+    python benchmarks/vllm_memory.py --model DIR --dtype bfloat16 --update sgd   # bf16, no float32 masters
 
 Make a model with ``benchmarks/vllm_population.py --make-model DIR --size 0.5b``.
 """
@@ -28,7 +29,7 @@ if __name__ == "__main__":
     from transformers import AutoTokenizer
     from nesgpu.engines.vllm_engine import VLLMEngine
     tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
-    engine = VLLMEngine(sys.argv[1], members=0, rank=1, max_model_len=64)
+    engine = VLLMEngine(sys.argv[1], members=0, rank=1, max_model_len=64, dtype=sys.argv[2])
     rows = [tokenizer(p).input_ids for p in ["12+7=", "3*4=", "99-1=", "5+5="]] * 8
     print(sum(map(len, engine.generate(rows, None, 8))))
 """
@@ -36,10 +37,11 @@ if __name__ == "__main__":
 
 def command(mode: str, args, out: Path) -> list[str]:
     if mode == "plain":
-        return [sys.executable, "-c", INFERENCE, args.model]
+        return [sys.executable, "-c", INFERENCE, args.model, args.dtype]
     return [sys.executable, "-m", "nesgpu", "train", "--task", "arithmetic", "--model", f"hf:{args.model}",
             "--engine", mode, "--evolve", "matrices", "--population", str(args.population), "--batch-size", "4",
-            "--steps", str(args.steps), "--sigma", "0.01", "--lr", "0.001", "--log", "none", "--out", str(out)]
+            "--steps", str(args.steps), "--sigma", "0.01", "--lr", "0.001", "--log", "none", "--out", str(out),
+            "--dtype", args.dtype, *(["--update", args.update] if args.update else [])]
 
 
 def peak_gib(mode: str, args, out: Path) -> float:
@@ -66,6 +68,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--src", help="a checkout's src directory whose nesgpu the processes import")
+    p.add_argument("--dtype", default="float32", help="the weights' dtype, in inference and in the runs")
+    p.add_argument("--update", help="the runs' --update (sgd, adam: in place, no float32 masters)")
     args = p.parse_args()
     modes = args.modes.split(",")
     peaks: dict[str, list[float]] = {mode: [] for mode in modes}
